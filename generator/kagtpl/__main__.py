@@ -1,0 +1,3 @@
+from kagtpl.cli import app
+
+app(prog_name="kagtpl")

@@ -1,0 +1,143 @@
+"""`kagtpl new`: plain steps over one dataclass of answers. Every check runs before
+anything is written; rendering goes to a temporary folder that is moved into place whole."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kagtpl import layout
+from kagtpl.errors import KagtplError
+from kagtpl.template import hardware, is_git_checkout, template_root
+
+TASKS = ("image",)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass
+class NewAnswers:
+    name: str
+    task: str | None = None
+    gpu: str | None = None
+    data: Path | None = None
+    model: str | None = None
+    image_size: int | None = None
+    folds: int | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    dest: Path = Path(".")
+    force: bool = False
+    layout: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def target(self) -> Path:
+        return (self.dest / self.name).resolve()
+
+    @property
+    def interactive(self) -> bool:
+        """Copier asks the questions only when no flag answered them and a person is there."""
+        return self.task is None and self.gpu is None and sys.stdin.isatty()
+
+
+def validate_name(answers: NewAnswers) -> None:
+    if not answers.name or ".." in answers.name or not NAME_RE.match(answers.name):
+        raise KagtplError(
+            f"invalid project name {answers.name!r}: use letters, digits, '-', '_' and '.', no path separators or '..'"
+        )
+
+
+def validate_choices(answers: NewAnswers) -> None:
+    if answers.task is not None and answers.task not in TASKS:
+        raise KagtplError(f"unknown task {answers.task!r}; valid tasks: {', '.join(TASKS)}")
+    valid = [*hardware().PROFILES, "auto"]
+    if answers.gpu is not None and answers.gpu not in valid:
+        raise KagtplError(f"unknown GPU {answers.gpu!r}; valid GPUs: {', '.join(valid)}")
+    for flag, value, low in (("--image-size", answers.image_size, 16), ("--folds", answers.folds, 2),
+                             ("--epochs", answers.epochs, 1), ("--batch-size", answers.batch_size, 0)):
+        if value is not None and value < low:
+            raise KagtplError(f"{flag} {value}: must be at least {low}")
+
+
+def detect_gpu(smi_output: str | None = None) -> str:
+    """Profile of the local GPU from nvidia-smi ('cpu' when there is none). The seam for tests
+    is `smi_output`: the text of `nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits`."""
+    if smi_output is None:
+        try:
+            smi_output = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return "cpu"
+    line = smi_output.strip().splitlines()[0] if smi_output.strip() else ""
+    if "," not in line:
+        return "cpu"
+    name, mem_mib = line.rsplit(",", 1)
+    try:
+        mem_gb = float(mem_mib) / 1024
+    except ValueError:
+        return "cpu"
+    return hardware().profile_from_gpu_name(name, mem_gb)
+
+
+def check_destination(answers: NewAnswers) -> None:
+    target = answers.target
+    if target.exists() and not target.is_dir():
+        raise KagtplError(f"destination {target} exists and is not a folder")
+    if target.is_dir() and any(target.iterdir()) and not answers.force:
+        raise KagtplError(f"destination {target} exists and is not empty; pass --force to render into it")
+
+
+def copier_data(answers: NewAnswers) -> dict:
+    """Answers for Copier: flags given, plus the data layout detected from --data."""
+    data: dict = {"project_name": answers.name}
+    if answers.task is not None:
+        data["task"] = answers.task
+    if answers.gpu is not None:
+        data["gpu"] = detect_gpu() if answers.gpu == "auto" else answers.gpu
+    for key in ("model", "image_size", "folds", "epochs", "batch_size"):
+        if getattr(answers, key) is not None:
+            data[key] = getattr(answers, key)
+    if answers.data is not None:
+        data["data_dir"] = str(answers.data.resolve())
+        data.update(layout.detect(answers.data.resolve(), answers.layout))
+    else:
+        data.update({k: v for k, v in answers.layout.items() if v})
+    return data
+
+
+def render(answers: NewAnswers, data: dict) -> Path:
+    """Render into a temporary sibling folder, then move it into place: a failure leaves nothing."""
+    import copier
+    from copier.errors import CopierError
+
+    root = template_root()
+    target = answers.target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{answers.name}.") as tmp:
+        staging = Path(tmp) / answers.name
+        try:
+            copier.run_copy(
+                str(root), staging, data=data, defaults=not answers.interactive, unsafe=False, quiet=True,
+                vcs_ref="HEAD" if is_git_checkout(root) else None,
+            )
+        except (CopierError, ValueError) as e:
+            raise KagtplError(f"copier could not render the template: {str(e).splitlines()[0]}") from e
+        if target.exists():
+            shutil.copytree(staging, target, dirs_exist_ok=True)
+        else:
+            staging.rename(target)
+    return target
+
+
+def new_project(answers: NewAnswers) -> Path:
+    validate_name(answers)
+    validate_choices(answers)
+    check_destination(answers)
+    data = copier_data(answers)
+    return render(answers, data)

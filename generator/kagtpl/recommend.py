@@ -1,0 +1,56 @@
+"""`kagtpl gpus` and `kagtpl recommend`: the template's hardware rules, shown with reasons."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from kagtpl.errors import KagtplError
+from kagtpl.template import hardware
+
+
+def gpus_table() -> Table:
+    hw = hardware()
+    table = Table(title="GPU profiles (kagtpl new --gpu NAME)")
+    for col in ("name", "GPU", "memory", "compute cap.", "native bf16", "AMP", "vCPUs", "note"):
+        table.add_column(col)
+    for p in hw.PROFILES.values():
+        cap = "-" if p.capability is None else f"{p.capability[0]}.{p.capability[1]}"
+        mem = "-" if not p.is_gpu else f"{p.gpus}x {p.memory_gb:g} GB" if p.gpus > 1 else f"{p.memory_gb:g} GB"
+        table.add_row(p.name, p.label, mem, cap, "yes" if p.bf16_native else "no",
+                      hw.amp_mode(p.capability), str(p.vcpus), p.note)
+    table.caption = "auto: detect the local GPU with nvidia-smi (cpu when there is none)"
+    return table
+
+
+def recommend_table(task: str, gpu: str, model: str | None, image_size: int) -> Table:
+    hw = hardware()
+    if task != "image":
+        raise KagtplError(f"unknown task {task!r}; valid tasks: image")
+    if gpu not in hw.PROFILES:
+        raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
+    profile = hw.PROFILES[gpu]
+    model = model or ("resnet18" if gpu == "cpu" else "efficientnet_b4")
+    rec = hw.recommend(profile, model, image_size)
+    title = f"{task} on {profile.label} ({gpu}), {model} ({rec.model_class} model), {image_size} px"
+    table = Table(title=title)
+    table.add_column("setting")
+    table.add_column("value")
+    table.add_column("why")
+    rows = [
+        ("batch_size", rec.batch_size, rec.why["batch_size"]),
+        ("accum_steps", rec.accum_steps, rec.why["accum_steps"]),
+        ("num_workers", rec.loader["num_workers"], rec.why["num_workers"]),
+        ("prefetch_factor", rec.loader["prefetch_factor"], rec.why["prefetch_factor"]),
+        ("persistent_workers", rec.loader["persistent_workers"], rec.why["persistent_workers"]),
+        ("pin_memory", rec.loader["pin_memory"], rec.why["pin_memory"]),
+        ("AMP", rec.amp, rec.why["amp"]),
+        ("channels_last", rec.channels_last, rec.why["channels_last"]),
+    ]
+    for name, value, why in rows:
+        table.add_row(name, str(value), why)
+    return table
+
+
+def show(table: Table) -> None:
+    Console(width=160).print(table)

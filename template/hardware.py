@@ -1,0 +1,212 @@
+"""GPU profiles and the rules that turn one into batch size, workers and precision.
+
+Pure Python, no torch: kagtpl's generator imports this same file for `kagtpl gpus`
+and `kagtpl recommend`, and train.py uses it at run time, so both always agree.
+It is machinery: `copier update` may replace it, so keep your own code elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    label: str
+    memory_gb: float  # per GPU, as sold; 0 for CPU
+    capability: tuple[int, int] | None  # CUDA compute capability; None for CPU
+    vcpus: int  # typical vCPUs of a machine with this GPU
+    gpus: int = 1
+    note: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.capability is not None
+
+    @property
+    def bf16_native(self) -> bool:
+        # Compute capability >= 8 (Ampere+). torch.cuda.is_bf16_supported() says yes
+        # on T4/V100 too, through slow emulation, so we never ask it.
+        return self.capability is not None and self.capability >= (8, 0)
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in [
+        Profile("t4", "NVIDIA T4 (Kaggle)", 16, (7, 5), 4, note="Kaggle default"),
+        Profile("t4x2", "2x NVIDIA T4 (Kaggle)", 16, (7, 5), 4, gpus=2, note="trains on one T4"),
+        Profile("p100", "NVIDIA P100", 16, (6, 0), 4, note="retired on Kaggle 2026-09; fp32"),
+        Profile("v100", "NVIDIA V100 16GB", 16, (7, 0), 8),
+        Profile("v100-32", "NVIDIA V100 32GB", 32, (7, 0), 8),
+        Profile("a10", "NVIDIA A10", 24, (8, 6), 30),
+        Profile("a10g", "NVIDIA A10G", 24, (8, 6), 8),
+        Profile("l4", "NVIDIA L4", 24, (8, 9), 8),
+        Profile("a100-40", "NVIDIA A100 40GB", 40, (8, 0), 12),
+        Profile("a100-80", "NVIDIA A100 80GB", 80, (8, 0), 12),
+        Profile("h100", "NVIDIA H100 80GB", 80, (9, 0), 26),
+        Profile("rtx3090", "NVIDIA RTX 3090", 24, (8, 6), 16),
+        Profile("rtx4090", "NVIDIA RTX 4090", 24, (8, 9), 16),
+        Profile("cpu", "CPU only", 0, None, os.cpu_count() or 2),
+    ]
+}
+KAGGLE_PROFILES = ("t4", "t4x2", "p100")
+
+# Batch anchors from the field notes: A10 (24 GB), 224 px, AMP on, EfficientNet-B4/B5 or a
+# ResNet -> 128 (192 aggressive); 384 px -> 64; EfficientNet-B6/B7 -> 64; A100-40 -> 192 (256).
+ANCHOR_BATCH = 128
+ANCHOR_MEMORY_GB = 24.0
+MIN_GPU_BATCH = 32  # batch=32 on a big GPU is the failure kagtpl exists to prevent
+CPU_BATCH = 32
+TARGET_EFFECTIVE_BATCH = 128  # accumulation tops a smaller micro-batch up to this
+
+# Memory per sample does not grow with pixel count alone (weights, workspace), so the
+# resolution factor is a table fitted to the anchors: 224 px -> 1, 384 px -> 1/2.
+RESOLUTION_FACTORS = ((256, 1.0), (320, 0.75), (384, 0.5), (512, 0.25), (768, 0.125))
+MIN_RESOLUTION_FACTOR = 0.0625
+
+# Model size classes. "large" models should fill 70%+ of GPU memory, "small" ones may sit
+# at 50-60% (field notes). "heavy" is large with half the memory budget per batch.
+HEAVY_PATTERNS = ("efficientnet_b6", "efficientnet_b7", "efficientnet_b8", "efficientnetv2_l",
+                  "efficientnetv2_xl", "vit_large", "vit_huge", "convnext_large", "convnext_xlarge",
+                  "eva_large", "beit_large", "swin_large")
+LARGE_PATTERNS = ("efficientnet_b4", "efficientnet_b5", "efficientnetv2_m", "resnet101", "resnet152",
+                  "resnext101", "vit_", "deit_", "swin_", "beit_", "eva", "densenet161", "densenet201",
+                  "convnext_base", "convnext_small", "bert", "roberta", "deberta")
+SMALL_PATTERNS = ("resnet18", "resnet34", "resnet10", "resnet14", "efficientnet_b0", "efficientnet_b1",
+                  "efficientnet_b2", "efficientnet_b3", "mobilenet", "mnasnet", "ghostnet", "regnetx_002",
+                  "lcnet", "convnext_atto", "convnext_femto", "convnext_pico", "convnext_nano", "mlp")
+LARGE_PARAMS_M = 25.0  # fallback for names not listed: ResNet-50 (25.6M) and up count as large
+
+
+def model_class(model: str, params_m: float | None = None) -> str:
+    """'small', 'large' or 'heavy' (large, half the batch). Name first, then parameter count."""
+    name = model.lower().replace("tf_", "").split(".")[0]
+    for cls, patterns in (("heavy", HEAVY_PATTERNS), ("large", LARGE_PATTERNS), ("small", SMALL_PATTERNS)):
+        if any(name.startswith(p) or p in name for p in patterns):
+            return cls
+    if params_m is not None:
+        return "large" if params_m >= LARGE_PARAMS_M else "small"
+    return "large"  # unknown and unmeasured: assume the memory-hungry case
+
+
+def size_class(model: str, params_m: float | None = None) -> str:
+    """The two classes the log and the decision matrix use: 'small' or 'large'."""
+    return "small" if model_class(model, params_m) == "small" else "large"
+
+
+def resolution_factor(image_size: int) -> float:
+    for limit, factor in RESOLUTION_FACTORS:
+        if image_size <= limit:
+            return factor
+    return MIN_RESOLUTION_FACTOR
+
+
+def amp_mode(capability: tuple[int, int] | None) -> str:
+    """'bf16', 'fp16' or 'off'. Takes the capability so tests can pass any GPU's."""
+    if capability is None:
+        return "off"  # CPU: no native bf16 here, autocast would only slow it down
+    if capability >= (8, 0):
+        return "bf16"  # native bf16: same range as fp32, no GradScaler needed
+    if capability >= (7, 0):
+        return "fp16"  # T4/V100 tensor cores: fp16 + GradScaler
+    return "fp32"  # P100 and older: no tensor cores, fp16 saves memory but adds risk
+
+
+def round_batch(x: float) -> int:
+    """Down to a multiple of 32 from 64 up (tensor-core and warp friendly), else of 8."""
+    step = 32 if x >= 64 else 8
+    return max(step, int(x // step) * step)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (a container's cgroup affinity, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS / Windows
+        return os.cpu_count() or 1
+
+
+def loader_settings(cpus: int, on_cuda: bool) -> dict:
+    """DataLoader settings: 8-12 workers where the CPUs exist, else CPUs minus one
+    (3 on Kaggle's 4 vCPUs) so the main process keeps a core to feed the GPU."""
+    workers = max(0, min(12, cpus - 1))
+    return {
+        "num_workers": workers,
+        # 4 batches queued per worker when workers are few, 3 when many already overlap
+        "prefetch_factor": (4 if workers <= 4 else 3) if workers else None,
+        "persistent_workers": workers > 0,  # no worker respawn (and re-fork) every epoch
+        "pin_memory": on_cuda,  # page-locked host memory: async host->GPU copies
+    }
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    batch_size: int
+    aggressive_batch: int
+    accum_steps: int
+    amp: str
+    channels_last: bool
+    loader: dict
+    model_class: str
+    why: dict
+
+
+def recommend(profile: Profile, model: str, image_size: int, cpus: int | None = None,
+              batch_size: int = 0) -> Recommendation:
+    """The settings for one GPU profile, model and resolution, each with its reason.
+    batch_size > 0 keeps that batch (the user chose it) and derives the rest."""
+    cls = model_class(model)
+    amp = amp_mode(profile.capability)
+    cpus = profile.vcpus if cpus is None else cpus
+    why = {}
+    if batch_size > 0:
+        batch, aggressive = batch_size, batch_size
+        why["batch_size"] = "set by you"
+    elif profile.is_gpu:
+        mem = profile.memory_gb / ANCHOR_MEMORY_GB
+        res = resolution_factor(image_size)
+        mdl = 0.5 if cls == "heavy" else 1.0
+        prec = 1.0 if amp in ("bf16", "fp16") else 0.5  # fp32 activations take twice the memory
+        raw = ANCHOR_BATCH * mem * res * mdl * prec
+        batch = max(MIN_GPU_BATCH, round_batch(raw))
+        aggressive = max(batch, min(round_batch(batch * 1.5), batch + 64))
+        why["batch_size"] = (
+            f"{ANCHOR_BATCH} (A10 24GB, 224px, AMP) x {mem:.2f} memory x {res:g} for {image_size}px"
+            f" x {mdl:g} for a {cls} model x {prec:g} precision = {raw:.0f} -> {batch}"
+            f" (never below {MIN_GPU_BATCH} on a GPU); aggressive {aggressive}"
+        )
+    else:
+        batch = aggressive = CPU_BATCH
+        why["batch_size"] = f"CPU: {CPU_BATCH}; batch size does not buy speed without a GPU"
+    target = TARGET_EFFECTIVE_BATCH if profile.is_gpu else batch
+    accum = max(1, round(target / batch))
+    why["accum_steps"] = f"effective batch {batch * accum} (target {target}) = {batch} x {accum}"
+    loader = loader_settings(cpus, profile.is_gpu)
+    why["num_workers"] = f"min(12, CPUs - 1) with {cpus} CPUs; recomputed at run time from os.sched_getaffinity"
+    why["prefetch_factor"] = "4 batches per worker with <= 4 workers, 3 with more; None with no workers"
+    why["persistent_workers"] = "keep workers alive between epochs (no re-fork)"
+    why["pin_memory"] = "on CUDA only: async host-to-GPU copies"
+    cc = "none" if profile.capability is None else "%d.%d" % profile.capability
+    why["amp"] = {
+        "bf16": f"compute capability {cc} >= 8.0: native bf16 autocast, no GradScaler",
+        "fp16": f"compute capability {cc} (no native bf16): fp16 autocast + GradScaler",
+        "fp32": f"compute capability {cc}: no tensor cores, fp32 (warns at run time)",
+        "off": "CPU: no native bf16 here; autocast would only slow it down",
+    }[amp]
+    channels_last = profile.is_gpu and not any(p in model.lower() for p in ("vit", "deit", "swin", "eva", "beit"))
+    why["channels_last"] = "CNN on CUDA: NHWC feeds tensor cores" if channels_last else "off: CPU or a transformer"
+    return Recommendation(batch, aggressive, accum, amp, channels_last, loader, cls, why)
+
+
+def profile_from_gpu_name(name: str, memory_gb: float) -> str:
+    """Map a device name (nvidia-smi or torch) to a profile name; 'cpu' if unknown."""
+    n = name.lower()
+    table = [("h100", "h100"), ("a100", "a100-80" if memory_gb > 45 else "a100-40"), ("a10g", "a10g"),
+             ("a10", "a10"), ("l4", "l4"), ("t4", "t4"), ("p100", "p100"),
+             ("v100", "v100-32" if memory_gb > 20 else "v100"), ("4090", "rtx4090"), ("3090", "rtx3090")]
+    for key, profile in table:
+        if key in n:
+            return profile
+    return "cpu"

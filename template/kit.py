@@ -1,0 +1,352 @@
+"""kagtpl machinery: resource prints, GPU memory monitor, AMP, decode cache, checkpoint I/O,
+ensembling and submission checks.
+
+This file belongs to the template: `copier update` improves it, so keep your competition
+code (data, model, loss) in train.py and predict.py. Log formats printed here are an
+interface that people and agents parse; they are documented in kagtpl's docs/log-format.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import hardware
+
+GB = 1024**3
+
+
+class DataError(Exception):
+    """Bad competition data: the message names the file and row at fault."""
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def on_kaggle() -> bool:
+    return "KAGGLE_KERNEL_RUN_TYPE" in os.environ
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but torch sees no CUDA GPU (try --device cpu)")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def describe_gpu(device: torch.device) -> tuple[str, float, tuple[int, int] | None]:
+    """(name, total GB, compute capability); ('none', 0.0, None) on CPU."""
+    if device.type != "cuda":
+        return "none", 0.0, None
+    props = torch.cuda.get_device_properties(device)
+    return props.name, props.total_memory / GB, (props.major, props.minor)
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+class Amp:
+    """Autocast + GradScaler for one mode from hardware.amp_mode(): bf16 (no scaler),
+    fp16 (with GradScaler), fp32/off (plain). The whole loop calls only these methods."""
+
+    def __init__(self, mode: str, device: torch.device):
+        self.mode = mode
+        self.enabled = mode in ("bf16", "fp16")
+        self.device_type = device.type
+        self.dtype = torch.bfloat16 if mode == "bf16" else torch.float16
+        self.scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16")
+
+    def autocast(self):
+        if not self.enabled:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+
+# ----------------------------------------------------------------------------- GPU memory
+
+
+class GpuMonitor:
+    """Peak GPU memory of a window (a step or an epoch).
+
+    Seam for tests: `reader()` returns (peak_bytes_since_reset, total_bytes) and `reset()`
+    starts a new window. On CUDA they wrap torch.cuda.max_memory_allocated and
+    reset_peak_memory_stats; on CPU there is no reader and every figure prints as 'none'.
+    We report the *peak*: memory_allocated() after backward has already freed the
+    activations and under-reports the real need several-fold.
+    """
+
+    def __init__(self, device: torch.device, reader=None, reset=None):
+        if reader is None and device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            reader = lambda: (torch.cuda.max_memory_allocated(device), total)  # noqa: E731
+            reset = lambda: torch.cuda.reset_peak_memory_stats(device)  # noqa: E731
+        self._reader, self._reset = reader, reset
+
+    def reset(self) -> None:
+        if self._reset is not None:
+            self._reset()
+
+    def peak(self) -> tuple[float, float, float] | None:
+        """(used GB, total GB, percent) of the current window, or None without a GPU."""
+        if self._reader is None:
+            return None
+        used, total = self._reader()
+        return used / GB, total / GB, 100.0 * used / total
+
+    def field(self) -> str:
+        """The GPU= field of the epoch line: '18.31GB (76.3%)' or 'none'."""
+        p = self.peak()
+        return "none" if p is None else f"{p[0]:.2f}GB ({p[2]:.1f}%)"
+
+
+# ----------------------------------------------------------------------------- log lines
+
+
+def resource_lines(cpus: int, batch: int, gpu_name: str, amp: Amp, total_gb: float, loader: dict) -> list[str]:
+    return [
+        f"RESOURCES: {cpus} CPU cores, batch={batch}, GPU={gpu_name}, Mixed Precision={'ON' if amp.enabled else 'OFF'}",
+        f"GPU Memory: {total_gb:.1f} GB" if gpu_name != "none" else "GPU Memory: none",
+        f"DataLoader: num_workers={loader['num_workers']}, prefetch_factor={loader['prefetch_factor']}, "
+        f"persistent_workers={loader['persistent_workers']}",
+    ]
+
+
+def model_line(name: str, model: torch.nn.Module) -> str:
+    params_m = sum(p.numel() for p in model.parameters()) / 1e6
+    return f"Model: {name} ({params_m:.1f}M params, {hardware.size_class(name, params_m)} model)"
+
+
+def memory_used_lines(monitor: GpuMonitor, batch: int) -> list[str]:
+    p = monitor.peak()
+    if p is None:
+        return ["GPU Memory Used: none (CPU run)", f"VALIDATION: CPU run, no GPU memory to check (batch_size={batch})"]
+    return [
+        f"GPU Memory Used: {p[0]:.2f} GB / {p[1]:.1f} GB ({p[2]:.1f}%)",
+        f"VALIDATION: If <50% memory, batch_size={batch} is TOO SMALL - should be {2 * batch}+",
+    ]
+
+
+def epoch_line(epoch: int, stats: dict, metric_name: str, monitor: GpuMonitor) -> str:
+    return (
+        f"Epoch {epoch}: Loss={stats['train_loss']:.4f}, ValLoss={stats['val_loss']:.4f}, "
+        f"{metric_name}={stats['metric']:.4f}, LR={stats['lr']:.2e}, Time={stats['time_s']:.1f}s, "
+        f"Throughput={stats['samples_per_s']:.0f} samples/s, GPU={monitor.field()}"
+    )
+
+
+class JsonLog:
+    """One JSON object per line in out_dir/train_log.jsonl, for agents and plots."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, **record) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def atomic_write(path: Path, write_fn) -> None:
+    """write_fn(tmp_path) writes the file; it only replaces `path` once complete, so a
+    kill at any moment leaves either the old file or the new one, never half of one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write_fn(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_checkpoint(path: Path, model: torch.nn.Module, config: dict, classes: list[str], **meta) -> None:
+    """state_dict + resolved config + class list: predict.py rebuilds the model from this alone."""
+    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    payload = {"model": state, "config": config, "classes": list(classes), **meta}
+    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+
+
+def mark_complete(path: Path) -> bool:
+    """Flag a fold's best checkpoint as complete (a rerun then skips the fold)."""
+    if not Path(path).exists():
+        return False
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ckpt["complete"] = True
+    atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+    return True
+
+
+def load_checkpoint(path: Path) -> dict | None:
+    """The checkpoint, or None (with a warning) when it is corrupt or not ours."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, foreign or tampered file: skip it, keep the others
+        print(f"WARNING: skipping {path}: cannot load ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+        return None
+    if not isinstance(ckpt, dict) or not {"model", "config", "classes"} <= ckpt.keys():
+        print(f"WARNING: skipping {path}: not a kagtpl checkpoint (no model/config/classes)")
+        return None
+    return ckpt
+
+
+def fold_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:
+    """Every model_fold*.pth in out_dir that loads, in fold order."""
+    found = []
+    for path in sorted(Path(out_dir).glob("model_fold*.pth"), key=lambda p: (len(p.name), p.name)):
+        ckpt = load_checkpoint(path)
+        if ckpt is not None:
+            found.append((path, ckpt))
+    return found
+
+
+def ensemble(probs: list[np.ndarray]) -> np.ndarray:
+    """Mean of the folds' class probabilities, renormalised so every row sums to 1."""
+    mean = np.mean(np.stack(probs), axis=0).astype(np.float64)
+    return mean / mean.sum(axis=1, keepdims=True)
+
+
+def check_submission(sub, sample, prob_columns: bool) -> None:
+    """Raise ValueError unless `sub` matches sample_submission: columns, ids, order, values."""
+    if list(sub.columns) != list(sample.columns):
+        raise ValueError(f"submission columns {list(sub.columns)[:5]}... differ from sample_submission's")
+    if len(sub) != len(sample):
+        raise ValueError(f"submission has {len(sub)} rows, sample_submission has {len(sample)}")
+    id_col = sample.columns[0]
+    bad = np.flatnonzero(sub[id_col].astype(str).to_numpy() != sample[id_col].astype(str).to_numpy())
+    if len(bad):
+        raise ValueError(f"submission row {bad[0]}: id {sub[id_col].iloc[bad[0]]!r} != {sample[id_col].iloc[bad[0]]!r}")
+    if prob_columns:
+        values = sub[sample.columns[1:]].to_numpy(dtype=np.float64)
+        if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
+            raise ValueError("submission probabilities must be finite and within [0, 1]")
+        if not np.allclose(values.sum(axis=1), 1.0, atol=1e-4):
+            raise ValueError("submission probabilities of a row must sum to 1")
+
+
+def write_csv_atomic(df, path: Path) -> None:
+    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
+
+
+# ----------------------------------------------------------------------------- images
+
+
+def read_image(path: str, size: int) -> np.ndarray | None:
+    """RGB uint8 (size, size, 3), or None when the file is missing or cannot be decoded."""
+    import cv2
+
+    img = cv2.imread(path, cv2.IMREAD_COLOR)
+    if img is None:
+        return None
+    img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    return cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA)
+
+
+class _Decode(torch.utils.data.Dataset):
+    def __init__(self, paths: list[str], size: int):
+        self.paths, self.size = paths, size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        img = read_image(self.paths[i], self.size)
+        return i, (np.zeros((self.size, self.size, 3), np.uint8) if img is None else img), img is not None
+
+
+def image_cache(paths: list[str], names: list[str], size: int, cache_dir: Path, tag: str, workers: int) -> np.ndarray:
+    """Decode every image once into a uint8 memmap of shape (n, size, size, 3).
+
+    JPEG decoding is the CPU bottleneck on Kaggle's 4 vCPUs: decoding 10k dog photos every
+    epoch costs more than the GPU step. Later epochs, folds and reruns read this cache.
+    `names` say where each path came from ("labels.csv row 17") for the error message.
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha1("\n".join(paths).encode()).hexdigest()[:16]
+    data_file, meta_file = cache_dir / f"{tag}_{size}px.u8", cache_dir / f"{tag}_{size}px.json"
+    shape = (len(paths), size, size, 3)
+    if meta_file.exists() and data_file.exists() and json.loads(meta_file.read_text()).get("key") == key:
+        return np.memmap(data_file, dtype=np.uint8, mode="r", shape=shape)
+    t0 = time.time()
+    tmp = data_file.with_suffix(".tmp")
+    arr = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=shape)
+    loader = torch.utils.data.DataLoader(
+        _Decode(paths, size), batch_size=64, num_workers=workers, collate_fn=lambda b: b
+    )
+    for batch in loader:
+        for i, img, ok in batch:
+            if not ok:
+                raise DataError(f"{paths[i]}: missing or cannot be decoded as an image ({names[i]})")
+            arr[i] = img
+    arr.flush()
+    del arr
+    os.replace(tmp, data_file)
+    atomic_write(meta_file, lambda t: Path(t).write_text(json.dumps({"key": key, "shape": shape})))
+    print(f"CACHE: decoded {len(paths)} {tag} images to {size}x{size} in {time.time() - t0:.1f}s -> {data_file}")
+    return np.memmap(data_file, dtype=np.uint8, mode="r", shape=shape)
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class WeightsUnavailable(SystemExit):
+    """Pretrained weights asked for but not to be had; train.py --dry-run falls back to random init."""
+
+
+def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def create_timm_model(name: str, num_classes: int, pretrained: bool, weights: str = "") -> torch.nn.Module:
+    """A timm model; pretrained weights from a local file (`weights`) or the hub.
+
+    Without network (Kaggle with internet off) timm would retry the hub for ~50 s and then
+    fail; we check first and stop in seconds with the way out.
+    """
+    import timm
+
+    if weights:
+        if not Path(weights).is_file():
+            raise SystemExit(f"--weights {weights}: no such file")
+        # timm loads the file (safetensors or torch, weights_only) and drops a mismatched head
+        return timm.create_model(
+            name, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay={"file": str(weights)}
+        )
+    if pretrained and not hub_reachable():
+        raise WeightsUnavailable(
+            f"pretrained weights for {name} were asked for, but the model hub is unreachable (internet off?). "
+            f"Attach the weights as a Kaggle dataset and pass --weights /kaggle/input/<dataset>/<file>.safetensors "
+            f"(timm: model.default_cfg['hf_hub_id'] names them), or train from scratch with --no-pretrained."
+        )
+    return timm.create_model(name, pretrained=pretrained, num_classes=num_classes)
+
+
