@@ -68,15 +68,60 @@ MIN_RESOLUTION_FACTOR = 0.0625
 
 # Model size classes. "large" models should fill 70%+ of GPU memory, "small" ones may sit
 # at 50-60% (field notes). "heavy" is large with half the memory budget per batch.
-HEAVY_PATTERNS = ("efficientnet_b6", "efficientnet_b7", "efficientnet_b8", "efficientnetv2_l",
-                  "efficientnetv2_xl", "vit_large", "vit_huge", "convnext_large", "convnext_xlarge",
-                  "eva_large", "beit_large", "swin_large")
-LARGE_PATTERNS = ("efficientnet_b4", "efficientnet_b5", "efficientnetv2_m", "resnet101", "resnet152",
-                  "resnext101", "vit_", "deit_", "swin_", "beit_", "eva", "densenet161", "densenet201",
-                  "convnext_base", "convnext_small", "bert", "roberta", "deberta")
-SMALL_PATTERNS = ("resnet18", "resnet34", "resnet10", "resnet14", "efficientnet_b0", "efficientnet_b1",
-                  "efficientnet_b2", "efficientnet_b3", "mobilenet", "mnasnet", "ghostnet", "regnetx_002",
-                  "lcnet", "convnext_atto", "convnext_femto", "convnext_pico", "convnext_nano", "mlp")
+HEAVY_PATTERNS = (
+    "efficientnet_b6",
+    "efficientnet_b7",
+    "efficientnet_b8",
+    "efficientnetv2_l",
+    "efficientnetv2_xl",
+    "vit_large",
+    "vit_huge",
+    "convnext_large",
+    "convnext_xlarge",
+    "eva_large",
+    "beit_large",
+    "swin_large",
+)
+LARGE_PATTERNS = (
+    "efficientnet_b4",
+    "efficientnet_b5",
+    "efficientnetv2_m",
+    "resnet101",
+    "resnet152",
+    "resnext101",
+    "vit_",
+    "deit_",
+    "swin_",
+    "beit_",
+    "eva",
+    "densenet161",
+    "densenet201",
+    "convnext_base",
+    "convnext_small",
+    "bert",
+    "roberta",
+    "deberta",
+)
+SMALL_PATTERNS = (
+    "resnet18",
+    "resnet34",
+    "resnet10",
+    "resnet14",
+    "efficientnet_b0",
+    "efficientnet_b1",
+    "efficientnet_b2",
+    "efficientnet_b3",
+    "mobilenet",
+    "mnasnet",
+    "ghostnet",
+    "regnetx_002",
+    "lcnet",
+    "convnext_atto",
+    "convnext_femto",
+    "convnext_pico",
+    "convnext_nano",
+    "mlp",
+)
 LARGE_PARAMS_M = 25.0  # fallback for names not listed: ResNet-50 (25.6M) and up count as large
 
 
@@ -153,8 +198,9 @@ class Recommendation:
     why: dict
 
 
-def recommend(profile: Profile, model: str, image_size: int, cpus: int | None = None,
-              batch_size: int = 0) -> Recommendation:
+def recommend(
+    profile: Profile, model: str, image_size: int, cpus: int | None = None, batch_size: int = 0
+) -> Recommendation:
     """The settings for one GPU profile, model and resolution, each with its reason.
     batch_size > 0 keeps that batch (the user chose it) and derives the rest."""
     cls = model_class(model)
@@ -188,7 +234,7 @@ def recommend(profile: Profile, model: str, image_size: int, cpus: int | None = 
     why["prefetch_factor"] = "4 batches per worker with <= 4 workers, 3 with more; None with no workers"
     why["persistent_workers"] = "keep workers alive between epochs (no re-fork)"
     why["pin_memory"] = "on CUDA only: async host-to-GPU copies"
-    cc = "none" if profile.capability is None else "%d.%d" % profile.capability
+    cc = "none" if profile.capability is None else "{}.{}".format(*profile.capability)
     why["amp"] = {
         "bf16": f"compute capability {cc} >= 8.0: native bf16 autocast, no GradScaler",
         "fp16": f"compute capability {cc} (no native bf16): fp16 autocast + GradScaler",
@@ -203,9 +249,18 @@ def recommend(profile: Profile, model: str, image_size: int, cpus: int | None = 
 def profile_from_gpu_name(name: str, memory_gb: float) -> str:
     """Map a device name (nvidia-smi or torch) to a profile name; 'cpu' if unknown."""
     n = name.lower()
-    table = [("h100", "h100"), ("a100", "a100-80" if memory_gb > 45 else "a100-40"), ("a10g", "a10g"),
-             ("a10", "a10"), ("l4", "l4"), ("t4", "t4"), ("p100", "p100"),
-             ("v100", "v100-32" if memory_gb > 20 else "v100"), ("4090", "rtx4090"), ("3090", "rtx3090")]
+    table = [
+        ("h100", "h100"),
+        ("a100", "a100-80" if memory_gb > 45 else "a100-40"),
+        ("a10g", "a10g"),
+        ("a10", "a10"),
+        ("l4", "l4"),
+        ("t4", "t4"),
+        ("p100", "p100"),
+        ("v100", "v100-32" if memory_gb > 20 else "v100"),
+        ("4090", "rtx4090"),
+        ("3090", "rtx3090"),
+    ]
     for key, profile in table:
         if key in n:
             return profile

@@ -348,5 +348,3 @@ def create_timm_model(name: str, num_classes: int, pretrained: bool, weights: st
             f"(timm: model.default_cfg['hf_hub_id'] names them), or train from scratch with --no-pretrained."
         )
     return timm.create_model(name, pretrained=pretrained, num_classes=num_classes)
-
-

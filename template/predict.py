@@ -28,8 +28,12 @@ def get_args(argv=None):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch-size", type=int, default=0, help="0 = twice the training batch (no gradients kept)")
     p.add_argument("--workers", type=int, default=-1, help="-1 = min(12, usable CPUs - 1)")
-    p.add_argument("--tta", action=argparse.BooleanOptionalAction, default=True,
-                   help="average with a horizontal flip (only if training used --hflip)")
+    p.add_argument(
+        "--tta",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="average with a horizontal flip (only if training used --hflip)",
+    )
     p.add_argument("--submission", default="submission.csv", help="file name inside --out-dir")
     return p.parse_args(argv)
 
@@ -40,8 +44,10 @@ def main(argv=None):
     checkpoints = kit.fold_checkpoints(out)
     if not checkpoints:
         sys.exit(f"ERROR: no loadable model_fold*.pth in {out}: run train.py first (nothing was written)")
-    print(f"ENSEMBLE: {len(checkpoints)} checkpoint(s), folds {[c.get('fold') for _, c in checkpoints]}: "
-          f"{', '.join(p.name for p, _ in checkpoints)}")
+    print(
+        f"ENSEMBLE: {len(checkpoints)} checkpoint(s), folds {[c.get('fold') for _, c in checkpoints]}: "
+        f"{', '.join(p.name for p, _ in checkpoints)}"
+    )
     if any(c["config"].get("dry_run") for _, c in checkpoints):
         print("WARNING: dry-run checkpoints (3 batches of training): fine for a smoke test, not for a score")
 

@@ -1,0 +1,58 @@
+"""Shared fixtures: the template source, a real dataset in the dog-breed layout, rendering."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kagtpl import demo
+
+ROOT = Path(__file__).resolve().parents[1]
+# Generated scripts run with this interpreter; keep torch to the 2 cores and quiet.
+RUN_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2", "PYTHONWARNINGS": "ignore"}
+
+
+def render(dest: Path, **data) -> Path:
+    """Render the template at HEAD (plus uncommitted changes) with Copier's real run_copy."""
+    import copier
+
+    answers = {"project_name": dest.name, "task": "image", "gpu": "cpu", "model": "resnet18", "image_size": 32,
+               "folds": 3, "epochs": 2, **data}
+    copier.run_copy(str(ROOT), dest, data=answers, defaults=True, vcs_ref="HEAD", quiet=True, unsafe=False)
+    return dest
+
+
+def run_script(project: Path, *args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], cwd=project, env=RUN_ENV, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory) -> Path:
+    """A small real dataset (UCI digits) in the dog-breed layout: 240 train, 40 test images."""
+    return demo.write_digits(tmp_path_factory.mktemp("digits") / "data", n_train=240, n_test=40)
+
+
+@pytest.fixture()
+def project(tmp_path, digits_dir) -> Path:
+    return render(tmp_path / "proj", data_dir=str(digits_dir))
+
+
+@pytest.fixture(scope="session")
+def project_modules(tmp_path_factory, digits_dir):
+    """train, kit and hardware imported from one rendered project (for in-process checks)."""
+    import importlib
+
+    proj = render(tmp_path_factory.mktemp("mods") / "proj", data_dir=str(digits_dir))
+    sys.path.insert(0, str(proj))
+    try:
+        return tuple(importlib.import_module(m) for m in ("train", "kit", "hardware"))
+    finally:
+        sys.path.remove(str(proj))

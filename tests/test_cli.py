@@ -1,0 +1,113 @@
+"""The CLI as a user runs it: `python -m kagtpl ...` in a subprocess. Every bad input gets
+one red line on stderr, exit code 1, and nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+
+def kagtpl(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "kagtpl", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def snapshot(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_new_with_data_detects_dog_breed_layout(tmp_path, digits_dir):
+    r = kagtpl("new", "dog-breed", "--task", "image", "--gpu", "a10", "--data", str(digits_dir), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    answers = yaml.safe_load((tmp_path / "dog-breed" / ".copier-answers.yml").read_text())
+    assert answers["gpu"] == "a10" and answers["model"] == "efficientnet_b4" and answers["image_size"] == 224
+    assert answers["data_dir"] == str(digits_dir)
+    assert (answers["labels_csv"], answers["id_col"], answers["label_col"]) == ("labels.csv", "id", "breed")
+    assert (answers["train_dir"], answers["test_dir"], answers["image_ext"]) == ("train", "test", ".jpg")
+    assert answers["_src_path"].startswith("/")  # absolute: relative sources break later updates
+
+
+def test_new_detects_generic_csv_layout_and_flags_override(tmp_path):
+    data = tmp_path / "comp"
+    (data / "train_images").mkdir(parents=True)
+    (data / "test_images").mkdir()
+    (data / "train.csv").write_text("image_id,label\nabc,cat\n")
+    (data / "sample_submission.csv").write_text("image_id,label\nxyz,cat\n")
+    (data / "train_images" / "abc.png").write_bytes(b"x")
+    (data / "test_images" / "xyz.png").write_bytes(b"x")
+    r = kagtpl("new", "generic", "--task", "image", "--gpu", "l4", "--data", str(data), "--folds", "4",
+               "--model", "resnet34", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    a = yaml.safe_load((tmp_path / "generic" / ".copier-answers.yml").read_text())
+    assert (a["labels_csv"], a["id_col"], a["label_col"], a["image_ext"]) == ("train.csv", "image_id", "label", ".png")
+    assert (a["train_dir"], a["test_dir"], a["folds"], a["model"]) == ("train_images", "test_images", 4, "resnet34")
+
+
+def test_gpu_auto_without_nvidia_smi_is_cpu(tmp_path):
+    r = kagtpl("new", "auto-proj", "--task", "image", "--gpu", "auto", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load((tmp_path / "auto-proj" / ".copier-answers.yml").read_text())["gpu"] == "cpu"
+
+
+def test_gpus_and_recommend(tmp_path):
+    r = kagtpl("gpus", cwd=tmp_path)
+    assert r.returncode == 0 and "a100-40" in r.stdout and "7.5" in r.stdout
+    r = kagtpl("recommend", "--task", "image", "--gpu", "a10", cwd=tmp_path)
+    assert r.returncode == 0
+    for word in ("batch_size", "128", "accum_steps", "num_workers", "prefetch_factor", "persistent_workers",
+                 "bf16", "channels_last"):
+        assert word in r.stdout
+    r = kagtpl("recommend", "--gpu", "t4", "--image-size", "384", "--model", "efficientnet_b7", cwd=tmp_path)
+    assert r.returncode == 0 and "fp16" in r.stdout and "GradScaler" in r.stdout
+
+
+def test_version(tmp_path):
+    from kagtpl import __version__
+
+    assert kagtpl("--version", cwd=tmp_path).stdout.strip() == f"kagtpl {__version__}"
+
+
+def _bad_data(tmp_path):
+    data = tmp_path / "not-a-comp"
+    data.mkdir()
+    (data / "notes.txt").write_text("hello")
+    return str(data)
+
+
+ERRORS = [
+    (lambda t: ["new", "p", "--task", "audio", "--gpu", "t4"], "unknown task 'audio'; valid tasks: image"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "tpu"], "unknown GPU 'tpu'; valid GPUs: t4, t4x2"),
+    (lambda t: ["new", "../evil", "--task", "image", "--gpu", "t4"], "invalid project name '../evil'"),
+    (lambda t: ["new", "a/b", "--task", "image", "--gpu", "t4"], "invalid project name 'a/b'"),
+    (lambda t: ["new", "", "--task", "image", "--gpu", "t4"], "invalid project name ''"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", _bad_data(t)],
+     "does not look like an image competition"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", str(t / "missing")], "no such folder"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--folds", "1"], "--folds 1: must be at least 2"),
+    (lambda t: ["recommend", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+]
+
+
+@pytest.mark.parametrize("args,message", ERRORS, ids=[m[:30] for _, m in ERRORS])
+def test_bad_input_gets_one_red_line_exit_1_and_nothing_written(tmp_path, args, message):
+    argv = args(tmp_path)
+    before = snapshot(tmp_path)
+    r = kagtpl(*argv, cwd=tmp_path)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_existing_non_empty_destination_needs_force(tmp_path):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "mine.txt").write_text("keep me")
+    r = kagtpl("new", "p", "--task", "image", "--gpu", "t4", cwd=tmp_path)
+    assert r.returncode == 1 and "exists and is not empty; pass --force" in r.stderr
+    assert snapshot(tmp_path) == ["p", "p/mine.txt"]
+    r = kagtpl("new", "p", "--task", "image", "--gpu", "t4", "--force", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p" / "mine.txt").read_text() == "keep me" and (tmp_path / "p" / "train.py").exists()

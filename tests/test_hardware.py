@@ -1,0 +1,84 @@
+"""The batch / worker / precision rules (template/hardware.py, shared by CLI and train.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kagtpl.project import detect_gpu
+from kagtpl.template import hardware
+
+hw = hardware()
+
+
+@pytest.mark.parametrize(
+    "gpu,model,size,batch,aggressive",
+    [
+        ("a10", "efficientnet_b4", 224, 128, 192),  # the field notes' A10 anchor
+        ("a10", "resnet50", 224, 128, 192),
+        ("a10", "efficientnet_b4", 384, 64, 96),  # 384 px anchor
+        ("a10", "efficientnet_b7", 224, 64, 96),  # B6/B7 anchor
+        ("a100-40", "efficientnet_b4", 224, 192, 256),  # A100-40 anchor
+        ("t4", "efficientnet_b4", 224, 64, 96),
+        ("h100", "efficientnet_b4", 224, 416, 480),
+        ("t4", "efficientnet_b7", 512, 32, 48),  # never below 32 on a GPU
+        ("p100", "efficientnet_b4", 224, 40, 56),  # fp32 halves the budget
+    ],
+)
+def test_batch_rule_hits_the_anchors(gpu, model, size, batch, aggressive):
+    rec = hw.recommend(hw.PROFILES[gpu], model, size)
+    assert (rec.batch_size, rec.aggressive_batch) == (batch, aggressive)
+
+
+def test_no_gpu_profile_goes_below_32_and_accumulation_reaches_128():
+    for profile in hw.PROFILES.values():
+        for model in ("resnet18", "efficientnet_b4", "efficientnet_b7", "vit_large_patch16_224"):
+            for size in (224, 384, 512, 1024):
+                rec = hw.recommend(profile, model, size)
+                if profile.is_gpu:
+                    assert rec.batch_size >= 32
+                    assert abs(rec.batch_size * rec.accum_steps - 128) <= rec.batch_size / 2 or rec.accum_steps == 1
+
+
+def test_user_batch_is_kept():
+    assert hw.recommend(hw.PROFILES["a10"], "resnet18", 224, batch_size=48).batch_size == 48
+
+
+@pytest.mark.parametrize("cpus,workers,prefetch", [(1, 0, None), (2, 1, 4), (4, 3, 4), (8, 7, 3), (30, 12, 3)])
+def test_workers_rule(cpus, workers, prefetch):
+    s = hw.loader_settings(cpus, on_cuda=True)
+    assert (s["num_workers"], s["prefetch_factor"], s["persistent_workers"]) == (workers, prefetch, workers > 0)
+    assert hw.loader_settings(cpus, on_cuda=False)["pin_memory"] is False
+
+
+@pytest.mark.parametrize(
+    "gpu,mode", [("t4", "fp16"), ("v100", "fp16"), ("p100", "fp32"), ("a10", "bf16"), ("h100", "bf16"), ("cpu", "off")]
+)
+def test_amp_mode_from_compute_capability(gpu, mode):
+    assert hw.amp_mode(hw.PROFILES[gpu].capability) == mode
+    assert hw.PROFILES[gpu].bf16_native == (mode == "bf16")
+
+
+@pytest.mark.parametrize(
+    "model,cls",
+    [("resnet18", "small"), ("efficientnet_b0", "small"), ("tf_efficientnet_b4.ns_jft_in1k", "large"),
+     ("resnet152", "large"), ("vit_base_patch16_224", "large"), ("efficientnet_b7", "heavy"),
+     ("mobilenetv3_large_100", "small")],
+)
+def test_model_class(model, cls):
+    assert hw.model_class(model) == cls
+
+
+def test_unknown_model_falls_back_to_parameter_count():
+    assert hw.model_class("my_net", params_m=3.0) == "small"
+    assert hw.model_class("my_net", params_m=60.0) == "large"
+
+
+@pytest.mark.parametrize(
+    "smi,profile",
+    [("NVIDIA A10, 23028", "a10"), ("NVIDIA A100-SXM4-40GB, 40960", "a100-40"),
+     ("NVIDIA A100-SXM4-80GB, 81920", "a100-80"), ("Tesla T4, 15360\nTesla T4, 15360", "t4"),
+     ("NVIDIA H100 80GB HBM3, 81559", "h100"), ("NVIDIA GeForce RTX 4090, 24564", "rtx4090"),
+     ("NVIDIA A10G, 23028", "a10g"), ("", "cpu")],
+)
+def test_detect_gpu_from_nvidia_smi_text(smi, profile):
+    assert detect_gpu(smi) == profile

@@ -1,0 +1,86 @@
+"""Tier 1 and 2: a fast render matrix (exact file set, nothing left unrendered) and the
+rendered project is ruff clean."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT, render
+
+from kagtpl.template import hardware
+
+EXPECTED_FILES = {
+    ".copier-answers.yml", ".gitignore", "README.md", "requirements.txt", "ruff.toml",
+    "train.py", "predict.py", "kit.py", "hardware.py", "tests/test_project.py",
+}
+
+
+def files_of(project):
+    return {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()}
+
+
+MATRIX = [
+    {"gpu": "t4"},
+    {"gpu": "a10", "model": "efficientnet_b4", "image_size": 384, "batch_size": 96},
+    {"gpu": "h100", "folds": 10, "epochs": 30},
+    {"gpu": "cpu", "model": "resnet18", "image_size": 64},
+    {"gpu": "p100", "competition": "dog-breed-identification"},
+    {"gpu": "l4", "labels_csv": "train.csv", "label_col": "label", "image_ext": ".png"},
+    {"gpu": "a10g", "data_dir": "/home/someone/competitions/" + "a-very-long-competition-name-" * 4 + "data"},
+]
+
+
+@pytest.mark.parametrize("data", MATRIX, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+def test_render_matrix(tmp_path, data):
+    project = render(tmp_path / "my-comp", **data)
+    assert files_of(project) == EXPECTED_FILES
+    for path in project.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert "{{" not in text and "{%" not in text, f"unrendered Jinja in {path.name}"
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    for key, value in data.items():
+        assert answers[key] == value
+    train = (project / "train.py").read_text()
+    assert f'GPU_PROFILE = "{data["gpu"]}"' in train
+    if "image_size" in data:
+        assert f"IMAGE_SIZE = {data['image_size']}\n" in train
+
+
+def test_every_profile_renders_and_kaggle_profiles_read_kaggle_input(tmp_path):
+    for name in hardware().PROFILES:
+        answers = yaml.safe_load((render(tmp_path / name, gpu=name) / ".copier-answers.yml").read_text())
+        expected = f"/kaggle/input/{name}" if name in ("t4", "t4x2", "p100") else "data"
+        assert answers["data_dir"] == expected
+
+
+def test_typo_in_template_fails_with_strict_undefined(tmp_path):
+    import copier
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "template", src / "template")
+    shutil.copy(ROOT / "copier.yml", src / "copier.yml")
+    (src / "template" / "typo.txt.jinja").write_text("{{ no_such_answer }}\n")
+    with pytest.raises(Exception, match="no_such_answer"):
+        copier.run_copy(str(src), tmp_path / "out", data={"project_name": "x"}, defaults=True, quiet=True)
+
+
+def test_rendered_project_is_ruff_clean(tmp_path):
+    ruff = shutil.which("ruff") or str(__import__("pathlib").Path(sys.executable).parent / "ruff")
+    for data in (MATRIX[1], MATRIX[-1]):
+        project = render(tmp_path / data["gpu"], **data)
+        check = subprocess.run([ruff, "check", "."], cwd=project, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        fmt = subprocess.run([ruff, "format", "--check", "."], cwd=project, capture_output=True, text=True)
+        assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_template_has_no_tasks_migrations_or_extensions():
+    config = yaml.safe_load((ROOT / "copier.yml").read_text())
+    assert not {"_tasks", "_migrations", "_jinja_extensions"} & config.keys()
+    assert config["_subdirectory"] == "template"
+    assert config["_envops"]["undefined"] == "jinja2.StrictUndefined"
