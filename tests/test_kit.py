@@ -1,0 +1,159 @@
+"""The generated project's machinery, imported from a rendered project. GPU-only behaviour
+goes through one seam: GpuMonitor's reader (peak bytes, total bytes); the AMP mode comes
+from a compute capability, so any GPU's can be passed in."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+GB = 1024**3
+
+
+def test_gpu_lines_through_a_fake_memory_reader(project_modules):
+    _, kit, _ = project_modules
+    resets = []
+    monitor = kit.GpuMonitor(torch.device("cpu"), reader=lambda: (int(18.31 * GB), 24 * GB), reset=lambda: resets.append(1))
+    assert kit.memory_used_lines(monitor, 128) == [
+        "GPU Memory Used: 18.31 GB / 24.0 GB (76.3%)",
+        "VALIDATION: If <50% memory, batch_size=128 is TOO SMALL - should be 256+",
+    ]
+    assert monitor.field() == "18.31GB (76.3%)"
+    monitor.reset()
+    assert resets == [1]
+    stats = {"train_loss": 0.5, "val_loss": 0.4, "metric": 0.9, "lr": 1e-3, "time_s": 12.0, "samples_per_s": 800.0}
+    line = kit.epoch_line(3, stats, "Acc", monitor)
+    assert re.fullmatch(r"Epoch 3: Loss=0\.5000, ValLoss=0\.4000, Acc=0\.9000, LR=1\.00e-03, Time=12\.0s, "
+                        r"Throughput=800 samples/s, GPU=18\.31GB \(76\.3%\)", line)
+
+
+def test_cpu_lines_are_honest(project_modules):
+    _, kit, hardware = project_modules
+    monitor = kit.GpuMonitor(torch.device("cpu"))
+    assert monitor.peak() is None and monitor.field() == "none"
+    assert kit.memory_used_lines(monitor, 32)[0] == "GPU Memory Used: none (CPU run)"
+    amp = kit.Amp("off", torch.device("cpu"))
+    lines = kit.resource_lines(2, 32, "none", amp, 0.0, hardware.loader_settings(2, False))
+    assert lines == ["RESOURCES: 2 CPU cores, batch=32, GPU=none, Mixed Precision=OFF", "GPU Memory: none",
+                     "DataLoader: num_workers=1, prefetch_factor=4, persistent_workers=True"]
+
+
+def test_resource_lines_on_a_gpu(project_modules):
+    _, kit, hardware = project_modules
+    amp = kit.Amp(hardware.amp_mode((8, 6)), torch.device("cpu"))
+    lines = kit.resource_lines(30, 128, "NVIDIA A10", amp, 22.5, hardware.loader_settings(30, True))
+    assert lines[0] == "RESOURCES: 30 CPU cores, batch=128, GPU=NVIDIA A10, Mixed Precision=ON"
+    assert lines[1] == "GPU Memory: 22.5 GB"
+    assert lines[2] == "DataLoader: num_workers=12, prefetch_factor=3, persistent_workers=True"
+
+
+@pytest.mark.parametrize("capability,enabled,dtype,scaler", [
+    ((7, 5), True, torch.float16, True),  # T4: fp16 + GradScaler
+    ((8, 0), True, torch.bfloat16, False),  # A100: bf16, no scaler
+    ((6, 0), False, None, False),  # P100: fp32
+    (None, False, None, False),  # CPU: off
+])
+def test_amp_policy_from_capability(project_modules, capability, enabled, dtype, scaler):
+    _, kit, hardware = project_modules
+    amp = kit.Amp(hardware.amp_mode(capability), torch.device("cpu"))
+    assert amp.enabled == enabled and amp.scaler.is_enabled() == scaler
+    if enabled:
+        assert amp.dtype == dtype
+
+
+def _loader(n_batches, batch=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n_batches * batch, 3, 2, 2, generator=g), torch.randint(0, 3, (n_batches * batch,), generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch), x, y
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+
+
+@pytest.mark.parametrize("accum,groups", [(1, [[0], [1], [2], [3], [4]]), (2, [[0, 1], [2, 3], [4]]), (5, [[0, 1, 2, 3, 4]])])
+def test_accumulation_steps_on_the_last_partial_group_with_the_right_scale(project_modules, accum, groups):
+    train, kit, _ = project_modules
+    loader, x, y = _loader(5)
+    model, ref = _model(), _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    run = {"device": torch.device("cpu"), "accum_steps": accum, "channels_last": False}
+    steps = []
+    train.train_one_epoch(model, loader, opt, sched, kit.Amp("off", torch.device("cpu")), run,
+                          on_first_step=lambda: steps.append(sched.last_epoch))
+    assert sched.last_epoch == len(groups) and steps == [1]
+    # the same updates by hand: each group's gradient is the mean of its batches' mean losses
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for group in groups:
+        ref_opt.zero_grad()
+        loss = sum(torch.nn.functional.cross_entropy(ref(x[b * 4:(b + 1) * 4]), y[b * 4:(b + 1) * 4]) for b in group)
+        (loss / len(group)).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+
+
+def test_check_submission_catches_each_mistake(project_modules):
+    _, kit, _ = project_modules
+    sample = pd.DataFrame({"id": ["a", "b"], "x": [0.5, 0.5], "y": [0.5, 0.5]})
+    good = pd.DataFrame({"id": ["a", "b"], "x": [0.2, 0.9], "y": [0.8, 0.1]})
+    kit.check_submission(good, sample, prob_columns=True)
+    cases = {
+        "columns": good[["id", "y", "x"]],
+        "rows": good.iloc[:1],
+        "id 'b'": good.assign(id=["a", "c"]),
+        "within [0, 1]": good.assign(x=[1.2, 0.9]),
+        "sum to 1": good.assign(x=[0.3, 0.9]),
+    }
+    for message, bad in cases.items():
+        with pytest.raises(ValueError, match=re.escape(message) if message != "id 'b'" else "row 1"):
+            kit.check_submission(bad, sample, prob_columns=True)
+
+
+def test_atomic_write_keeps_the_old_file_when_writing_fails(project_modules, tmp_path):
+    _, kit, _ = project_modules
+    target = tmp_path / "submission.csv"
+    target.write_text("old")
+
+    def broken(tmp):
+        open(tmp, "w").write("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        kit.atomic_write(target, broken)
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["submission.csv"]
+
+
+def test_ensemble_and_corrupt_checkpoint(project_modules, tmp_path, capsys):
+    _, kit, _ = project_modules
+    kit.save_checkpoint(tmp_path / "model_fold2.pth", torch.nn.Linear(2, 2), {"model": "m"}, ["a", "b"], fold=2)
+    kit.save_checkpoint(tmp_path / "model_fold10.pth", torch.nn.Linear(2, 2), {"model": "m"}, ["a", "b"], fold=10)
+    (tmp_path / "model_fold0.pth").write_bytes(b"\x80\x02garbage")
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "model_fold1.pth")
+    found = kit.fold_checkpoints(tmp_path)
+    assert [c["fold"] for _, c in found] == [2, 10]
+    out = capsys.readouterr().out
+    assert "skipping" in out and "model_fold0.pth" in out and "model_fold1.pth" in out
+    probs = kit.ensemble([np.array([[0.2, 0.8]]), np.array([[0.6, 0.4]])])
+    np.testing.assert_allclose(probs, [[0.4, 0.6]])
+
+
+def test_image_cache_names_the_bad_file_and_reuses_the_cache(project_modules, tmp_path, digits_dir):
+    _, kit, _ = project_modules
+    good = sorted((digits_dir / "train").glob("*.jpg"))[:3]
+    paths = [str(p) for p in good]
+    arr = kit.image_cache(paths, ["l2", "l3", "l4"], 16, tmp_path / "cache", "train", 0)
+    assert arr.shape == (3, 16, 16, 3) and arr.dtype == np.uint8 and arr.max() > 0
+    mtime = (tmp_path / "cache" / "train_16px.u8").stat().st_mtime_ns
+    kit.image_cache(paths, ["l2", "l3", "l4"], 16, tmp_path / "cache", "train", 0)
+    assert (tmp_path / "cache" / "train_16px.u8").stat().st_mtime_ns == mtime  # read, not rebuilt
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"not a jpeg")
+    with pytest.raises(kit.DataError, match=r"broken\.jpg: missing or cannot be decoded as an image \(labels.csv line 9\)"):
+        kit.image_cache([*paths, str(bad)], ["a", "b", "c", "labels.csv line 9"], 16, tmp_path / "cache", "x", 0)

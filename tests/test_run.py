@@ -1,0 +1,174 @@
+"""Tier 3: render a project and run its train.py and predict.py as subprocesses on CPU, on a
+small real dataset (UCI digits in the dog-breed layout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+from conftest import RUN_ENV, render, run_script
+
+pytestmark = pytest.mark.slow
+
+CPU = ["--device", "cpu"]
+
+
+def assert_valid_submission(project, data_dir):
+    sub = pd.read_csv(project / "output" / "submission.csv", dtype={"id": str})
+    sample = pd.read_csv(data_dir / "sample_submission.csv", dtype={"id": str})
+    assert list(sub.columns) == list(sample.columns) and list(sub["id"]) == list(sample["id"])
+    probs = sub[sample.columns[1:]].to_numpy()
+    assert ((probs >= 0) & (probs <= 1)).all() and abs(probs.sum(1) - 1).max() < 1e-6
+    return sub
+
+
+def test_dry_run_then_predict(project, digits_dir):
+    log = run_script(project, "train.py", "--dry-run", *CPU).stdout
+    lines = log.splitlines()
+    assert "RESOURCES: " in lines[0] and "batch=32, GPU=none, Mixed Precision=OFF" in lines[0]
+    assert lines[1] == "GPU Memory: none"
+    assert re.fullmatch(r"DataLoader: num_workers=\d+, prefetch_factor=(\d+|None), persistent_workers=(True|False)", lines[2])
+    assert re.search(r"^Model: resnet18 \(11\.2M params, small model\)$", log, re.M)
+    assert "GPU Memory Used: none (CPU run)" in log
+    epochs = re.findall(r"^Epoch 1: Loss=[\d.]+, ValLoss=[\d.]+, Acc=[\d.]+, LR=\S+, Time=[\d.]+s, "
+                        r"Throughput=\d+ samples/s, GPU=none$", log, re.M)
+    assert len(epochs) == 2  # 2 folds x 1 epoch
+    assert "FOLD 0 (1 of 2)" in log and "FOLD 1 (2 of 2)" in log and "OOF: logloss=" in log
+    records = [json.loads(x) for x in (project / "output" / "train_log.jsonl").read_text().splitlines()]
+    assert [(r["fold"], r["epoch"]) for r in records] == [(0, 1), (1, 1)]
+    assert records[0]["gpu_used_gb"] is None and records[0]["samples_per_s"] > 0
+    ckpt = torch.load(project / "output" / "model_fold0.pth", weights_only=True)
+    assert ckpt["classes"][:3] == ["zero", "one", "two"] and ckpt["complete"] is True
+    assert ckpt["config"]["model"] == "resnet18" and ckpt["config"]["dry_run"] is True
+    assert not list((project / "output").glob("*.tmp")) and not list((project / "output").glob(".*.tmp"))
+
+    pred = run_script(project, "predict.py", *CPU).stdout
+    assert "ENSEMBLE: 2 checkpoint(s), folds [0, 1]" in pred
+    assert "SUBMISSION: " in pred
+    assert_valid_submission(project, digits_dir)
+
+
+def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(project, digits_dir):
+    proc = subprocess.Popen([sys.executable, "train.py", *CPU, "--epochs", "2"], cwd=project, env=RUN_ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("FOLD 1 ("):
+            os.killpg(proc.pid, signal.SIGKILL)  # the container's time limit, mid-run
+            break
+    proc.wait(timeout=60)
+    assert any(x.startswith("FOLD 0 DONE") for x in seen), "".join(seen)
+    out = project / "output"
+    assert sorted(p.name for p in out.glob("model_fold*.pth")) == ["model_fold0.pth"]
+
+    pred = run_script(project, "predict.py", *CPU).stdout
+    assert "ENSEMBLE: 1 checkpoint(s), folds [0]: model_fold0.pth" in pred
+    assert_valid_submission(project, digits_dir)
+
+    # a half-written or tampered checkpoint is skipped with a warning, the good one still used
+    (out / "model_fold1.pth").write_bytes((out / "model_fold0.pth").read_bytes()[:5000])
+    pred = run_script(project, "predict.py", *CPU).stdout
+    assert "WARNING: skipping output/model_fold1.pth: cannot load" in pred
+    assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in pred
+
+    # resume: fold 0 is complete and skipped; fold 1's corrupt file is retrained over
+    log = run_script(project, "train.py", *CPU, "--epochs", "1").stdout
+    assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in log
+    assert "FOLD 1 DONE" in log and "FOLD 2 DONE" in log
+    assert "FOLD 0 DONE" not in log
+
+
+def test_predict_without_checkpoints_fails_clearly(project):
+    r = run_script(project, "predict.py", *CPU, check=False)
+    assert r.returncode != 0 and "no loadable model_fold*.pth" in r.stderr
+    assert not (project / "output" / "submission.csv").exists()
+
+
+def _copy_data(digits_dir, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(digits_dir, data)
+    return data
+
+
+@pytest.mark.parametrize("breakage,message", [
+    ("bad_label", r"labels\.csv line 4 \(id \w+\): label 'wolf' is not a class of sample_submission\.csv"),
+    ("missing_image", r"train/\w+\.jpg: image not found \(labels\.csv line 6\)"),
+    ("missing_test_image", r"test/\w+\.jpg: image not found \(sample_submission\.csv line 3\)"),
+    ("corrupt_image", r"train/\w+\.jpg: missing or cannot be decoded as an image \(labels\.csv line 2\)"),
+    ("empty_labels", r"labels\.csv: no rows"),
+    ("no_label_column", r"labels\.csv: no column 'breed'"),
+])
+def test_preflight_names_the_file_and_row_before_training(tmp_path, digits_dir, breakage, message):
+    data = _copy_data(digits_dir, tmp_path)
+    labels = pd.read_csv(data / "labels.csv", dtype=str)
+    sample = pd.read_csv(data / "sample_submission.csv", dtype={"id": str})
+    if breakage == "bad_label":
+        labels.loc[2, "breed"] = "wolf"
+    elif breakage == "missing_image":
+        (data / "train" / f"{labels.loc[4, 'id']}.jpg").unlink()
+    elif breakage == "missing_test_image":
+        (data / "test" / f"{sample.loc[1, 'id']}.jpg").unlink()
+    elif breakage == "corrupt_image":
+        (data / "train" / f"{labels.loc[0, 'id']}.jpg").write_bytes(b"\xff\xd8 truncated")
+    elif breakage == "empty_labels":
+        labels = labels.iloc[:0]
+    elif breakage == "no_label_column":
+        labels = labels.rename(columns={"breed": "dog"})
+    labels.to_csv(data / "labels.csv", index=False)
+    project = render(tmp_path / "proj", data_dir=str(data))
+    r = run_script(project, "train.py", *CPU, "--dry-run", check=False)
+    assert r.returncode == 1
+    assert re.search("PREFLIGHT ERROR: .*" + message, r.stderr), r.stderr
+    assert "Epoch" not in r.stdout and not list((project / "output").glob("model_fold*.pth"))
+
+
+def test_pretrained_offline_fails_fast_with_the_way_out(project):
+    t0 = time.time()
+    r = run_script(project, "train.py", *CPU, "--pretrained", check=False)
+    assert r.returncode != 0 and time.time() - t0 < 40
+    assert "--weights" in r.stderr and "--no-pretrained" in r.stderr and "unreachable" in r.stderr
+
+
+def test_local_weights_file_is_loaded(project, tmp_path):
+    import timm
+
+    source = timm.create_model("resnet18", pretrained=False, num_classes=1000)
+    with torch.no_grad():
+        source.conv1.weight.fill_(0.0123)
+    weights = tmp_path / "resnet18_imagenet.pth"
+    torch.save(source.state_dict(), weights)
+    run_script(project, "train.py", *CPU, "--dry-run", "--weights", str(weights), "--lr", "0")
+    ckpt = torch.load(project / "output" / "model_fold0.pth", weights_only=True)
+    assert torch.allclose(ckpt["model"]["conv1.weight"], torch.full_like(ckpt["model"]["conv1.weight"], 0.0123))
+    assert ckpt["model"]["fc.weight"].shape[0] == 10  # ImageNet head replaced by the competition's
+
+
+def test_generated_projects_own_tests_pass(project):
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=project,
+                       env=RUN_ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"\d+ passed", r.stdout)
+
+
+def test_label_column_submission(tmp_path, digits_dir):
+    """The generic layout: train.csv with id,label and a sample submission with one label column."""
+    data = _copy_data(digits_dir, tmp_path)
+    (data / "labels.csv").rename(data / "train.csv")
+    sample = pd.read_csv(data / "sample_submission.csv", dtype={"id": str})[["id"]].assign(breed="zero")
+    sample.to_csv(data / "sample_submission.csv", index=False)
+    project = render(tmp_path / "proj", data_dir=str(data), labels_csv="train.csv")
+    run_script(project, "train.py", *CPU, "--dry-run")
+    run_script(project, "predict.py", *CPU)
+    sub = pd.read_csv(project / "output" / "submission.csv", dtype={"id": str})
+    assert list(sub.columns) == ["id", "breed"] and list(sub["id"]) == list(sample["id"])
+    assert set(sub["breed"]) <= {"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"}
