@@ -1,13 +1,18 @@
 """Print the batch-size table of docs/batch-and-workers.md from the template's own rules.
 
-    python docs/batch_table.py
+python docs/batch_table.py
 """
 
 from kagtpl.template import hardware
 
 hw = hardware()
-cases = [("resnet18", 224), ("efficientnet_b4", 224), ("efficientnet_b4", 384), ("efficientnet_b7", 224),
-         ("efficientnet_b4", 512)]
+cases = [
+    ("resnet18", 224),
+    ("efficientnet_b4", 224),
+    ("efficientnet_b4", 384),
+    ("efficientnet_b7", 224),
+    ("efficientnet_b4", 512),
+]
 print("| profile | memory | AMP | " + " | ".join(f"{m} @{s}" for m, s in cases) + " | workers |")
 print("|---" * (len(cases) + 4) + "|")
 for p in hw.PROFILES.values():

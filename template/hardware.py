@@ -8,6 +8,7 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 
@@ -265,3 +266,19 @@ def profile_from_gpu_name(name: str, memory_gb: float) -> str:
         if key in n:
             return profile
     return "cpu"
+
+
+KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet off
+
+
+def parse_duration(text) -> float | None:
+    """'9h', '45m', '600s', '1h30m' or plain seconds -> seconds; '' / None / 'none' -> None."""
+    if text is None or str(text).strip().lower() in ("", "none", "0"):
+        return None
+    t = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+    if not parts or "".join(n + u for n, u in parts) != t:
+        raise ValueError(f"cannot read budget {text!r}: use e.g. 9h, 45m, 600s, 1h30m or plain seconds")
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)

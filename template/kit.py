@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -23,6 +24,7 @@ import torch
 import hardware
 
 GB = 1024**3
+PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
 
 
 class DataError(Exception):
@@ -348,3 +350,213 @@ def create_timm_model(name: str, num_classes: int, pretrained: bool, weights: st
             f"(timm: model.default_cfg['hf_hub_id'] names them), or train from scratch with --no-pretrained."
         )
     return timm.create_model(name, pretrained=pretrained, num_classes=num_classes)
+
+
+# ----------------------------------------------------------------------------- time budget
+
+
+def process_age() -> float:
+    """Seconds since this process started (interpreter start and imports included); Linux only."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 10.0
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+
+
+class TimePlanner:
+    """Plans folds and epochs to fit a wall-time budget, re-plans with measured times, and
+    guards the deadline so prediction always gets its reserve.
+
+    The rules (docs/time-budget.md): keep max(15% of the budget, the measured prediction
+    estimate) for predict.py; if the plan needs more than 80% of the training time left, cut
+    folds to 3, then epochs by 30% and 50% (never below `min_epochs`), then folds towards 1 (and,
+    at 1, fit the epochs). Re-plan after every epoch, and at once if the first fold took > 20% of the budget.
+
+    Seam for tests: `clock` (monotonic seconds) and `sync` (torch.cuda.synchronize on CUDA, so
+    step timings are real); a fake clock drives every decision deterministically.
+    """
+
+    RESERVE_FRACTION, PLAN_FRACTION, FIRST_FOLD_FRACTION = 0.15, 0.80, 0.20
+    WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
+    PREDICT_MARGIN = 1.25  # +25% on the measured prediction estimate
+
+    def __init__(
+        self,
+        budget_s,
+        folds,
+        epochs,
+        min_epochs=3,
+        elapsed_s=0.0,
+        startup_s=10.0,
+        clock=time.monotonic,
+        sync=None,
+        log=print,
+    ):
+        self.budget, self.folds, self.epochs = budget_s, folds, epochs
+        self.min_epochs = min(min_epochs, epochs)
+        self.clock, self.sync, self.log = clock, sync or (lambda: None), log
+        self.t0 = clock() - elapsed_s
+        self.predict_s = 0.0
+        self.startup_s = startup_s  # predict.py pays the same interpreter start and imports as train.py did
+        self.epoch_s: list[float] = []
+        self.stop_reason: str | None = None
+        self.planned = False  # the first estimate (after warm-up) has been made
+        self._fold = self._epoch = self._batches = self._valid_batches = 0
+        self._fold_finished = False
+        self._steady_epoch_s = 0.0  # epoch time from the timed steps after warm-up
+        self._epoch_t0 = self._measure_t0 = self._fold_t0 = None
+
+    # --- where we stand
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def reserve(self) -> float:
+        return max(self.RESERVE_FRACTION * self.budget, self.predict_s) if self.budget else 0.0
+
+    def training_left(self) -> float:
+        return self.budget - self.reserve() - self.elapsed()
+
+    def status_line(self) -> str:
+        plan = f"plan folds={self.folds} epochs={self.epochs}"
+        if not self.budget:
+            return f"TIME: elapsed {fmt_s(self.elapsed())}, no budget (--budget 9h plans folds and epochs), {plan}"
+        last = f", epoch ~{fmt_s(self.epoch_s[-1])}" if self.epoch_s else ""
+        return (
+            f"TIME: elapsed {fmt_s(self.elapsed())} of {fmt_s(self.budget)} budget, remaining "
+            f"{fmt_s(self.budget - self.elapsed())} (reserve {fmt_s(self.reserve())} for predict), {plan}{last}"
+        )
+
+    # --- signals
+    def install_sigterm(self) -> None:
+        """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0."""
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = self.stop_reason or reason
+
+    # --- hooks the training loop calls
+    def begin_fold(self, fold: int) -> None:
+        self._fold, self._fold_t0, self._fold_finished, self._epoch = fold, self.clock(), False, 0
+
+    def begin_epoch(self, batches: int, valid_batches: int) -> None:
+        self._batches, self._valid_batches = batches, valid_batches
+        self._epoch_t0 = self.clock()
+
+    def tick(self, batch: int) -> bool:
+        """After each training batch: time the first steps after warm-up (the first estimate)
+        and say whether to stop now (deadline passed or SIGTERM)."""
+        if self.budget and not self.planned:
+            if batch == self.WARMUP_BATCHES - 1:
+                self.sync()
+                self._measure_t0 = self.clock()
+            elif self._measure_t0 is not None and batch == self.WARMUP_BATCHES - 1 + self.MEASURE_BATCHES:
+                self.sync()
+                self._first_plan((self.clock() - self._measure_t0) / self.MEASURE_BATCHES)
+        if self.budget and self.training_left() <= 0:
+            self.request_stop("deadline")
+        return self.stop_reason is not None
+
+    def end_epoch(self, epoch: int) -> None:
+        self._epoch = epoch  # epochs of this fold done
+        self.epoch_s.append(self.clock() - self._epoch_t0)
+        if self.budget and not self.planned:  # too few batches to time steps: plan from the epoch
+            self._first_plan(None)
+        elif self.budget:
+            self._replan(self._epoch_estimate(), "re-plan")
+
+    def end_fold(self, fold: int, first: bool) -> None:
+        took = self.clock() - self._fold_t0
+        self._fold_finished = True
+        if self.budget and first and took > self.FIRST_FOLD_FRACTION * self.budget:
+            why = f"fold {fold} took {fmt_s(took)} = {100 * took / self.budget:.0f}% of the budget (> 20%)"
+            if not self._replan(max(self._epoch_estimate(), took / max(1, self._epoch)), why):
+                self.log(f"TIME PLAN: {why} -> plan kept: folds={self.folds} epochs={self.epochs}")
+
+    def can_start_epoch(self) -> bool:
+        """Deadline guard: no epoch starts that would eat into the prediction reserve."""
+        if self.stop_reason:
+            return False
+        if self.budget and self.epoch_s and self.elapsed() + self.epoch_s[-1] + self.reserve() > self.budget:
+            self.request_stop("deadline")
+            self.log(
+                f"DEADLINE: elapsed {fmt_s(self.elapsed())} + next epoch ~{fmt_s(self.epoch_s[-1])} + reserve "
+                f"{fmt_s(self.reserve())} > budget {fmt_s(self.budget)}: stopping, prediction runs next"
+            )
+            return False
+        return True
+
+    def note_inference(self, seconds: float, samples: int, test_rows: int, views: int, decode_s_per_image: float):
+        """Measured validation speed -> the prediction estimate (and so the reserve)."""
+        per_sample = seconds / max(samples, 1)
+        folds_s = self.folds * per_sample * test_rows * views
+        self.predict_s = self.PREDICT_MARGIN * (self.startup_s + folds_s + decode_s_per_image * test_rows)
+
+    # --- planning
+    def _epoch_estimate(self) -> float:
+        """The slowest of the last 3 epochs (estimates err on the safe side), leaving out the
+        run's first epoch, which carries the warm-up, while the step-timed estimate stands in."""
+        recent = self.epoch_s[1:][-3:]
+        if recent:
+            return max(recent)
+        return self._steady_epoch_s or (self.epoch_s[-1] if self.epoch_s else 0.0)
+
+    def _first_plan(self, s_per_step: float | None) -> None:
+        self.planned = True
+        if s_per_step is None:
+            epoch_s, how = self.epoch_s[-1], f"{fmt_s(self.epoch_s[-1])}/epoch measured"
+        else:
+            valid_s = s_per_step * 2 / 3 * self._valid_batches  # forward only, batches twice as big
+            epoch_s = s_per_step * self._batches + valid_s
+            how = f"{s_per_step:.3f} s/step x {self._batches} steps + validation ~{fmt_s(valid_s)}"
+            self._steady_epoch_s = epoch_s
+        total = epoch_s * self.epochs * self.folds
+        self.log(
+            f"TIME ESTIMATE: {how} = {fmt_s(epoch_s)}/epoch x {self.epochs} epochs x {self.folds} folds = "
+            f"{fmt_s(total)} for the whole plan; training budget {fmt_s(self.budget - self.reserve())} "
+            f"(reserve {fmt_s(self.reserve())} for predict)"
+        )
+        if not self._replan(epoch_s, "estimate"):
+            self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")
+
+    def _need(self, epoch_s: float, folds: int, epochs: int) -> float:
+        """Seconds the rest of a plan needs: this fold's remaining epochs, then the later folds."""
+        this_fold = 0 if self._fold_finished else max(0, epochs - self._epoch)
+        return (this_fold + (folds - self._fold - 1) * epochs) * epoch_s
+
+    def _replan(self, epoch_s: float, why: str) -> bool:
+        """Cut folds, then epochs, then folds to 1 until the rest fits 80% of the time left."""
+        limit = self.PLAN_FRACTION * (self.budget - self.reserve() - self.elapsed())
+        need = self._need(epoch_s, self.folds, self.epochs)
+        if need <= limit:
+            return False
+        folds, epochs, cuts = self.folds, self.epochs, []
+        if self._need(epoch_s, folds, epochs) > limit and folds > 3:
+            folds = max(self._fold + 1, 3)
+        for frac in (0.7, 0.5):
+            if self._need(epoch_s, folds, epochs) > limit and epochs > self.min_epochs:
+                epochs = max(self.min_epochs, round(self.epochs * frac))
+        while self._need(epoch_s, folds, epochs) > limit and folds > self._fold + 1:
+            folds -= 1  # towards 1 fold: keep as many as fit (each fold is a model in the ensemble)
+        if self._need(epoch_s, folds, epochs) > limit:  # last resort: fit this fold's epochs
+            epochs = max(1, min(epochs, self._epoch + int(max(0.0, limit) // max(epoch_s, 1e-9))))
+        if folds != self.folds:
+            cuts.append(f"folds {self.folds}->{folds}")
+        if epochs != self.epochs:
+            cuts.append(f"epochs {self.epochs}->{epochs}")
+        if not cuts:
+            return False
+        label = f"estimate {fmt_s(need)}" if why in ("estimate", "re-plan") else why
+        self.log(
+            f"TIME PLAN: {label} > 80% of {fmt_s(max(0.0, limit / self.PLAN_FRACTION))} training time left "
+            f"-> {', '.join(cuts)}"
+        )
+        self.folds, self.epochs = folds, epochs
+        return True

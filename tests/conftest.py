@@ -20,15 +20,24 @@ def render(dest: Path, **data) -> Path:
     """Render the template at HEAD (plus uncommitted changes) with Copier's real run_copy."""
     import copier
 
-    answers = {"project_name": dest.name, "task": "image", "gpu": "cpu", "model": "resnet18", "image_size": 32,
-               "folds": 3, "epochs": 2, **data}
+    answers = {
+        "project_name": dest.name,
+        "task": "image",
+        "gpu": "cpu",
+        "model": "resnet18",
+        "image_size": 32,
+        "folds": 3,
+        "epochs": 2,
+        **data,
+    }
     copier.run_copy(str(ROOT), dest, data=answers, defaults=True, vcs_ref="HEAD", quiet=True, unsafe=False)
     return dest
 
 
 def run_script(project: Path, *args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, *args], cwd=project, env=RUN_ENV, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=project, env=RUN_ENV, capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc

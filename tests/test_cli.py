@@ -11,8 +11,7 @@ import yaml
 
 
 def kagtpl(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "kagtpl", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "kagtpl", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def snapshot(folder):
@@ -38,8 +37,21 @@ def test_new_detects_generic_csv_layout_and_flags_override(tmp_path):
     (data / "sample_submission.csv").write_text("image_id,label\nxyz,cat\n")
     (data / "train_images" / "abc.png").write_bytes(b"x")
     (data / "test_images" / "xyz.png").write_bytes(b"x")
-    r = kagtpl("new", "generic", "--task", "image", "--gpu", "l4", "--data", str(data), "--folds", "4",
-               "--model", "resnet34", cwd=tmp_path)
+    r = kagtpl(
+        "new",
+        "generic",
+        "--task",
+        "image",
+        "--gpu",
+        "l4",
+        "--data",
+        str(data),
+        "--folds",
+        "4",
+        "--model",
+        "resnet34",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     a = yaml.safe_load((tmp_path / "generic" / ".copier-answers.yml").read_text())
     assert (a["labels_csv"], a["id_col"], a["label_col"], a["image_ext"]) == ("train.csv", "image_id", "label", ".png")
@@ -57,11 +69,30 @@ def test_gpus_and_recommend(tmp_path):
     assert r.returncode == 0 and "a100-40" in r.stdout and "7.5" in r.stdout
     r = kagtpl("recommend", "--task", "image", "--gpu", "a10", cwd=tmp_path)
     assert r.returncode == 0
-    for word in ("batch_size", "128", "accum_steps", "num_workers", "prefetch_factor", "persistent_workers",
-                 "bf16", "channels_last"):
+    for word in (
+        "batch_size",
+        "128",
+        "accum_steps",
+        "num_workers",
+        "prefetch_factor",
+        "persistent_workers",
+        "bf16",
+        "channels_last",
+    ):
         assert word in r.stdout
     r = kagtpl("recommend", "--gpu", "t4", "--image-size", "384", "--model", "efficientnet_b7", cwd=tmp_path)
     assert r.returncode == 0 and "fp16" in r.stdout and "GradScaler" in r.stdout
+    assert "9h" in r.stdout and ">= 81.0 min" in r.stdout  # Kaggle profile: the 9h plan and its 15% reserve
+    r = kagtpl("recommend", "--gpu", "a10", "--budget", "11m", cwd=tmp_path)
+    assert ">= 1.6 min" in r.stdout and "<= 9.3 min" in r.stdout
+
+
+def test_new_stores_the_budget(tmp_path):
+    r = kagtpl("new", "timed", "--task", "image", "--gpu", "a10", "--budget", "45m", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load((tmp_path / "timed" / ".copier-answers.yml").read_text())["budget"] == "45m"
+    assert 'BUDGET = "45m"' in (tmp_path / "timed" / "train.py").read_text()
+    assert 'BUDGET = "45m"' in (tmp_path / "timed" / "run.py").read_text()
 
 
 def test_version(tmp_path):
@@ -83,11 +114,15 @@ ERRORS = [
     (lambda t: ["new", "../evil", "--task", "image", "--gpu", "t4"], "invalid project name '../evil'"),
     (lambda t: ["new", "a/b", "--task", "image", "--gpu", "t4"], "invalid project name 'a/b'"),
     (lambda t: ["new", "", "--task", "image", "--gpu", "t4"], "invalid project name ''"),
-    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", _bad_data(t)],
-     "does not look like an image competition"),
+    (
+        lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", _bad_data(t)],
+        "does not look like an image competition",
+    ),
     (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", str(t / "missing")], "no such folder"),
     (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--folds", "1"], "--folds 1: must be at least 2"),
     (lambda t: ["recommend", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--budget", "nine hours"], "--budget: cannot read"),
+    (lambda t: ["recommend", "--gpu", "a10", "--budget", "soon"], "--budget: cannot read budget 'soon'"),
 ]
 
 

@@ -8,14 +8,20 @@ import sys
 
 import pandas as pd
 import pytest
+
 from conftest import RUN_ENV
 
 pytestmark = pytest.mark.slow
 
 
 def test_demo_end_to_end(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "kagtpl", "demo", str(tmp_path / "demo")], env=RUN_ENV,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "kagtpl", "demo", str(tmp_path / "demo")],
+        env=RUN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = re.search(r"DEMO: (\S+) -- held-out test logloss=([\d.]+), accuracy=([\d.]+)", r.stdout)
     assert m, r.stdout[-2000:]
@@ -24,6 +30,11 @@ def test_demo_end_to_end(tmp_path):
     assert len(sub) == 297 and list(sub.columns)[:3] == ["id", "zero", "one"]
     assert re.search(r"^OOF: logloss=[\d.]+, Acc=[\d.]+ over 1500 rows from folds \[0, 1, 2\]$", r.stdout, re.M)
 
-    again = subprocess.run([sys.executable, "-m", "kagtpl", "demo", str(tmp_path / "demo")], env=RUN_ENV,
-                           capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [sys.executable, "-m", "kagtpl", "demo", str(tmp_path / "demo")],
+        env=RUN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert again.returncode == 1 and "exists and is not empty" in again.stderr

@@ -60,9 +60,15 @@ def test_amp_mode_from_compute_capability(gpu, mode):
 
 @pytest.mark.parametrize(
     "model,cls",
-    [("resnet18", "small"), ("efficientnet_b0", "small"), ("tf_efficientnet_b4.ns_jft_in1k", "large"),
-     ("resnet152", "large"), ("vit_base_patch16_224", "large"), ("efficientnet_b7", "heavy"),
-     ("mobilenetv3_large_100", "small")],
+    [
+        ("resnet18", "small"),
+        ("efficientnet_b0", "small"),
+        ("tf_efficientnet_b4.ns_jft_in1k", "large"),
+        ("resnet152", "large"),
+        ("vit_base_patch16_224", "large"),
+        ("efficientnet_b7", "heavy"),
+        ("mobilenetv3_large_100", "small"),
+    ],
 )
 def test_model_class(model, cls):
     assert hw.model_class(model) == cls
@@ -75,10 +81,16 @@ def test_unknown_model_falls_back_to_parameter_count():
 
 @pytest.mark.parametrize(
     "smi,profile",
-    [("NVIDIA A10, 23028", "a10"), ("NVIDIA A100-SXM4-40GB, 40960", "a100-40"),
-     ("NVIDIA A100-SXM4-80GB, 81920", "a100-80"), ("Tesla T4, 15360\nTesla T4, 15360", "t4"),
-     ("NVIDIA H100 80GB HBM3, 81559", "h100"), ("NVIDIA GeForce RTX 4090, 24564", "rtx4090"),
-     ("NVIDIA A10G, 23028", "a10g"), ("", "cpu")],
+    [
+        ("NVIDIA A10, 23028", "a10"),
+        ("NVIDIA A100-SXM4-40GB, 40960", "a100-40"),
+        ("NVIDIA A100-SXM4-80GB, 81920", "a100-80"),
+        ("Tesla T4, 15360\nTesla T4, 15360", "t4"),
+        ("NVIDIA H100 80GB HBM3, 81559", "h100"),
+        ("NVIDIA GeForce RTX 4090, 24564", "rtx4090"),
+        ("NVIDIA A10G, 23028", "a10g"),
+        ("", "cpu"),
+    ],
 )
 def test_detect_gpu_from_nvidia_smi_text(smi, profile):
     assert detect_gpu(smi) == profile

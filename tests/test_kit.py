@@ -17,7 +17,9 @@ GB = 1024**3
 def test_gpu_lines_through_a_fake_memory_reader(project_modules):
     _, kit, _ = project_modules
     resets = []
-    monitor = kit.GpuMonitor(torch.device("cpu"), reader=lambda: (int(18.31 * GB), 24 * GB), reset=lambda: resets.append(1))
+    monitor = kit.GpuMonitor(
+        torch.device("cpu"), reader=lambda: (int(18.31 * GB), 24 * GB), reset=lambda: resets.append(1)
+    )
     assert kit.memory_used_lines(monitor, 128) == [
         "GPU Memory Used: 18.31 GB / 24.0 GB (76.3%)",
         "VALIDATION: If <50% memory, batch_size=128 is TOO SMALL - should be 256+",
@@ -27,8 +29,11 @@ def test_gpu_lines_through_a_fake_memory_reader(project_modules):
     assert resets == [1]
     stats = {"train_loss": 0.5, "val_loss": 0.4, "metric": 0.9, "lr": 1e-3, "time_s": 12.0, "samples_per_s": 800.0}
     line = kit.epoch_line(3, stats, "Acc", monitor)
-    assert re.fullmatch(r"Epoch 3: Loss=0\.5000, ValLoss=0\.4000, Acc=0\.9000, LR=1\.00e-03, Time=12\.0s, "
-                        r"Throughput=800 samples/s, GPU=18\.31GB \(76\.3%\)", line)
+    assert re.fullmatch(
+        r"Epoch 3: Loss=0\.5000, ValLoss=0\.4000, Acc=0\.9000, LR=1\.00e-03, Time=12\.0s, "
+        r"Throughput=800 samples/s, GPU=18\.31GB \(76\.3%\)",
+        line,
+    )
 
 
 def test_cpu_lines_are_honest(project_modules):
@@ -38,8 +43,11 @@ def test_cpu_lines_are_honest(project_modules):
     assert kit.memory_used_lines(monitor, 32)[0] == "GPU Memory Used: none (CPU run)"
     amp = kit.Amp("off", torch.device("cpu"))
     lines = kit.resource_lines(2, 32, "none", amp, 0.0, hardware.loader_settings(2, False))
-    assert lines == ["RESOURCES: 2 CPU cores, batch=32, GPU=none, Mixed Precision=OFF", "GPU Memory: none",
-                     "DataLoader: num_workers=1, prefetch_factor=4, persistent_workers=True"]
+    assert lines == [
+        "RESOURCES: 2 CPU cores, batch=32, GPU=none, Mixed Precision=OFF",
+        "GPU Memory: none",
+        "DataLoader: num_workers=1, prefetch_factor=4, persistent_workers=True",
+    ]
 
 
 def test_resource_lines_on_a_gpu(project_modules):
@@ -51,12 +59,15 @@ def test_resource_lines_on_a_gpu(project_modules):
     assert lines[2] == "DataLoader: num_workers=12, prefetch_factor=3, persistent_workers=True"
 
 
-@pytest.mark.parametrize("capability,enabled,dtype,scaler", [
-    ((7, 5), True, torch.float16, True),  # T4: fp16 + GradScaler
-    ((8, 0), True, torch.bfloat16, False),  # A100: bf16, no scaler
-    ((6, 0), False, None, False),  # P100: fp32
-    (None, False, None, False),  # CPU: off
-])
+@pytest.mark.parametrize(
+    "capability,enabled,dtype,scaler",
+    [
+        ((7, 5), True, torch.float16, True),  # T4: fp16 + GradScaler
+        ((8, 0), True, torch.bfloat16, False),  # A100: bf16, no scaler
+        ((6, 0), False, None, False),  # P100: fp32
+        (None, False, None, False),  # CPU: off
+    ],
+)
 def test_amp_policy_from_capability(project_modules, capability, enabled, dtype, scaler):
     _, kit, hardware = project_modules
     amp = kit.Amp(hardware.amp_mode(capability), torch.device("cpu"))
@@ -76,7 +87,9 @@ def _model():
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
 
 
-@pytest.mark.parametrize("accum,groups", [(1, [[0], [1], [2], [3], [4]]), (2, [[0, 1], [2, 3], [4]]), (5, [[0, 1, 2, 3, 4]])])
+@pytest.mark.parametrize(
+    "accum,groups", [(1, [[0], [1], [2], [3], [4]]), (2, [[0, 1], [2, 3], [4]]), (5, [[0, 1, 2, 3, 4]])]
+)
 def test_accumulation_steps_on_the_last_partial_group_with_the_right_scale(project_modules, accum, groups):
     train, kit, _ = project_modules
     loader, x, y = _loader(5)
@@ -85,14 +98,23 @@ def test_accumulation_steps_on_the_last_partial_group_with_the_right_scale(proje
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     run = {"device": torch.device("cpu"), "accum_steps": accum, "channels_last": False}
     steps = []
-    train.train_one_epoch(model, loader, opt, sched, kit.Amp("off", torch.device("cpu")), run,
-                          on_first_step=lambda: steps.append(sched.last_epoch))
+    train.train_one_epoch(
+        model,
+        loader,
+        opt,
+        sched,
+        kit.Amp("off", torch.device("cpu")),
+        run,
+        on_first_step=lambda: steps.append(sched.last_epoch),
+    )
     assert sched.last_epoch == len(groups) and steps == [1]
     # the same updates by hand: each group's gradient is the mean of its batches' mean losses
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     for group in groups:
         ref_opt.zero_grad()
-        loss = sum(torch.nn.functional.cross_entropy(ref(x[b * 4:(b + 1) * 4]), y[b * 4:(b + 1) * 4]) for b in group)
+        loss = sum(
+            torch.nn.functional.cross_entropy(ref(x[b * 4 : (b + 1) * 4]), y[b * 4 : (b + 1) * 4]) for b in group
+        )
         (loss / len(group)).backward()
         ref_opt.step()
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
@@ -155,5 +177,7 @@ def test_image_cache_names_the_bad_file_and_reuses_the_cache(project_modules, tm
     assert (tmp_path / "cache" / "train_16px.u8").stat().st_mtime_ns == mtime  # read, not rebuilt
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"not a jpeg")
-    with pytest.raises(kit.DataError, match=r"broken\.jpg: missing or cannot be decoded as an image \(labels.csv line 9\)"):
+    with pytest.raises(
+        kit.DataError, match=r"broken\.jpg: missing or cannot be decoded as an image \(labels.csv line 9\)"
+    ):
         kit.image_cache([*paths, str(bad)], ["a", "b", "c", "labels.csv line 9"], 16, tmp_path / "cache", "x", 0)

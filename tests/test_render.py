@@ -9,13 +9,22 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, render
 
+from conftest import ROOT, render
 from kagtpl.template import hardware
 
 EXPECTED_FILES = {
-    ".copier-answers.yml", ".gitignore", "README.md", "requirements.txt", "ruff.toml",
-    "train.py", "predict.py", "kit.py", "hardware.py", "tests/test_project.py",
+    ".copier-answers.yml",
+    ".gitignore",
+    "README.md",
+    "requirements.txt",
+    "ruff.toml",
+    "train.py",
+    "predict.py",
+    "run.py",
+    "kit.py",
+    "hardware.py",
+    "tests/test_project.py",
 }
 
 
@@ -26,7 +35,7 @@ def files_of(project):
 MATRIX = [
     {"gpu": "t4"},
     {"gpu": "a10", "model": "efficientnet_b4", "image_size": 384, "batch_size": 96},
-    {"gpu": "h100", "folds": 10, "epochs": 30},
+    {"gpu": "h100", "folds": 10, "epochs": 30, "budget": "45m"},
     {"gpu": "cpu", "model": "resnet18", "image_size": 64},
     {"gpu": "p100", "competition": "dog-breed-identification"},
     {"gpu": "l4", "labels_csv": "train.csv", "label_col": "label", "image_ext": ".png"},
@@ -54,8 +63,9 @@ def test_render_matrix(tmp_path, data):
 def test_every_profile_renders_and_kaggle_profiles_read_kaggle_input(tmp_path):
     for name in hardware().PROFILES:
         answers = yaml.safe_load((render(tmp_path / name, gpu=name) / ".copier-answers.yml").read_text())
-        expected = f"/kaggle/input/{name}" if name in ("t4", "t4x2", "p100") else "data"
-        assert answers["data_dir"] == expected
+        kaggle = name in ("t4", "t4x2", "p100")
+        assert answers["data_dir"] == (f"/kaggle/input/{name}" if kaggle else "data")
+        assert answers["budget"] == ("9h" if kaggle else "")
 
 
 def test_typo_in_template_fails_with_strict_undefined(tmp_path):

@@ -15,6 +15,7 @@ import time
 import pandas as pd
 import pytest
 import torch
+
 from conftest import RUN_ENV, render, run_script
 
 pytestmark = pytest.mark.slow
@@ -36,11 +37,17 @@ def test_dry_run_then_predict(project, digits_dir):
     lines = log.splitlines()
     assert "RESOURCES: " in lines[0] and "batch=32, GPU=none, Mixed Precision=OFF" in lines[0]
     assert lines[1] == "GPU Memory: none"
-    assert re.fullmatch(r"DataLoader: num_workers=\d+, prefetch_factor=(\d+|None), persistent_workers=(True|False)", lines[2])
+    assert re.fullmatch(
+        r"DataLoader: num_workers=\d+, prefetch_factor=(\d+|None), persistent_workers=(True|False)", lines[2]
+    )
     assert re.search(r"^Model: resnet18 \(11\.2M params, small model\)$", log, re.M)
     assert "GPU Memory Used: none (CPU run)" in log
-    epochs = re.findall(r"^Epoch 1: Loss=[\d.]+, ValLoss=[\d.]+, Acc=[\d.]+, LR=\S+, Time=[\d.]+s, "
-                        r"Throughput=\d+ samples/s, GPU=none$", log, re.M)
+    epochs = re.findall(
+        r"^Epoch 1: Loss=[\d.]+, ValLoss=[\d.]+, Acc=[\d.]+, LR=\S+, Time=[\d.]+s, "
+        r"Throughput=\d+ samples/s, GPU=none$",
+        log,
+        re.M,
+    )
     assert len(epochs) == 2  # 2 folds x 1 epoch
     assert "FOLD 0 (1 of 2)" in log and "FOLD 1 (2 of 2)" in log and "OOF: logloss=" in log
     records = [json.loads(x) for x in (project / "output" / "train_log.jsonl").read_text().splitlines()]
@@ -58,8 +65,15 @@ def test_dry_run_then_predict(project, digits_dir):
 
 
 def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(project, digits_dir):
-    proc = subprocess.Popen([sys.executable, "train.py", *CPU, "--epochs", "2"], cwd=project, env=RUN_ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *CPU, "--epochs", "2"],
+        cwd=project,
+        env=RUN_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -100,14 +114,17 @@ def _copy_data(digits_dir, tmp_path):
     return data
 
 
-@pytest.mark.parametrize("breakage,message", [
-    ("bad_label", r"labels\.csv line 4 \(id \w+\): label 'wolf' is not a class of sample_submission\.csv"),
-    ("missing_image", r"train/\w+\.jpg: image not found \(labels\.csv line 6\)"),
-    ("missing_test_image", r"test/\w+\.jpg: image not found \(sample_submission\.csv line 3\)"),
-    ("corrupt_image", r"train/\w+\.jpg: missing or cannot be decoded as an image \(labels\.csv line 2\)"),
-    ("empty_labels", r"labels\.csv: no rows"),
-    ("no_label_column", r"labels\.csv: no column 'breed'"),
-])
+@pytest.mark.parametrize(
+    "breakage,message",
+    [
+        ("bad_label", r"labels\.csv line 4 \(id \w+\): label 'wolf' is not a class of sample_submission\.csv"),
+        ("missing_image", r"train/\w+\.jpg: image not found \(labels\.csv line 6\)"),
+        ("missing_test_image", r"test/\w+\.jpg: image not found \(sample_submission\.csv line 3\)"),
+        ("corrupt_image", r"train/\w+\.jpg: missing or cannot be decoded as an image \(labels\.csv line 2\)"),
+        ("empty_labels", r"labels\.csv: no rows"),
+        ("no_label_column", r"labels\.csv: no column 'breed'"),
+    ],
+)
 def test_preflight_names_the_file_and_row_before_training(tmp_path, digits_dir, breakage, message):
     data = _copy_data(digits_dir, tmp_path)
     labels = pd.read_csv(data / "labels.csv", dtype=str)
@@ -154,8 +171,14 @@ def test_local_weights_file_is_loaded(project, tmp_path):
 
 
 def test_generated_projects_own_tests_pass(project):
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=project,
-                       env=RUN_ENV, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=project,
+        env=RUN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"\d+ passed", r.stdout)
 

@@ -9,6 +9,7 @@ import zipfile
 
 import pytest
 import yaml
+
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -17,26 +18,46 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     dist = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return next(dist.glob("kagtpl-*.whl"))
 
 
 def test_wheel_carries_the_template(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("kagtpl/cli.py", "kagtpl/data/digits.npz", "kagtpl/_template/copier.yml",
-                 "kagtpl/_template/template/train.py.jinja", "kagtpl/_template/template/kit.py",
-                 "kagtpl/_template/template/hardware.py", "kagtpl/_template/template/predict.py"):
+    for name in (
+        "kagtpl/cli.py",
+        "kagtpl/data/digits.npz",
+        "kagtpl/_template/copier.yml",
+        "kagtpl/_template/template/train.py.jinja",
+        "kagtpl/_template/template/kit.py",
+        "kagtpl/_template/template/hardware.py",
+        "kagtpl/_template/template/predict.py",
+    ):
         assert name in names
 
 
 def test_new_from_installed_wheel(wheel, tmp_path):
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     env = {**os.environ, "PYTHONPATH": str(site)}
-    r = subprocess.run([sys.executable, "-m", "kagtpl", "new", "from-wheel", "--task", "image", "--gpu", "t4"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "kagtpl", "new", "from-wheel", "--task", "image", "--gpu", "t4"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     answers = yaml.safe_load((tmp_path / "from-wheel" / ".copier-answers.yml").read_text())
     assert answers["_src_path"] == str(site / "kagtpl" / "_template")

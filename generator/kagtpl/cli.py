@@ -3,7 +3,6 @@ becomes one red line on stderr and exit code 1."""
 
 from __future__ import annotations
 
-import sys
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,8 +13,12 @@ from rich.console import Console
 from kagtpl import __version__, demo, project, recommend
 from kagtpl.errors import KagtplError
 
-app = typer.Typer(help="Kaggle competition projects that keep the GPU busy and always hand in a submission.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="Kaggle competition projects that keep the GPU busy and always hand in a submission.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -41,8 +44,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
-                                                    help="Print the version and exit.")] = None,
+    version: Annotated[
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = None,
 ) -> None:
     """kagtpl: render, train, predict."""
 
@@ -59,6 +63,9 @@ def new(
     folds: Annotated[Optional[int], typer.Option(help="Cross-validation folds.")] = None,
     epochs: Annotated[Optional[int], typer.Option(help="Max epochs per fold.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Batch size; default: the rule for the GPU.")] = None,
+    budget: Annotated[
+        Optional[str], typer.Option(help="Wall time for train + predict: 9h, 45m, 600s (default 9h on Kaggle GPUs).")
+    ] = None,
     labels_csv: Annotated[Optional[str], typer.Option(help="Override the detected labels CSV.")] = None,
     id_col: Annotated[Optional[str], typer.Option(help="Override the detected id column.")] = None,
     label_col: Annotated[Optional[str], typer.Option(help="Override the detected label column.")] = None,
@@ -70,11 +77,30 @@ def new(
     force: Annotated[bool, typer.Option(help="Render into an existing non-empty folder.")] = False,
 ) -> None:
     """Render a new competition project (non-interactive when flags are given)."""
-    overrides = {"labels_csv": labels_csv, "id_col": id_col, "label_col": label_col, "train_dir": train_dir,
-                 "test_dir": test_dir, "image_ext": image_ext, "sample_submission": sample_submission}
-    answers = project.NewAnswers(name=name, task=task, gpu=gpu, data=data, model=model, image_size=image_size,
-                                 folds=folds, epochs=epochs, batch_size=batch_size, dest=dest, force=force,
-                                 layout=overrides)
+    overrides = {
+        "labels_csv": labels_csv,
+        "id_col": id_col,
+        "label_col": label_col,
+        "train_dir": train_dir,
+        "test_dir": test_dir,
+        "image_ext": image_ext,
+        "sample_submission": sample_submission,
+    }
+    answers = project.NewAnswers(
+        name=name,
+        task=task,
+        gpu=gpu,
+        data=data,
+        model=model,
+        image_size=image_size,
+        folds=folds,
+        epochs=epochs,
+        batch_size=batch_size,
+        budget=budget,
+        dest=dest,
+        force=force,
+        layout=overrides,
+    )
     target = project.new_project(answers)
     print(f"Created {target}\nNext: cd {target} && python train.py --dry-run && python train.py && python predict.py")
 
@@ -93,9 +119,10 @@ def recommend_cmd(
     gpu: Annotated[str, typer.Option(help="GPU profile (kagtpl gpus).")] = "t4",
     model: Annotated[Optional[str], typer.Option(help="timm model name.")] = None,
     image_size: Annotated[int, typer.Option(help="Square input size in pixels.")] = 224,
+    budget: Annotated[Optional[str], typer.Option(help="Time budget: 9h, 45m, 600s (Kaggle GPUs: 9h).")] = None,
 ) -> None:
     """Print the settings kagtpl would choose, and why."""
-    recommend.show(recommend.recommend_table(task, gpu, model, image_size))
+    recommend.show(recommend.recommend_table(task, gpu, model, image_size, budget))
 
 
 @app.command("demo")
@@ -105,15 +132,4 @@ def demo_cmd(
     force: Annotated[bool, typer.Option(help="Reuse an existing non-empty folder.")] = False,
 ) -> None:
     """End to end on CPU: write the built-in digits dataset, render, train, predict, score."""
-    dest = dest.resolve()
-    if dest.exists() and any(dest.iterdir()) and not force:
-        raise KagtplError(f"{dest} exists and is not empty; pass --force or pick another folder")
-    data = demo.write_digits(dest / "data")
-    answers = project.NewAnswers(name="digits", task="image", gpu="cpu", data=data, model="resnet18",
-                                 image_size=32, folds=3, epochs=6, dest=dest, force=force)
-    target = project.new_project(answers)
-    demo.run_step([sys.executable, "train.py", *demo.demo_train_flags()], target)
-    demo.run_step([sys.executable, "predict.py", "--device", "cpu"], target)
-    result = demo.score(target / "output" / "submission.csv", dest / "data_solution.csv")
-    print(f"DEMO: {target / 'output' / 'submission.csv'} -- held-out test logloss={result['logloss']:.4f}, "
-          f"accuracy={result['accuracy']:.4f}")
+    demo.run_demo(dest.resolve(), force)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kagtpl import project
 from kagtpl.errors import KagtplError
 from kagtpl.template import PACKAGE_DIR
 
@@ -71,3 +72,29 @@ def run_step(cmd: list[str], cwd: Path) -> None:
 def demo_train_flags() -> list[str]:
     # digits are 32 px: a small CNN, no flips (a flipped 2 looks like a 5), 3 folds x 6 epochs
     return ["--device", "cpu", "--no-pretrained", "--no-hflip", "--epochs", "6", "--folds", "3", "--lr", "3e-3"]
+
+
+def run_demo(dest: Path, force: bool) -> None:
+    if dest.exists() and any(dest.iterdir()) and not force:
+        raise KagtplError(f"{dest} exists and is not empty; pass --force or pick another folder")
+    data = write_digits(dest / "data")
+    answers = project.NewAnswers(
+        name="digits",
+        task="image",
+        gpu="cpu",
+        data=data,
+        model="resnet18",
+        image_size=32,
+        folds=3,
+        epochs=6,
+        dest=dest,
+        force=force,
+    )
+    target = project.new_project(answers)
+    run_step([sys.executable, "train.py", *demo_train_flags()], target)
+    run_step([sys.executable, "predict.py", "--device", "cpu"], target)
+    result = score(target / "output" / "submission.csv", dest / "data_solution.csv")
+    print(
+        f"DEMO: {target / 'output' / 'submission.csv'} -- held-out test logloss={result['logloss']:.4f}, "
+        f"accuracy={result['accuracy']:.4f}"
+    )

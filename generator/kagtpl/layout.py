@@ -36,7 +36,9 @@ def _pick(data: Path, given: str | None, candidates, what: str, is_ok) -> str:
     for name in candidates:
         if is_ok(data / name):
             return name
-    raise KagtplError(f"--data {data} does not look like an image competition: no {what} (looked for {', '.join(candidates)})")
+    raise KagtplError(
+        f"--data {data} does not look like an image competition: no {what} (looked for {', '.join(candidates)})"
+    )
 
 
 def detect(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
@@ -45,7 +47,9 @@ def detect(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
         raise KagtplError(f"--data {data}: no such folder")
     o = {k: overrides.get(k) for k in LAYOUT_KEYS}
     subs = sorted(p.name for p in data.glob("*submission*.csv"))
-    sample = _pick(data, o["sample_submission"], ["sample_submission.csv", *subs], "sample submission CSV", Path.is_file)
+    sample = _pick(
+        data, o["sample_submission"], ["sample_submission.csv", *subs], "sample submission CSV", Path.is_file
+    )
     labels = _pick(data, o["labels_csv"], LABEL_CSVS, "labels CSV", Path.is_file)
     sample_cols, label_cols = _header(data / sample), _header(data / labels)
     if len(sample_cols) < 2:
@@ -76,5 +80,12 @@ def detect(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
         if not found:
             raise KagtplError(f"{data / train_dir}: no image named after the first id {first_id!r}; pass --image-ext")
         ext = found[0]
-    return {"labels_csv": labels, "id_col": id_col, "label_col": label_col, "train_dir": train_dir,
-            "test_dir": test_dir, "image_ext": ext, "sample_submission": sample}
+    return {
+        "labels_csv": labels,
+        "id_col": id_col,
+        "label_col": label_col,
+        "train_dir": train_dir,
+        "test_dir": test_dir,
+        "image_ext": ext,
+        "sample_submission": sample,
+    }

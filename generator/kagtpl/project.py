@@ -30,6 +30,7 @@ class NewAnswers:
     folds: int | None = None
     epochs: int | None = None
     batch_size: int | None = None
+    budget: str | None = None
     dest: Path = Path(".")
     force: bool = False
     layout: dict[str, str | None] = field(default_factory=dict)
@@ -57,10 +58,19 @@ def validate_choices(answers: NewAnswers) -> None:
     valid = [*hardware().PROFILES, "auto"]
     if answers.gpu is not None and answers.gpu not in valid:
         raise KagtplError(f"unknown GPU {answers.gpu!r}; valid GPUs: {', '.join(valid)}")
-    for flag, value, low in (("--image-size", answers.image_size, 16), ("--folds", answers.folds, 2),
-                             ("--epochs", answers.epochs, 1), ("--batch-size", answers.batch_size, 0)):
+    for flag, value, low in (
+        ("--image-size", answers.image_size, 16),
+        ("--folds", answers.folds, 2),
+        ("--epochs", answers.epochs, 1),
+        ("--batch-size", answers.batch_size, 0),
+    ):
         if value is not None and value < low:
             raise KagtplError(f"{flag} {value}: must be at least {low}")
+    if answers.budget is not None:
+        try:
+            hardware().parse_duration(answers.budget)
+        except ValueError as e:
+            raise KagtplError(f"--budget: {e}") from None
 
 
 def detect_gpu(smi_output: str | None = None) -> str:
@@ -70,7 +80,10 @@ def detect_gpu(smi_output: str | None = None) -> str:
         try:
             smi_output = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=10, check=True,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
             ).stdout
         except (OSError, subprocess.SubprocessError):
             return "cpu"
@@ -100,7 +113,7 @@ def copier_data(answers: NewAnswers) -> dict:
         data["task"] = answers.task
     if answers.gpu is not None:
         data["gpu"] = detect_gpu() if answers.gpu == "auto" else answers.gpu
-    for key in ("model", "image_size", "folds", "epochs", "batch_size"):
+    for key in ("model", "image_size", "folds", "epochs", "batch_size", "budget"):
         if getattr(answers, key) is not None:
             data[key] = getattr(answers, key)
     if answers.data is not None:
@@ -123,7 +136,12 @@ def render(answers: NewAnswers, data: dict) -> Path:
         staging = Path(tmp) / answers.name
         try:
             copier.run_copy(
-                str(root), staging, data=data, defaults=not answers.interactive, unsafe=False, quiet=True,
+                str(root),
+                staging,
+                data=data,
+                defaults=not answers.interactive,
+                unsafe=False,
+                quiet=True,
                 vcs_ref="HEAD" if is_git_checkout(root) else None,
             )
         except (CopierError, ValueError) as e:

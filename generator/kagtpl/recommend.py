@@ -17,13 +17,14 @@ def gpus_table() -> Table:
     for p in hw.PROFILES.values():
         cap = "-" if p.capability is None else f"{p.capability[0]}.{p.capability[1]}"
         mem = "-" if not p.is_gpu else f"{p.gpus}x {p.memory_gb:g} GB" if p.gpus > 1 else f"{p.memory_gb:g} GB"
-        table.add_row(p.name, p.label, mem, cap, "yes" if p.bf16_native else "no",
-                      hw.amp_mode(p.capability), str(p.vcpus), p.note)
+        table.add_row(
+            p.name, p.label, mem, cap, "yes" if p.bf16_native else "no", hw.amp_mode(p.capability), str(p.vcpus), p.note
+        )
     table.caption = "auto: detect the local GPU with nvidia-smi (cpu when there is none)"
     return table
 
 
-def recommend_table(task: str, gpu: str, model: str | None, image_size: int) -> Table:
+def recommend_table(task: str, gpu: str, model: str | None, image_size: int, budget: str | None = None) -> Table:
     hw = hardware()
     if task != "image":
         raise KagtplError(f"unknown task {task!r}; valid tasks: image")
@@ -47,9 +48,34 @@ def recommend_table(task: str, gpu: str, model: str | None, image_size: int) -> 
         ("AMP", rec.amp, rec.why["amp"]),
         ("channels_last", rec.channels_last, rec.why["channels_last"]),
     ]
+    rows += budget_rows(gpu, budget)
     for name, value, why in rows:
         table.add_row(name, str(value), why)
     return table
+
+
+def budget_rows(gpu: str, budget: str | None) -> list[tuple[str, str, str]]:
+    """The default time plan: the budget, the prediction reserve and what training gets."""
+    hw = hardware()
+    if budget is None and gpu in hw.KAGGLE_PROFILES:
+        budget = hw.KAGGLE_BUDGET
+    try:
+        seconds = hw.parse_duration(budget)
+    except ValueError as e:
+        raise KagtplError(f"--budget: {e}") from None
+    if seconds is None:
+        return [("budget", "none", "no time limit: nothing is cut (on Kaggle train.py uses 9h)")]
+    reserve = 0.15 * seconds
+    return [
+        ("budget", budget, "wall time for train.py + predict.py together (python run.py --budget ...)"),
+        ("reserve", f">= {reserve / 60:.1f} min", "15% of the budget, or the measured prediction estimate if larger"),
+        (
+            "training",
+            f"<= {(seconds - reserve) / 60:.1f} min",
+            "planned to 80%: cut folds 5->3, epochs by 30-50%, then 1 fold",
+        ),
+        ("plan", "5 folds x 10 epochs", "the defaults; estimated after the first steps, re-planned every epoch"),
+    ]
 
 
 def show(table: Table) -> None:

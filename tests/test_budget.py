@@ -1,0 +1,114 @@
+"""The time budget, for real: run.py with a plan that needs many times the budget, SIGTERM,
+and a run with no checkpoint at all. Subprocesses on CPU."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_run import assert_valid_submission
+
+from conftest import RUN_ENV, render, run_script
+
+pytestmark = pytest.mark.slow
+
+
+def test_run_py_fits_a_plan_of_many_times_the_budget(tmp_path, digits_dir):
+    project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=5, epochs=30)
+    budget = 75
+    t0 = time.time()
+    r = subprocess.run(
+        [sys.executable, "run.py", "--budget", f"{budget}s", "--device", "cpu"],
+        cwd=project,
+        env=RUN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    wall = time.time() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = r.stdout
+    assert wall <= budget, f"took {wall:.1f}s of a {budget}s budget\n{log[-2000:]}"
+    estimate = re.search(r"^TIME ESTIMATE: .* = ([\d.]+) (min|s) for the whole plan", log, re.M)
+    assert estimate, log[-3000:]
+    needed = float(estimate.group(1)) * (60 if estimate.group(2) == "min" else 1)
+    assert needed > 2 * budget  # the configured plan really needed several times the budget
+    assert re.search(r"^TIME PLAN: estimate .* > 80% of .* training time left -> folds 5->\d", log, re.M), log
+    assert re.search(
+        r"^TIME: elapsed \S+ of 75s budget, remaining \S+ \(reserve \S+ for predict\), plan folds=\d+ "
+        r"epochs=\d+",
+        log,
+        re.M,
+    )
+    m = re.search(r"^RUN: train ([\d.]+)s, predict ([\d.]+)s, total ([\d.]+)s = ([\d.]+) of the 75s budget$", log, re.M)
+    assert m and float(m.group(4)) <= 1.0
+    assert_valid_submission(project, digits_dir)
+
+
+def test_sigterm_saves_and_exits_0_so_prediction_runs(tmp_path, digits_dir):
+    project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=3, epochs=30)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", "--device", "cpu"],
+        cwd=project,
+        env=RUN_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("Epoch 2:"):
+            proc.send_signal(signal.SIGTERM)  # what a container sends before it kills
+            break
+    seen += proc.stdout.readlines()
+    assert proc.wait(timeout=60) == 0, "".join(seen)
+    log = "".join(seen)
+    assert re.search(r"^STOPPED: SIGTERM; exiting 0 so predict.py runs", log, re.M), log
+    assert (project / "output" / "model_fold0.pth").exists()
+    assert "FOLD 1 (" not in log
+    pred = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in pred
+    assert_valid_submission(project, digits_dir)
+
+
+def test_no_checkpoint_fails_loudly_and_writes_no_submission(tmp_path, digits_dir):
+    project = render(tmp_path / "proj", data_dir=str(tmp_path / "missing-data"))
+    r = run_script(project, "run.py", "--budget", "60s", "--device", "cpu", check=False)
+    assert r.returncode == 1
+    assert "PREFLIGHT ERROR" in r.stderr and "RUN FAILED: predict.py wrote no submission" in r.stderr
+    assert not (project / "output" / "submission.csv").exists()
+
+
+def test_on_kaggle_without_budget_uses_9h(tmp_path, digits_dir):
+    project = render(tmp_path / "proj", data_dir=str(digits_dir))
+    env = {**RUN_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Interactive"}
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--dry-run",
+            "--device",
+            "cpu",
+            "--data-dir",
+            str(digits_dir),
+            "--out-dir",
+            str(tmp_path / "working"),
+            "--budget",
+            "",
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "TIME: on Kaggle with no --budget: using 9h, the code-competition limit" in r.stdout
+    assert re.search(r"^TIME: elapsed \S+ of 540.0 min budget", r.stdout, re.M)
+    assert os.path.exists(tmp_path / "working" / "model_fold0.pth")

@@ -1,0 +1,148 @@
+"""The time planner's decisions, driven by a fake clock (its one seam) so they are exact."""
+
+from __future__ import annotations
+
+import pytest
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(kit, budget, folds=5, epochs=30, **kw):
+    clock, lines = Clock(), []
+    planner = kit.TimePlanner(budget, folds, epochs, clock=clock, log=lines.append, **kw)
+    return planner, clock, lines
+
+
+def first_epoch(planner, clock, s_per_step, batches=40, valid_batches=10):
+    """Fold 0, epoch 1: warm-up steps (slow: compile / autotune), then steady steps."""
+    planner.begin_fold(0)
+    planner.begin_epoch(batches, valid_batches)
+    for i in range(batches):
+        clock.t += 5.0 if i < planner.WARMUP_BATCHES else s_per_step
+        assert not planner.tick(i)
+    clock.t += s_per_step * 2 / 3 * valid_batches  # validation
+    planner.end_epoch(1)
+
+
+@pytest.mark.parametrize(
+    "s_per_step,folds,epochs,cuts",
+    [
+        # limit = 80% of (600 - 90 reserve - ~10 s elapsed) = ~400 s; an epoch is 46.7 steps' worth
+        (0.01, 5, 30, None),  # 5 x 30 x 0.47 s = 70 s: fits
+        (0.07, 3, 30, "folds 5->3"),  # 150 x 3.3 s = 490 s; 3 folds: 294 s
+        (0.12, 3, 21, "folds 5->3, epochs 30->21"),  # then epochs -30%: 63 x 5.6 s = 353 s
+        (0.16, 3, 15, "folds 5->3, epochs 30->15"),  # then epochs -50%: 45 x 7.5 s = 336 s
+        (0.25, 2, 15, "folds 5->2, epochs 30->15"),  # then folds towards 1: 30 x 11.7 s = 350 s
+        (1.00, 1, 8, "folds 5->1, epochs 30->8"),  # last resort: 1 fold, epochs fit: 8 x 46.7 s = 373 s
+    ],
+)
+def test_plan_cuts_folds_then_epochs_then_folds_to_one(project_modules, s_per_step, folds, epochs, cuts):
+    _, kit, _ = project_modules
+    planner, clock, lines = make(kit, budget=600)
+    first_epoch(planner, clock, s_per_step)
+    assert (planner.folds, planner.epochs) == (folds, epochs), lines
+    assert lines[0].startswith(f"TIME ESTIMATE: {s_per_step:.3f} s/step x 40 steps")
+    if cuts is None:
+        assert lines[1] == "TIME PLAN: fits, kept folds=5 epochs=30"
+    else:
+        assert lines[1].startswith("TIME PLAN: estimate ") and lines[1].endswith(f"-> {cuts}")
+        assert "> 80% of" in lines[1]
+
+
+def test_epochs_never_cut_below_the_floor_before_folds_go(project_modules):
+    _, kit, _ = project_modules
+    planner, clock, lines = make(kit, budget=600, min_epochs=20)
+    first_epoch(planner, clock, 0.16)  # without the floor: 3 folds x 15 epochs (above)
+    assert (planner.folds, planner.epochs) == (2, 20), lines
+    assert lines[1].endswith("-> folds 5->2, epochs 30->20")
+
+
+def test_replan_after_a_slow_first_fold(project_modules):
+    _, kit, _ = project_modules
+    planner, clock, lines = make(kit, budget=1000, folds=5, epochs=4)
+    first_epoch(planner, clock, 0.05)  # the estimate says it fits
+    assert (planner.folds, planner.epochs) == (5, 4)
+    for epoch in (2, 3, 4):  # then the data loader slows down: 40 s epochs
+        planner.begin_epoch(40, 10)
+        clock.t += 40
+        planner.end_epoch(epoch)
+    planner.end_fold(0, first=True)  # fold 0 took ~130 s = 13%: no 20% trigger yet, but re-planned per epoch
+    assert planner.folds < 5
+    lines.clear()
+
+    planner2, clock2, lines2 = make(kit, budget=1000, folds=5, epochs=2)
+    first_epoch(planner2, clock2, 0.05)
+    planner2.begin_epoch(40, 10)
+    clock2.t += 190  # one very slow epoch: the first fold has used > 20% of the budget
+    planner2.end_epoch(2)
+    planner2.end_fold(0, first=True)
+    assert any("fold 0 took" in x and "(> 20%)" in x for x in lines2), lines2
+    assert planner2.folds < 5
+
+
+def test_deadline_guard_and_sigterm(project_modules):
+    _, kit, _ = project_modules
+    planner, clock, lines = make(kit, budget=100, folds=1, epochs=30)
+    planner.begin_fold(0)
+    for epoch in range(1, 30):
+        assert planner.can_start_epoch()
+        planner.begin_epoch(2, 1)
+        clock.t += 10
+        planner.end_epoch(epoch)
+        if clock.t - 1000 + 10 + planner.reserve() > 100:
+            break
+    # elapsed + next epoch + reserve (15) > 100: the next epoch must not start
+    assert not planner.can_start_epoch() and planner.stop_reason == "deadline"
+    assert lines[-1].startswith("DEADLINE: ") and "prediction runs next" in lines[-1]
+    assert clock.t - 1000 + planner.reserve() <= 100  # the reserve is still there for predict
+
+    mid, mclock, _ = make(kit, budget=100, folds=1, epochs=30)
+    mid.begin_fold(0)
+    mid.begin_epoch(1000, 1)
+    mclock.t += 86  # inside an epoch, past budget - reserve: stop at the next batch
+    assert mid.tick(500) and mid.stop_reason == "deadline"
+
+    sig, _, _ = make(kit, budget=None, folds=1, epochs=3)
+    assert not sig.tick(0)
+    sig.request_stop("SIGTERM")
+    assert sig.tick(1) and not sig.can_start_epoch()
+
+
+def test_reserve_covers_the_measured_prediction_time(project_modules):
+    _, kit, _ = project_modules
+    planner, _, _ = make(kit, budget=3600, folds=5, epochs=10, startup_s=8.0)
+    assert planner.reserve() == pytest.approx(540)  # 15% before anything is measured
+    # validation: 2,000 images in 40 s -> 0.02 s/image; test: 10,000 images x 5 folds x 2 TTA views
+    planner.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004)
+    expected = 1.25 * (8.0 + 5 * 0.02 * 10_000 * 2 + 0.004 * 10_000)
+    assert planner.reserve() == pytest.approx(expected) and planner.reserve() > 0.15 * 3600
+    assert planner.training_left() == pytest.approx(3600 - expected)
+
+
+def test_no_budget_plans_nothing(project_modules):
+    _, kit, _ = project_modules
+    planner, clock, lines = make(kit, budget=None)
+    first_epoch(planner, clock, 10.0)
+    assert (planner.folds, planner.epochs) == (5, 30) and lines == []
+    assert planner.status_line().startswith("TIME: elapsed ") and "no budget" in planner.status_line()
+
+
+@pytest.mark.parametrize(
+    "text,seconds", [("9h", 32400), ("45m", 2700), ("600s", 600), ("1h30m", 5400), ("90", 90), ("", None), (None, None)]
+)
+def test_parse_duration(project_modules, text, seconds):
+    _, _, hardware = project_modules
+    assert hardware.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["9 hours", "h", "-5m", "1x"])
+def test_parse_duration_rejects(project_modules, text):
+    _, _, hardware = project_modules
+    with pytest.raises(ValueError, match="cannot read budget"):
+        hardware.parse_duration(text)
