@@ -378,13 +378,15 @@ class TimePlanner:
     The rules (docs/time-budget.md): keep max(15% of the budget, the measured prediction
     estimate) for predict.py; if the plan needs more than 80% of the training time left, cut
     folds to 3, then epochs by 30% and 50% (never below `min_epochs`), then folds towards 1 (and,
-    at 1, fit the epochs). Re-plan after every epoch, and at once if the first fold took > 20% of the budget.
+    at 1, fit the epochs). Re-plan after every epoch with measured times (fit 95%, minimal cuts),
+    and at once if the first fold took > 20% of the budget.
 
     Seam for tests: `clock` (monotonic seconds) and `sync` (torch.cuda.synchronize on CUDA, so
     step timings are real); a fake clock drives every decision deterministically.
     """
 
-    RESERVE_FRACTION, PLAN_FRACTION, FIRST_FOLD_FRACTION = 0.15, 0.80, 0.20
+    RESERVE_FRACTION, FIRST_FOLD_FRACTION = 0.15, 0.20
+    PLAN_FRACTION, REPLAN_FRACTION = 0.80, 0.95  # an estimate gets 20% slack; measured epochs 5%
     WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
     PREDICT_MARGIN = 1.25  # +25% on the measured prediction estimate
 
@@ -470,7 +472,7 @@ class TimePlanner:
         if self.budget and not self.planned:  # too few batches to time steps: plan from the epoch
             self._first_plan(None)
         elif self.budget:
-            self._replan(self._epoch_estimate(), "re-plan")
+            self._replan(self._epoch_estimate(), f"re-plan at {fmt_s(self._epoch_estimate())}/epoch")
 
     def end_fold(self, fold: int, first: bool) -> None:
         took = self.clock() - self._fold_t0
@@ -493,10 +495,11 @@ class TimePlanner:
             return False
         return True
 
-    def note_inference(self, seconds: float, samples: int, test_rows: int, views: int, decode_s_per_image: float):
-        """Measured validation speed -> the prediction estimate (and so the reserve)."""
+    def note_inference(self, seconds, samples, test_rows, views, decode_s_per_image, model_s=1.0) -> None:
+        """Measured validation speed -> the prediction estimate (and so the reserve): process start
+        and imports, then per fold a model build and the test set's views, plus decoding the test set."""
         per_sample = seconds / max(samples, 1)
-        folds_s = self.folds * per_sample * test_rows * views
+        folds_s = self.folds * (model_s + per_sample * test_rows * views)
         self.predict_s = self.PREDICT_MARGIN * (self.startup_s + folds_s + decode_s_per_image * test_rows)
 
     # --- planning
@@ -523,7 +526,7 @@ class TimePlanner:
             f"{fmt_s(total)} for the whole plan; training budget {fmt_s(self.budget - self.reserve())} "
             f"(reserve {fmt_s(self.reserve())} for predict)"
         )
-        if not self._replan(epoch_s, "estimate"):
+        if not self._replan(epoch_s, "estimate", first=True):
             self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")
 
     def _need(self, epoch_s: float, folds: int, epochs: int) -> float:
@@ -531,31 +534,49 @@ class TimePlanner:
         this_fold = 0 if self._fold_finished else max(0, epochs - self._epoch)
         return (this_fold + (folds - self._fold - 1) * epochs) * epoch_s
 
-    def _replan(self, epoch_s: float, why: str) -> bool:
-        """Cut folds, then epochs, then folds to 1 until the rest fits 80% of the time left."""
-        limit = self.PLAN_FRACTION * (self.budget - self.reserve() - self.elapsed())
+    def _fit_epochs(self, epoch_s: float, folds: int, limit: float) -> int:
+        """The most epochs (up to the plan's) whose rest of the plan fits `limit`; at least 1."""
+        return next((e for e in range(self.epochs, 0, -1) if self._need(epoch_s, folds, e) <= limit), 1)
+
+    def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:
+        """Cut folds to 3, then epochs, then folds towards 1 until the rest of the plan fits.
+
+        The first plan (an estimate from a few timed steps) must fit 80% of the training time
+        left and cuts epochs by 30%, then 50%; later re-plans use measured epochs, must fit 95%,
+        and cut no more epochs than needed. Epochs never go below the floor before folds go."""
+        fraction = self.PLAN_FRACTION if first else self.REPLAN_FRACTION
+        limit = fraction * self.training_left()
         need = self._need(epoch_s, self.folds, self.epochs)
         if need <= limit:
             return False
-        folds, epochs, cuts = self.folds, self.epochs, []
-        if self._need(epoch_s, folds, epochs) > limit and folds > 3:
+
+        def fits(f, e):
+            return self._need(epoch_s, f, e) <= limit
+
+        folds, epochs = self.folds, self.epochs
+        if not fits(folds, epochs) and folds > 3:
             folds = max(self._fold + 1, 3)
-        for frac in (0.7, 0.5):
-            if self._need(epoch_s, folds, epochs) > limit and epochs > self.min_epochs:
-                epochs = max(self.min_epochs, round(self.epochs * frac))
-        while self._need(epoch_s, folds, epochs) > limit and folds > self._fold + 1:
+        if not fits(folds, epochs) and epochs > self.min_epochs:
+            if first:
+                for frac in (0.7, 0.5):
+                    if not fits(folds, epochs):
+                        epochs = max(self.min_epochs, round(self.epochs * frac))
+            else:
+                epochs = max(self.min_epochs, self._fit_epochs(epoch_s, folds, limit))
+        while not fits(folds, epochs) and folds > self._fold + 1:
             folds -= 1  # towards 1 fold: keep as many as fit (each fold is a model in the ensemble)
-        if self._need(epoch_s, folds, epochs) > limit:  # last resort: fit this fold's epochs
-            epochs = max(1, min(epochs, self._epoch + int(max(0.0, limit) // max(epoch_s, 1e-9))))
-        if folds != self.folds:
-            cuts.append(f"folds {self.folds}->{folds}")
-        if epochs != self.epochs:
-            cuts.append(f"epochs {self.epochs}->{epochs}")
+        if not fits(folds, epochs):  # last resort: fit this fold's epochs
+            epochs = min(epochs, self._fit_epochs(epoch_s, folds, limit))
+        cuts = [
+            f"{name} {a}->{b}"
+            for name, a, b in (("folds", self.folds, folds), ("epochs", self.epochs, epochs))
+            if a != b
+        ]
         if not cuts:
             return False
-        label = f"estimate {fmt_s(need)}" if why in ("estimate", "re-plan") else why
+        label = f"estimate {fmt_s(need)}" if first else f"{why}: need {fmt_s(need)}"
         self.log(
-            f"TIME PLAN: {label} > 80% of {fmt_s(max(0.0, limit / self.PLAN_FRACTION))} training time left "
+            f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, self.training_left()))} training time left "
             f"-> {', '.join(cuts)}"
         )
         self.folds, self.epochs = folds, epochs

@@ -68,12 +68,16 @@ def test_replan_after_a_slow_first_fold(project_modules):
     planner, clock, lines = make(kit, budget=1000, folds=5, epochs=4)
     first_epoch(planner, clock, 0.05)  # the estimate says it fits
     assert (planner.folds, planner.epochs) == (5, 4)
-    for epoch in (2, 3, 4):  # then the data loader slows down: 40 s epochs
+    for epoch in (2, 3, 4):  # then the data loader slows down: 60 s epochs
         planner.begin_epoch(40, 10)
-        clock.t += 40
+        clock.t += 60
         planner.end_epoch(epoch)
-    planner.end_fold(0, first=True)  # fold 0 took ~130 s = 13%: no 20% trigger yet, but re-planned per epoch
-    assert planner.folds < 5
+    # after epoch 2: 2 + 4 x 4 epochs x 60 s = 18 min > 95% of the ~13 min left -> 3 folds fit
+    assert (planner.folds, planner.epochs) == (3, 4), lines
+    assert lines[-1].startswith("TIME PLAN: re-plan at 60s/epoch: need 18.0 min > 95% of ")
+    assert lines[-1].endswith("-> folds 5->3")
+    planner.end_fold(0, first=True)  # fold 0 took 19% of the budget: no 20% trigger
+    assert not any("(> 20%)" in x for x in lines)
     lines.clear()
 
     planner2, clock2, lines2 = make(kit, budget=1000, folds=5, epochs=2)
@@ -119,8 +123,8 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
     planner, _, _ = make(kit, budget=3600, folds=5, epochs=10, startup_s=8.0)
     assert planner.reserve() == pytest.approx(540)  # 15% before anything is measured
     # validation: 2,000 images in 40 s -> 0.02 s/image; test: 10,000 images x 5 folds x 2 TTA views
-    planner.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004)
-    expected = 1.25 * (8.0 + 5 * 0.02 * 10_000 * 2 + 0.004 * 10_000)
+    planner.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004, model_s=2.0)
+    expected = 1.25 * (8.0 + 5 * (2.0 + 0.02 * 10_000 * 2) + 0.004 * 10_000)
     assert planner.reserve() == pytest.approx(expected) and planner.reserve() > 0.15 * 3600
     assert planner.training_left() == pytest.approx(3600 - expected)
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def copier_data(answers: NewAnswers) -> dict:
 def render(answers: NewAnswers, data: dict) -> Path:
     """Render into a temporary sibling folder, then move it into place: a failure leaves nothing."""
     import copier
-    from copier.errors import CopierError
+    from copier.errors import CopierError, DirtyLocalWarning
 
     root = template_root()
     target = answers.target
@@ -135,15 +136,17 @@ def render(answers: NewAnswers, data: dict) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{answers.name}.") as tmp:
         staging = Path(tmp) / answers.name
         try:
-            copier.run_copy(
-                str(root),
-                staging,
-                data=data,
-                defaults=not answers.interactive,
-                unsafe=False,
-                quiet=True,
-                vcs_ref="HEAD" if is_git_checkout(root) else None,
-            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DirtyLocalWarning)  # a source checkout with uncommitted changes
+                copier.run_copy(
+                    str(root),
+                    staging,
+                    data=data,
+                    defaults=not answers.interactive,
+                    unsafe=False,
+                    quiet=True,
+                    vcs_ref="HEAD" if is_git_checkout(root) else None,
+                )
         except (CopierError, ValueError) as e:
             raise KagtplError(f"copier could not render the template: {str(e).splitlines()[0]}") from e
         if target.exists():
