@@ -282,3 +282,22 @@ def parse_duration(text) -> float | None:
     if not parts or "".join(n + u for n, u in parts) != t:
         raise ValueError(f"cannot read budget {text!r}: use e.g. 9h, 45m, 600s, 1h30m or plain seconds")
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+# Tables: batch 4096 on a GPU (field notes: tabular nets at 4096, >= 500 batches a minute);
+# a small table gets a smaller power of two so an epoch still has MIN_TABULAR_STEPS steps.
+TABULAR_GPU_BATCH, TABULAR_CPU_BATCH, MIN_TABULAR_STEPS, MIN_TABULAR_BATCH = 4096, 1024, 8, 16
+
+
+def tabular_batch(profile: Profile, n_rows: int) -> int:
+    cap = TABULAR_GPU_BATCH if profile.is_gpu else TABULAR_CPU_BATCH
+    fit = max(MIN_TABULAR_BATCH, n_rows // MIN_TABULAR_STEPS)
+    return max(MIN_TABULAR_BATCH, min(cap, 1 << (fit.bit_length() - 1)))
+
+
+def tabular_batch_why(profile: Profile, n_rows: int) -> str:
+    cap = TABULAR_GPU_BATCH if profile.is_gpu else TABULAR_CPU_BATCH
+    return (
+        f"{'GPU' if profile.is_gpu else 'CPU'}: {cap}, capped at the power of two <= {n_rows} rows / "
+        f"{MIN_TABULAR_STEPS} steps -> {tabular_batch(profile, n_rows)}"
+    )

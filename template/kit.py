@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import socket
@@ -131,7 +132,7 @@ def resource_lines(cpus: int, batch: int, gpu_name: str, amp: Amp, total_gb: flo
         f"RESOURCES: {cpus} CPU cores, batch={batch}, GPU={gpu_name}, Mixed Precision={'ON' if amp.enabled else 'OFF'}",
         f"GPU Memory: {total_gb:.1f} GB" if gpu_name != "none" else "GPU Memory: none",
         f"DataLoader: num_workers={loader['num_workers']}, prefetch_factor={loader['prefetch_factor']}, "
-        f"persistent_workers={loader['persistent_workers']}",
+        f"persistent_workers={loader['persistent_workers']}" + (f" ({loader['note']})" if loader.get("note") else ""),
     ]
 
 
@@ -167,6 +168,71 @@ class JsonLog:
     def write(self, **record) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+# ----------------------------------------------------------------------------- training loop
+
+
+def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, accum, on_first_step=None, should_stop=None):
+    """One training pass over the first `n` of `batches` with gradient accumulation.
+
+    `batch_loss(batch)` is the competition code: it returns (mean loss, batch size) under
+    autocast. Each accumulation group's loss is divided by the group's own size, so a last
+    partial group steps the optimizer too, with a correctly scaled gradient. `on_first_step()`
+    runs once after the first optimizer step (the GPU memory lines); `should_stop(i)` is asked
+    after every batch (the time budget's deadline, SIGTERM). Returns (mean loss, samples seen).
+    """
+    total, seen = None, 0
+    optimizer.zero_grad(set_to_none=True)
+    for i, batch in enumerate(batches):
+        if i >= n:
+            break
+        group = min(accum, n - (i // accum) * accum)
+        with amp.autocast():
+            loss, size = batch_loss(batch)
+        amp.backward(loss / group)
+        if (i + 1) % accum == 0 or i + 1 == n:
+            amp.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            if on_first_step is not None:
+                on_first_step()
+                on_first_step = None
+        # summed on the device: no .item() sync per step
+        total = loss.detach().float() * size if total is None else total + loss.detach().float() * size
+        seen += size
+        if should_stop is not None and should_stop(i):
+            break
+    return (0.0 if total is None else (total / max(seen, 1)).item()), seen
+
+
+def count_slices(n: int, batch: int, drop_last: bool) -> int:
+    """Batches in an epoch of n rows; with drop_last a table smaller than a batch still gives one."""
+    return n // batch if drop_last and n >= batch else math.ceil(n / batch)
+
+
+def warmup_cosine(optimizer, steps_per_epoch: int, epochs):
+    """Linear warm-up over the first 5% of optimizer steps, then cosine decay to zero.
+    `epochs()` is read at every step: when the time plan cuts epochs, the decay ends sooner."""
+
+    def factor(step: int) -> float:
+        total = max(1, steps_per_epoch * epochs())
+        warmup = max(1, int(total * 0.05))
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def fold_is_done(path: Path, config: dict, same_keys=("folds", "seed", "model")) -> bool:
+    """A rerun skips a fold whose checkpoint is complete, not a dry run, and made with the same split."""
+    if not Path(path).exists():
+        return False
+    ckpt = load_checkpoint(path)
+    if ckpt is None or not ckpt.get("complete") or ckpt["config"].get("dry_run"):
+        return False
+    return all(ckpt["config"].get(k) == config.get(k) for k in same_keys)
 
 
 # ----------------------------------------------------------------------------- files
@@ -233,8 +299,10 @@ def ensemble(probs: list[np.ndarray]) -> np.ndarray:
     return mean / mean.sum(axis=1, keepdims=True)
 
 
-def check_submission(sub, sample, prob_columns: bool) -> None:
-    """Raise ValueError unless `sub` matches sample_submission: columns, ids, order, values."""
+def check_submission(sub, sample, kind: str, labels=None) -> None:
+    """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order,
+    row count, and values. kind: 'distribution' (probability columns whose rows sum to 1),
+    'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite)."""
     if list(sub.columns) != list(sample.columns):
         raise ValueError(f"submission columns {list(sub.columns)[:5]}... differ from sample_submission's")
     if len(sub) != len(sample):
@@ -243,12 +311,20 @@ def check_submission(sub, sample, prob_columns: bool) -> None:
     bad = np.flatnonzero(sub[id_col].astype(str).to_numpy() != sample[id_col].astype(str).to_numpy())
     if len(bad):
         raise ValueError(f"submission row {bad[0]}: id {sub[id_col].iloc[bad[0]]!r} != {sample[id_col].iloc[bad[0]]!r}")
-    if prob_columns:
-        values = sub[sample.columns[1:]].to_numpy(dtype=np.float64)
-        if not np.isfinite(values).all() or values.min() < 0 or values.max() > 1:
-            raise ValueError("submission probabilities must be finite and within [0, 1]")
-        if not np.allclose(values.sum(axis=1), 1.0, atol=1e-4):
-            raise ValueError("submission probabilities of a row must sum to 1")
+    values = sub[sample.columns[1:]]
+    if kind == "label":
+        allowed = {str(v) for v in labels}
+        wrong = [v for v in values.to_numpy().ravel() if str(v) not in allowed]
+        if wrong:
+            raise ValueError(f"submission label {wrong[0]!r} is not a class")
+        return
+    numbers = values.to_numpy(dtype=np.float64)
+    if not np.isfinite(numbers).all():
+        raise ValueError("submission values must be finite")
+    if kind in ("distribution", "probability") and (numbers.min() < 0 or numbers.max() > 1):
+        raise ValueError("submission probabilities must be finite and within [0, 1]")
+    if kind == "distribution" and not np.allclose(numbers.sum(axis=1), 1.0, atol=1e-4):
+        raise ValueError("submission probabilities of a row must sum to 1")
 
 
 def write_csv_atomic(df, path: Path) -> None:
@@ -353,6 +429,23 @@ def create_timm_model(name: str, num_classes: int, pretrained: bool, weights: st
 
 
 # ----------------------------------------------------------------------------- time budget
+
+
+def make_planner(budget: str, start_time: float, folds: int, epochs: int, device: torch.device) -> TimePlanner:
+    """The run's planner: --budget parsed (on Kaggle with none, 9h), SIGTERM handled."""
+    try:
+        seconds = hardware.parse_duration(budget)
+    except ValueError as e:
+        raise SystemExit(f"ERROR: --budget: {e}") from None
+    if seconds is None and on_kaggle():
+        seconds = hardware.parse_duration(hardware.KAGGLE_BUDGET)
+        print(f"TIME: on Kaggle with no --budget: using {hardware.KAGGLE_BUDGET}, the code-competition limit")
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    planner = TimePlanner(
+        seconds, folds, epochs, elapsed_s=time.time() - start_time, startup_s=process_age(), sync=sync
+    )
+    planner.install_sigterm()
+    return planner
 
 
 def process_age() -> float:

@@ -109,7 +109,16 @@ def _bad_data(tmp_path):
 
 
 ERRORS = [
-    (lambda t: ["new", "p", "--task", "audio", "--gpu", "t4"], "unknown task 'audio'; valid tasks: image"),
+    (lambda t: ["new", "p", "--task", "audio", "--gpu", "t4"], "unknown task 'audio'; valid tasks: image, tabular"),
+    (
+        lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--data", _bad_data(t)],
+        "does not look like a table competition",
+    ),
+    (
+        lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--image-size", "224"],
+        "--image-size is for image competitions",
+    ),
+    (lambda t: ["table", str(t / "x"), "--kind", "graph"], "unknown kind 'graph'; valid kinds: binary"),
     (lambda t: ["new", "p", "--task", "image", "--gpu", "tpu"], "unknown GPU 'tpu'; valid GPUs: t4, t4x2"),
     (lambda t: ["new", "../evil", "--task", "image", "--gpu", "t4"], "invalid project name '../evil'"),
     (lambda t: ["new", "a/b", "--task", "image", "--gpu", "t4"], "invalid project name 'a/b'"),

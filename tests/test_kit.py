@@ -125,7 +125,7 @@ def test_check_submission_catches_each_mistake(project_modules):
     _, kit, _ = project_modules
     sample = pd.DataFrame({"id": ["a", "b"], "x": [0.5, 0.5], "y": [0.5, 0.5]})
     good = pd.DataFrame({"id": ["a", "b"], "x": [0.2, 0.9], "y": [0.8, 0.1]})
-    kit.check_submission(good, sample, prob_columns=True)
+    kit.check_submission(good, sample, "distribution")
     cases = {
         "columns": good[["id", "y", "x"]],
         "rows": good.iloc[:1],
@@ -135,7 +135,21 @@ def test_check_submission_catches_each_mistake(project_modules):
     }
     for message, bad in cases.items():
         with pytest.raises(ValueError, match=re.escape(message) if message != "id 'b'" else "row 1"):
-            kit.check_submission(bad, sample, prob_columns=True)
+            kit.check_submission(bad, sample, "distribution")
+
+
+def test_check_submission_kinds_for_tables(project_modules):
+    _, kit, _ = project_modules
+    sample = pd.DataFrame({"id": ["a", "b"], "target": [0.5, 0.5]})
+    kit.check_submission(sample.assign(target=[0.1, 0.9]), sample, "probability")
+    with pytest.raises(ValueError, match="within"):
+        kit.check_submission(sample.assign(target=[0.1, 1.9]), sample, "probability")
+    kit.check_submission(sample.assign(target=[3.5, -2.0]), sample, "number")
+    with pytest.raises(ValueError, match="finite"):
+        kit.check_submission(sample.assign(target=[np.nan, 1.0]), sample, "number")
+    kit.check_submission(sample.assign(target=["cat", "dog"]), sample, "label", labels=["cat", "dog"])
+    with pytest.raises(ValueError, match="'cow' is not a class"):
+        kit.check_submission(sample.assign(target=["cat", "cow"]), sample, "label", labels=["cat", "dog"])
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(project_modules, tmp_path):

@@ -43,7 +43,14 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize("data", MATRIX, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+TABULAR_MATRIX = [
+    {"task": "tabular", "gpu": "a100-80", "problem": "binary", "metric": "auc"},
+    {"task": "tabular", "gpu": "t4", "problem": "multiclass", "submission": "label", "metric": "accuracy"},
+    {"task": "tabular", "gpu": "cpu", "problem": "regression", "metric": "rmsle", "target": "SalePrice"},
+]
+
+
+@pytest.mark.parametrize("data", MATRIX + TABULAR_MATRIX, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
 def test_render_matrix(tmp_path, data):
     project = render(tmp_path / "my-comp", **data)
     assert files_of(project) == EXPECTED_FILES
@@ -55,6 +62,11 @@ def test_render_matrix(tmp_path, data):
     for key, value in data.items():
         assert answers[key] == value
     train = (project / "train.py").read_text()
+    tabular = data.get("task") == "tabular"
+    assert ("class TabularMLP" in train) == tabular and ("import albumentations" in train) != tabular
+    assert ("image_size" in answers) != tabular and ("problem" in answers) == tabular
+    if tabular:
+        assert f'PROBLEM = "{data["problem"]}"' in train and f'METRIC = "{data["metric"]}"' in train
     assert f'GPU_PROFILE = "{data["gpu"]}"' in train
     if "image_size" in data:
         assert f"IMAGE_SIZE = {data['image_size']}\n" in train
@@ -81,8 +93,8 @@ def test_typo_in_template_fails_with_strict_undefined(tmp_path):
 
 def test_rendered_project_is_ruff_clean(tmp_path):
     ruff = shutil.which("ruff") or str(__import__("pathlib").Path(sys.executable).parent / "ruff")
-    for data in (MATRIX[1], MATRIX[-1]):
-        project = render(tmp_path / data["gpu"], **data)
+    for data in (MATRIX[1], MATRIX[-1], TABULAR_MATRIX[0], TABULAR_MATRIX[2]):
+        project = render(tmp_path / f"{data.get('task', 'image')}-{data['gpu']}", **data)
         check = subprocess.run([ruff, "check", "."], cwd=project, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
         fmt = subprocess.run([ruff, "format", "--check", "."], cwd=project, capture_output=True, text=True)

@@ -55,7 +55,7 @@ def main(
 @boundary
 def new(
     name: Annotated[str, typer.Argument(help="Project folder name, e.g. dog-breed.")],
-    task: Annotated[Optional[str], typer.Option(help="Competition type: image.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="Competition type: image or tabular.")] = None,
     gpu: Annotated[Optional[str], typer.Option(help="GPU profile (kagtpl gpus), or auto to detect.")] = None,
     data: Annotated[Optional[Path], typer.Option(help="Competition data folder; its layout is detected.")] = None,
     model: Annotated[Optional[str], typer.Option(help="timm model name.")] = None,
@@ -73,6 +73,13 @@ def new(
     test_dir: Annotated[Optional[str], typer.Option(help="Override the detected test image folder.")] = None,
     image_ext: Annotated[Optional[str], typer.Option(help="Override the detected image extension.")] = None,
     sample_submission: Annotated[Optional[str], typer.Option(help="Override the sample submission CSV.")] = None,
+    train_csv: Annotated[Optional[str], typer.Option(help="Tables: override the training table.")] = None,
+    test_csv: Annotated[Optional[str], typer.Option(help="Tables: override the test table.")] = None,
+    target: Annotated[Optional[str], typer.Option(help="Tables: override the detected target column.")] = None,
+    problem: Annotated[Optional[str], typer.Option(help="Tables: binary, multiclass or regression.")] = None,
+    metric: Annotated[
+        Optional[str], typer.Option(help="Tables: logloss, accuracy, auc, rmse or rmsle (default: inferred).")
+    ] = None,
     dest: Annotated[Path, typer.Option(help="Parent folder of the new project.")] = Path("."),
     force: Annotated[bool, typer.Option(help="Render into an existing non-empty folder.")] = False,
 ) -> None:
@@ -85,6 +92,10 @@ def new(
         "test_dir": test_dir,
         "image_ext": image_ext,
         "sample_submission": sample_submission,
+        "train_csv": train_csv,
+        "test_csv": test_csv,
+        "target": target,
+        "problem": problem,
     }
     answers = project.NewAnswers(
         name=name,
@@ -97,6 +108,7 @@ def new(
         epochs=epochs,
         batch_size=batch_size,
         budget=budget,
+        metric=metric,
         dest=dest,
         force=force,
         layout=overrides,
@@ -115,7 +127,7 @@ def gpus() -> None:
 @app.command("recommend")
 @boundary
 def recommend_cmd(
-    task: Annotated[str, typer.Option(help="Competition type: image.")] = "image",
+    task: Annotated[str, typer.Option(help="Competition type: image or tabular.")] = "image",
     gpu: Annotated[str, typer.Option(help="GPU profile (kagtpl gpus).")] = "t4",
     model: Annotated[Optional[str], typer.Option(help="timm model name.")] = None,
     image_size: Annotated[int, typer.Option(help="Square input size in pixels.")] = 224,
@@ -123,6 +135,18 @@ def recommend_cmd(
 ) -> None:
     """Print the settings kagtpl would choose, and why."""
     recommend.show(recommend.recommend_table(task, gpu, model, image_size, budget))
+
+
+@app.command("table")
+@boundary
+def table_cmd(
+    dest: Annotated[Path, typer.Argument(help="Folder to write train.csv, test.csv and the submission template.")],
+    kind: Annotated[
+        str, typer.Option(help="binary, binary-label, multiclass, multiclass-label or regression.")
+    ] = "binary",
+) -> None:
+    """Write a small real table competition (from scikit-learn's datasets) to try --task tabular on."""
+    print(f"Wrote {demo.write_table(dest.resolve(), kind)}")
 
 
 @app.command("demo")

@@ -28,7 +28,7 @@ def _first_value(path: Path, column: str) -> str | None:
     return None if row is None else row.get(column)
 
 
-def _pick(data: Path, given: str | None, candidates, what: str, is_ok) -> str:
+def _pick(data: Path, given: str | None, candidates, what: str, is_ok, task: str = "an image") -> str:
     if given:
         if not is_ok(data / given):
             raise KagtplError(f"--data {data}: {what} {given!r} not found")
@@ -37,7 +37,7 @@ def _pick(data: Path, given: str | None, candidates, what: str, is_ok) -> str:
         if is_ok(data / name):
             return name
     raise KagtplError(
-        f"--data {data} does not look like an image competition: no {what} (looked for {', '.join(candidates)})"
+        f"--data {data} does not look like {task} competition: no {what} (looked for {', '.join(candidates)})"
     )
 
 
@@ -88,4 +88,105 @@ def detect(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
         "test_dir": test_dir,
         "image_ext": ext,
         "sample_submission": sample,
+    }
+
+
+TABULAR_KEYS = ("train_csv", "test_csv", "sample_submission", "id_col", "target", "problem", "metric")
+METRICS = {
+    "binary": ("auc", "logloss", "accuracy"),
+    "multiclass": ("logloss", "accuracy", "auc"),
+    "regression": ("rmse", "rmsle"),
+}
+
+
+def _column_values(path: Path, column: str, limit: int = 64) -> tuple[set[str], bool]:
+    """Up to `limit` distinct non-empty values of a CSV column, and whether all values are numbers."""
+    values, numeric = set(), True
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            v = (row.get(column) or "").strip()
+            if not v:
+                continue
+            if numeric:
+                try:
+                    float(v)
+                except ValueError:
+                    numeric = False
+            if len(values) < limit:
+                values.add(v)
+    return values, numeric
+
+
+def _is_int(v: str) -> bool:
+    try:
+        return float(v) == int(float(v))
+    except ValueError:
+        return False
+
+
+def detect_tabular(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
+    """Answers for a table competition: files, id and target columns, problem, submission, metric."""
+    if not data.is_dir():
+        raise KagtplError(f"--data {data}: no such folder")
+    o = {k: overrides.get(k) for k in TABULAR_KEYS}
+    subs = sorted(p.name for p in data.glob("*submission*.csv"))
+    sample = _pick(
+        data, o["sample_submission"], ["sample_submission.csv", *subs], "submission CSV", Path.is_file, "a table"
+    )
+    train = _pick(data, o["train_csv"], ("train.csv",), "train.csv", Path.is_file, "a table")
+    test = _pick(data, o["test_csv"], ("test.csv",), "test.csv", Path.is_file, "a table")
+    sample_cols, train_cols, test_cols = (_header(data / f) for f in (sample, train, test))
+    if len(sample_cols) < 2:
+        raise KagtplError(f"{data / sample}: a submission template needs an id column and at least one more")
+    id_col = o["id_col"] or sample_cols[0]
+    for name, cols in ((train, train_cols), (test, test_cols)):
+        if id_col not in cols:
+            raise KagtplError(f"{data / name}: no id column {id_col!r} (columns: {cols[:8]})")
+    prob_columns = len(sample_cols) > 2 or sample_cols[1] not in train_cols
+    target = o["target"]
+    if not target:
+        candidates = [c for c in train_cols if c not in test_cols and c != id_col]
+        target = sample_cols[1] if not prob_columns else (candidates[0] if len(candidates) == 1 else None)
+        if target is None:
+            raise KagtplError(f"{data / train}: cannot tell the target among {candidates}; pass --target")
+    if target not in train_cols:
+        raise KagtplError(f"{data / train}: no target column {target!r} (columns: {train_cols[:8]})")
+    values, numeric = _column_values(data / train, target)
+    problem = o["problem"]
+    if not problem:
+        if prob_columns:
+            problem = "multiclass"
+        elif len(values) == 2:
+            problem = "binary"
+        elif not numeric or (all(_is_int(v) for v in values) and len(values) <= 10):
+            problem = "multiclass"
+        else:
+            problem = "regression"
+    if problem not in METRICS:
+        raise KagtplError(f"unknown problem {problem!r}; valid problems: {', '.join(METRICS)}")
+    metric = o["metric"]
+    if not metric:
+        sample_values, _ = _column_values(data / sample, sample_cols[1])
+        labels = not prob_columns and (not numeric or all(_is_int(v) for v in sample_values))
+        metric = {
+            "binary": "accuracy" if labels else "auc",
+            "multiclass": "logloss" if prob_columns else "accuracy",
+            "regression": "rmse",
+        }[problem]
+    if metric not in METRICS[problem]:
+        raise KagtplError(
+            f"metric {metric!r} does not fit a {problem} problem; use one of {', '.join(METRICS[problem])}"
+        )
+    submission = "probs" if prob_columns or (problem == "binary" and metric != "accuracy") else "label"
+    if problem == "regression":
+        submission = "label"
+    return {
+        "train_csv": train,
+        "test_csv": test,
+        "sample_submission": sample,
+        "id_col": id_col,
+        "target": target,
+        "problem": problem,
+        "submission": submission,
+        "metric": metric,
     }

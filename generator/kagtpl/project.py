@@ -16,7 +16,7 @@ from kagtpl import layout
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, is_git_checkout, template_root
 
-TASKS = ("image",)
+TASKS = ("image", "tabular")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -32,6 +32,7 @@ class NewAnswers:
     epochs: int | None = None
     batch_size: int | None = None
     budget: str | None = None
+    metric: str | None = None
     dest: Path = Path(".")
     force: bool = False
     layout: dict[str, str | None] = field(default_factory=dict)
@@ -115,13 +116,19 @@ def copier_data(answers: NewAnswers) -> dict:
     if answers.gpu is not None:
         data["gpu"] = detect_gpu() if answers.gpu == "auto" else answers.gpu
     for key in ("model", "image_size", "folds", "epochs", "batch_size", "budget"):
+        if answers.task == "tabular" and key in ("model", "image_size") and getattr(answers, key) is not None:
+            raise KagtplError(f"--{key.replace('_', '-')} is for image competitions; tables get an MLP")
         if getattr(answers, key) is not None:
             data[key] = getattr(answers, key)
+    tabular = answers.task == "tabular"
+    overrides = {**answers.layout, "metric": answers.metric}
     if answers.data is not None:
         data["data_dir"] = str(answers.data.resolve())
-        data.update(layout.detect(answers.data.resolve(), answers.layout))
+        detect = layout.detect_tabular if tabular else layout.detect
+        data.update(detect(answers.data.resolve(), overrides))
     else:
-        data.update({k: v for k, v in answers.layout.items() if v})
+        keys = layout.TABULAR_KEYS if tabular else layout.LAYOUT_KEYS
+        data.update({k: v for k, v in overrides.items() if v and k in keys})
     return data
 
 

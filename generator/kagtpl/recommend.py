@@ -26,11 +26,13 @@ def gpus_table() -> Table:
 
 def recommend_table(task: str, gpu: str, model: str | None, image_size: int, budget: str | None = None) -> Table:
     hw = hardware()
-    if task != "image":
-        raise KagtplError(f"unknown task {task!r}; valid tasks: image")
+    if task not in ("image", "tabular"):
+        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular")
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
     profile = hw.PROFILES[gpu]
+    if task == "tabular":
+        return tabular_table(profile, gpu, budget)
     model = model or ("resnet18" if gpu == "cpu" else "efficientnet_b4")
     rec = hw.recommend(profile, model, image_size)
     title = f"{task} on {profile.label} ({gpu}), {model} ({rec.model_class} model), {image_size} px"
@@ -50,6 +52,28 @@ def recommend_table(task: str, gpu: str, model: str | None, image_size: int, bud
     ]
     rows += budget_rows(gpu, budget)
     for name, value, why in rows:
+        table.add_row(name, str(value), why)
+    return table
+
+
+def tabular_table(profile, gpu: str, budget: str | None) -> Table:
+    hw = hardware()
+    rec = hw.recommend(profile, "mlp", 224)
+    table = Table(title=f"tabular on {profile.label} ({gpu}), an MLP with category embeddings")
+    for col in ("setting", "value", "why"):
+        table.add_column(col)
+    rows = [
+        (
+            "batch_size",
+            hw.tabular_batch(profile, 10**7),
+            f"{hw.tabular_batch_why(profile, 10**7)}; a table of 5,000 rows: {hw.tabular_batch(profile, 5000)}",
+        ),
+        ("batching", "in memory", "the whole table as tensors on the device; batches are slices of a permutation"),
+        ("num_workers", 0, "no per-row Dataset or collate: nothing to parallelise"),
+        ("AMP", rec.amp, rec.why["amp"]),
+        ("target speed", ">= 500 batches/min", "field notes: tabular nets at batch 4096"),
+    ]
+    for name, value, why in rows + budget_rows(gpu, budget):
         table.add_row(name, str(value), why)
     return table
 

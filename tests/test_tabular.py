@@ -1,0 +1,200 @@
+"""--task tabular: detection at generation time, render-and-run of every target layout on CPU,
+preflight errors, and the OOF score against a simple scikit-learn baseline on the same folds."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import run_script
+from kagtpl import demo
+
+pytestmark = pytest.mark.slow
+
+DETECTED = {
+    "binary": ("target", "binary", "probs", "auc", "sample_submission.csv"),
+    "binary-label": ("target", "binary", "label", "accuracy", "gender_submission.csv"),
+    "multiclass": ("label", "multiclass", "probs", "logloss", "sample_submission.csv"),
+    "multiclass-label": ("target", "multiclass", "label", "accuracy", "sample_submission.csv"),
+    "regression": ("target", "regression", "label", "rmse", "sample_submission.csv"),
+}
+
+
+def new_tabular(tmp_path, kind, *flags):
+    data = demo.write_table(tmp_path / "data", kind)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kagtpl",
+            "new",
+            "comp",
+            "--task",
+            "tabular",
+            "--gpu",
+            "cpu",
+            "--data",
+            str(data),
+            "--folds",
+            "3",
+            "--epochs",
+            "30",
+            *flags,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return tmp_path / "comp", data
+
+
+@pytest.mark.parametrize("kind", list(DETECTED))
+def test_tabular_layout_trains_and_submits(tmp_path, kind):
+    project, data = new_tabular(tmp_path, kind)
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    target, problem, submission, metric, sample_name = DETECTED[kind]
+    assert (answers["target"], answers["problem"], answers["submission"], answers["metric"]) == (
+        target,
+        problem,
+        submission,
+        metric,
+    )
+    assert answers["sample_submission"] == sample_name and answers["task"] == "tabular"
+
+    log = run_script(project, "train.py", "--device", "cpu").stdout
+    assert "RESOURCES: " in log and "GPU=none, Mixed Precision=OFF" in log
+    assert "DataLoader: num_workers=0, prefetch_factor=None, persistent_workers=False (in-memory batching" in log
+    assert re.search(r"^Model: mlp \([\d.]+M params, small model\)$", log, re.M)
+    assert re.search(rf"^Epoch 1: Loss=[\d.]+, ValLoss=[\d.]+, {metric.upper()}=[\d.]+, .* GPU=none$", log, re.M)
+    assert re.search(rf"^OOF: {metric}=[\d.]+ over \d+ rows from folds \[0, 1, 2\]$", log, re.M), log[-2000:]
+    pred = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "ENSEMBLE: 3 checkpoint(s), folds [0, 1, 2]" in pred
+
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    sample = pd.read_csv(data / sample_name)
+    assert list(sub.columns) == list(sample.columns)
+    assert sub.iloc[:, 0].astype(str).tolist() == sample.iloc[:, 0].astype(str).tolist()
+    values = sub.iloc[:, 1:]
+    if submission == "probs":
+        assert ((values >= 0) & (values <= 1)).all().all()
+        if values.shape[1] > 1:
+            np.testing.assert_allclose(values.sum(axis=1), 1.0, atol=1e-6)
+    solution = pd.read_csv(tmp_path / "data_solution.csv")
+    truth = solution.iloc[:, 1]
+    if kind == "binary-label" or kind == "multiclass-label":
+        assert set(values.iloc[:, 0].astype(str)) <= set(truth.astype(str)) | set(
+            pd.read_csv(data / "train.csv")[target].astype(str)
+        )
+        assert (values.iloc[:, 0].astype(str).to_numpy() == truth.astype(str).to_numpy()).mean() > 0.8
+    elif kind == "regression":
+        assert np.sqrt(np.mean((values.iloc[:, 0] - truth) ** 2)) < truth.std()  # beats predicting the mean
+
+
+def _baseline_oof(train, target, folds_of, problem):
+    """A simple scikit-learn baseline on the project's own folds: impute + scale + one-hot, then a
+    logistic regression (classes) or ridge (regression)."""
+    from sklearn.compose import make_column_transformer
+    from sklearn.impute import SimpleImputer
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    x = train.drop(columns=[train.columns[0], target])
+    num = [c for c in x.columns if pd.api.types.is_numeric_dtype(x[c])]
+    cat = [c for c in x.columns if c not in num]
+    pre = make_column_transformer(
+        (make_pipeline(SimpleImputer(strategy="median"), StandardScaler()), num),
+        (
+            make_pipeline(
+                SimpleImputer(strategy="constant", fill_value="missing"), OneHotEncoder(handle_unknown="ignore")
+            ),
+            cat,
+        ),
+    )
+    model = make_pipeline(pre, Ridge() if problem == "regression" else LogisticRegression(max_iter=2000))
+    pred = np.zeros(len(train))
+    for fold in sorted(set(folds_of)):
+        trn, val = folds_of != fold, folds_of == fold
+        model.fit(x[trn], train[target][trn])
+        pred[val] = model.predict(x[val]) if problem == "regression" else model.predict_proba(x[val])[:, 1]
+    return pred
+
+
+@pytest.mark.parametrize("kind,metric", [("binary", "auc"), ("regression", "rmse")])
+def test_oof_score_is_competitive_with_a_sklearn_baseline(tmp_path, kind, metric):
+    from sklearn.metrics import mean_squared_error, roc_auc_score
+
+    project, data = new_tabular(tmp_path, kind, "--folds", "5")
+    log = run_script(project, "train.py", "--device", "cpu").stdout
+    ours = float(re.search(rf"^OOF: {metric}=([\d.]+)", log, re.M).group(1))
+    oof = pd.read_csv(project / "output" / "oof.csv")
+    train = pd.read_csv(data / "train.csv")
+    train["row_id"] = train["row_id"].astype(str)
+    folds_of = train["row_id"].map(dict(zip(oof["row_id"].astype(str), oof["fold"], strict=True))).to_numpy()
+    base = _baseline_oof(train, "target", folds_of, "regression" if kind == "regression" else "binary")
+    if kind == "regression":
+        baseline = float(np.sqrt(mean_squared_error(train["target"], base)))
+        print(f"tabular OOF rmse: ours {ours:.4f}, ridge baseline {baseline:.4f}")
+        assert ours <= 1.10 * baseline
+    else:
+        baseline = roc_auc_score(train["target"], base)
+        print(f"tabular OOF auc: ours {ours:.4f}, logistic-regression baseline {baseline:.4f}")
+        assert ours >= baseline - 0.02
+
+
+def _break(data, how):
+    train, test = pd.read_csv(data / "train.csv"), pd.read_csv(data / "test.csv")
+    sample = pd.read_csv(data / "sample_submission.csv")
+    if how == "no_target":
+        train = train.drop(columns=["target"])
+    elif how == "all_nan":
+        train["mean_radius"] = np.nan
+    elif how == "test_missing_column":
+        test = test.drop(columns=["site"])
+    elif how == "test_extra_column":
+        test["leak"] = 1
+    elif how == "unknown_id":
+        sample.loc[3, "row_id"] = "r-nope"
+    train.to_csv(data / "train.csv", index=False)
+    test.to_csv(data / "test.csv", index=False)
+    sample.to_csv(data / "sample_submission.csv", index=False)
+
+
+@pytest.mark.parametrize(
+    "how,message",
+    [
+        ("no_target", r"train\.csv: target column 'target' missing"),
+        ("all_nan", r"train\.csv: column 'mean_radius' is all NaN"),
+        ("test_missing_column", r"test\.csv: column 'site' of train\.csv is missing"),
+        ("test_extra_column", r"test\.csv: column 'leak' is not a feature of train\.csv"),
+        ("unknown_id", r"sample_submission\.csv line 5: id 'r-nope' is not in test\.csv"),
+    ],
+)
+def test_tabular_preflight_names_the_column(tmp_path, how, message):
+    project, data = new_tabular(tmp_path, "binary")
+    _break(data, how)
+    r = run_script(project, "train.py", "--device", "cpu", "--dry-run", check=False)
+    assert r.returncode == 1 and re.search("PREFLIGHT ERROR: .*" + message, r.stderr), r.stderr
+    assert "Epoch" not in r.stdout
+
+
+def test_unseen_categories_and_partial_folds(tmp_path):
+    project, data = new_tabular(tmp_path, "binary")
+    test = pd.read_csv(data / "test.csv")
+    test.loc[:5, "grade"] = "never-seen-in-train"
+    test.to_csv(data / "test.csv", index=False)
+    run_script(project, "train.py", "--device", "cpu", "--epochs", "3")
+    (project / "output" / "model_fold1.pth").unlink()
+    (project / "output" / "model_fold2.pth").write_bytes(b"corrupt")
+    pred = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in pred and "WARNING: skipping" in pred
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    assert sub["target"].between(0, 1).all() and len(sub) == len(test)
