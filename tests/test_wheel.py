@@ -33,10 +33,11 @@ def test_wheel_carries_the_template(wheel):
         "kagtpl/cli.py",
         "kagtpl/data/digits.npz",
         "kagtpl/_template/copier.yml",
-        "kagtpl/_template/template/train.py.jinja",
+        "kagtpl/_template/template/{% if task == 'image' %}train.py{% endif %}.jinja",
         "kagtpl/_template/template/kit.py",
         "kagtpl/_template/template/hardware.py",
-        "kagtpl/_template/template/predict.py",
+        "kagtpl/_template/template/{% if task == 'tabular' %}predict.py{% endif %}",
+        "kagtpl/_template.bundle",
     ):
         assert name in names
 
@@ -49,7 +50,7 @@ def test_new_from_installed_wheel(wheel, tmp_path):
         capture_output=True,
         timeout=300,
     )
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**os.environ, "PYTHONPATH": str(site), "KAGTPL_HOME": str(tmp_path / "home")}
     r = subprocess.run(
         [sys.executable, "-m", "kagtpl", "new", "from-wheel", "--task", "image", "--gpu", "t4"],
         cwd=tmp_path,
@@ -60,5 +61,8 @@ def test_new_from_installed_wheel(wheel, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     answers = yaml.safe_load((tmp_path / "from-wheel" / ".copier-answers.yml").read_text())
-    assert answers["_src_path"] == str(site / "kagtpl" / "_template")
-    assert (tmp_path / "from-wheel" / "kit.py").read_text() == (ROOT / "template" / "kit.py").read_text()
+    # rendered from the wheel's git bundle, copied to a stable per-user path (not the checkout)
+    assert answers["_src_path"] == str(tmp_path / "home" / "template.bundle")
+    assert answers["_commit"]
+    committed = subprocess.run(["git", "show", "HEAD:template/kit.py"], cwd=ROOT, capture_output=True, text=True)
+    assert (tmp_path / "from-wheel" / "kit.py").read_text() == committed.stdout

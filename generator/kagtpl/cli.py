@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from kagtpl import __version__, demo, project, recommend
+from kagtpl import __version__, demo, project, recommend, update
 from kagtpl.errors import KagtplError
 
 app = typer.Typer(
@@ -157,3 +157,38 @@ def demo_cmd(
 ) -> None:
     """End to end on CPU: write the built-in digits dataset, render, train, predict, score."""
     demo.run_demo(dest.resolve(), force)
+
+
+@app.command("update")
+@boundary
+def update_cmd(
+    path: Annotated[Path, typer.Argument(help="The project (a git repository with no uncommitted changes).")] = Path(
+        "."
+    ),
+    to: Annotated[Optional[str], typer.Option(help="Template version, e.g. 0.2.0 (default: this kagtpl's).")] = None,
+    data: Annotated[
+        Optional[list[str]], typer.Option(help="Change an answer, e.g. --data gpu=a100-80 (repeatable).")
+    ] = None,
+) -> None:
+    """Merge a newer template into an existing project, keeping your edits; exit 1 on conflicts."""
+    old, new, conflicts = update.update_project(update.UpdateRequest(path, to, update.parse_data(data or [])))
+    print(f"Updated {path.resolve()} from template {old} to {new}")
+    if conflicts:
+        raise KagtplError(
+            f"the update left conflicts in {', '.join(conflicts)}: resolve the <<<<<<< / >>>>>>> blocks (and *.rej), "
+            "then commit; or undo it all with git reset --hard && git clean -fd"
+        )
+    print("No conflicts. Review with git diff, then commit.")
+
+
+@app.command("check")
+@boundary
+def check_cmd(
+    path: Annotated[Path, typer.Argument(help="The project.")] = Path("."),
+) -> None:
+    """Say whether a newer template version than the project's exists."""
+    current, newer = update.check_project(path)
+    if newer:
+        print(f"Template {newer} is available (project is on {current}): run kagtpl update {path}")
+    else:
+        print(f"Up to date: the project is on template {current}")

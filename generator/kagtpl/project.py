@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kagtpl import layout
 from kagtpl.errors import KagtplError
-from kagtpl.template import hardware, is_git_checkout, template_root
+from kagtpl.template import hardware, source
 
 TASKS = ("image", "tabular")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -137,7 +137,7 @@ def render(answers: NewAnswers, data: dict) -> Path:
     import copier
     from copier.errors import CopierError, DirtyLocalWarning
 
-    root = template_root()
+    src = source()
     target = answers.target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{answers.name}.") as tmp:
@@ -146,13 +146,13 @@ def render(answers: NewAnswers, data: dict) -> Path:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DirtyLocalWarning)  # a source checkout with uncommitted changes
                 copier.run_copy(
-                    str(root),
+                    src.path,
                     staging,
                     data=data,
                     defaults=not answers.interactive,
                     unsafe=False,
                     quiet=True,
-                    vcs_ref="HEAD" if is_git_checkout(root) else None,
+                    vcs_ref=src.ref,
                 )
         except (CopierError, ValueError) as e:
             raise KagtplError(f"copier could not render the template: {str(e).splitlines()[0]}") from e

@@ -1,19 +1,41 @@
-"""Where the Copier template lives, and the template's own hardware rules."""
+"""Where the Copier template comes from, and the template's own hardware rules.
+
+Template versions are kagtpl versions: release v0.2.0 is the git tag `v0.2.0` of the kagtpl
+repository. Three sources, in this order:
+
+- a source checkout (this file sits in the repo's generator/kagtpl/): the repo itself, at HEAD
+  with any uncommitted changes (for developing the template);
+- an installed wheel: the git bundle `kagtpl/_template.bundle` that the build put in the wheel,
+  holding every released version as a tag. It is copied to a stable per-user path, so the
+  `_src_path` a project records survives upgrades, and refreshed whenever kagtpl runs;
+- a wheel built without git (from an sdist): the plain folder `kagtpl/_template`; projects
+  render but cannot be updated.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from kagtpl import __version__
+
 PACKAGE_DIR = Path(__file__).resolve().parent
+CHECKOUT = PACKAGE_DIR.parent.parent
+PACKAGED_BUNDLE = PACKAGE_DIR / "_template.bundle"
 
 
 def template_root() -> Path:
-    """The folder holding copier.yml: packaged inside the wheel, or the source checkout."""
-    for root in (PACKAGE_DIR / "_template", PACKAGE_DIR.parent.parent):
+    """A folder holding copier.yml and template/ (for reading files, e.g. hardware.py)."""
+    for root in (CHECKOUT, PACKAGE_DIR / "_template"):
         if (root / "copier.yml").is_file() and (root / "template").is_dir():
             return root
     raise FileNotFoundError(f"kagtpl's template is missing next to {PACKAGE_DIR}; reinstall kagtpl")
@@ -21,6 +43,68 @@ def template_root() -> Path:
 
 def is_git_checkout(root: Path) -> bool:
     return (root / ".git").exists()
+
+
+def version_tag(version: str = __version__) -> str:
+    return version if version.startswith("v") or version == "HEAD" else f"v{version}"
+
+
+def stable_bundle_path() -> Path:
+    """Per-user, version-independent: $KAGTPL_HOME, else $XDG_DATA_HOME/kagtpl, else ~/.local/share/kagtpl."""
+    home = os.environ.get("KAGTPL_HOME")
+    if not home:
+        home = str(Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "kagtpl")
+    return Path(home) / "template.bundle"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def refresh_stable_bundle() -> Path | None:
+    """Copy the installed wheel's bundle to the stable path when it differs (after an upgrade)."""
+    if not PACKAGED_BUNDLE.is_file():
+        return None
+    target = stable_bundle_path()
+    if not target.is_file() or _digest(target) != _digest(PACKAGED_BUNDLE):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".template.", suffix=".tmp")
+        os.close(fd)
+        shutil.copyfile(PACKAGED_BUNDLE, tmp)
+        os.replace(tmp, target)
+    return target
+
+
+def tags(src: str) -> list[str]:
+    """Version tags of a git source (repo or bundle), offline."""
+    path = Path(src)
+    cmd = (
+        ["git", "bundle", "list-heads", str(path)] if path.is_file() else ["git", "-C", str(path), "show-ref", "--tags"]
+    )
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    refs = [line.split()[-1] for line in out.splitlines() if " refs/tags/" in line]
+    return [r.removeprefix("refs/tags/") for r in refs if r.removeprefix("refs/tags/").startswith("v")]
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str  # what Copier records as _src_path: absolute and stable
+    ref: str | None  # vcs_ref for a new project; None for a plain folder
+    updatable: bool
+
+
+def source() -> Source:
+    """Where `kagtpl new` renders from (see the module docstring)."""
+    if is_git_checkout(CHECKOUT) and (CHECKOUT / "copier.yml").is_file():
+        return Source(str(CHECKOUT), "HEAD", True)
+    bundle = refresh_stable_bundle()
+    if bundle is not None:
+        tag = version_tag()
+        return Source(str(bundle), tag if tag in tags(str(bundle)) else "HEAD", True)
+    return Source(str(template_root()), None, False)
 
 
 @cache

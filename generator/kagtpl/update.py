@@ -1,0 +1,141 @@
+"""`kagtpl update` and `kagtpl check`: bring a project to a newer template, keeping the user's
+edits, and say loudly when a merge left conflicts (plain `copier update` exits 0 even then)."""
+
+from __future__ import annotations
+
+import subprocess
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from kagtpl import __version__
+from kagtpl.errors import KagtplError
+from kagtpl.template import refresh_stable_bundle, stable_bundle_path, tags, version_tag
+
+ANSWERS = ".copier-answers.yml"
+MARKERS = ("<<<<<<< ", ">>>>>>> ")
+
+
+@dataclass
+class UpdateRequest:
+    path: Path
+    to: str | None = None  # a version (0.2.0 or v0.2.0), HEAD, or None for the installed kagtpl's
+    data: dict[str, str] = field(default_factory=dict)
+
+
+def parse_data(items: list[str]) -> dict[str, str]:
+    data = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise KagtplError(f"--data {item!r}: use key=value, e.g. --data gpu=a100-80")
+        data[key.strip()] = value.strip()
+    return data
+
+
+def git(path: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, check=True).stdout
+
+
+def read_answers(path: Path) -> dict:
+    answers_file = path / ANSWERS
+    if not answers_file.is_file():
+        raise KagtplError(f"{path}: no {ANSWERS}; is this a project made by kagtpl new?")
+    answers = yaml.safe_load(answers_file.read_text()) or {}
+    if not answers.get("_src_path"):
+        raise KagtplError(f"{answers_file}: no _src_path; cannot tell which template it came from")
+    return answers
+
+
+def check_clean_repo(path: Path) -> None:
+    try:
+        top = git(path, "rev-parse", "--show-toplevel").strip()
+    except (OSError, subprocess.CalledProcessError):
+        raise KagtplError(
+            f"{path} is not a git repository: run `git init && git add -A && git commit -m start` there first, "
+            "so an update can be merged and undone"
+        ) from None
+    if git(path, "status", "--porcelain", "--untracked-files=normal").strip():
+        raise KagtplError(f"{top} has uncommitted changes: commit or stash them (git stash), then run kagtpl update")
+
+
+def template_source(answers: dict) -> str:
+    """The recorded _src_path; the stable bundle is refreshed from this kagtpl first."""
+    src = str(answers["_src_path"])
+    if src == str(stable_bundle_path()):
+        refresh_stable_bundle()  # after `pip install -U kagtpl` the stable copy gains the new tags
+    if not Path(src).exists():
+        raise KagtplError(f"template source {src} (the project's _src_path) is missing; reinstall kagtpl")
+    if not answers.get("_commit"):
+        raise KagtplError(
+            f"{ANSWERS} records no _commit: the project was rendered from a plain folder, not a "
+            "versioned template, and cannot be updated"
+        )
+    return src
+
+
+def target_ref(src: str, to: str | None) -> str | None:
+    available = tags(src)
+    if to is not None:
+        ref = version_tag(to)
+        if ref != "HEAD" and ref not in available:
+            raise KagtplError(f"template version {ref} not found; available: {', '.join(available) or 'none'}")
+        return ref
+    mine = version_tag(__version__)
+    return mine if mine in available else None  # None: Copier takes the latest tag
+
+
+def conflicts(path: Path) -> list[str]:
+    """Files an update left with conflict markers, unmerged paths, and *.rej files."""
+    changed = git(path, "status", "--porcelain", "--untracked-files=all").splitlines()
+    found = []
+    for line in changed:
+        status, name = line[:2], line[3:].strip().strip('"')
+        file = path / name
+        if "U" in status or name.endswith(".rej"):
+            found.append(name)
+        elif file.is_file():
+            text = file.read_text(errors="replace")
+            if any(line.startswith(MARKERS) for line in text.splitlines()):
+                found.append(name)
+    return sorted(set(found))
+
+
+def update_project(req: UpdateRequest) -> tuple[str, str, list[str]]:
+    """Run the update; returns (old version, new version, files with conflicts)."""
+    import copier
+    from copier.errors import CopierError, DirtyLocalWarning
+
+    path = req.path.resolve()
+    answers = read_answers(path)
+    check_clean_repo(path)
+    src = template_source(answers)
+    ref = target_ref(src, req.to)
+    old = str(answers.get("_commit"))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DirtyLocalWarning)
+            copier.run_update(path, data=req.data, defaults=True, overwrite=True, vcs_ref=ref, quiet=True, unsafe=False)
+    except (CopierError, ValueError, subprocess.CalledProcessError) as e:
+        raise KagtplError(f"copier update failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    new = str(read_answers(path).get("_commit"))
+    return old, new, conflicts(path)
+
+
+def check_project(path: Path) -> tuple[str, str | None]:
+    """(the project's version, a newer available version or None)."""
+    answers = read_answers(path.resolve())
+    src = template_source(answers)
+    current = str(answers.get("_commit"))
+    available = sorted(tags(src), key=_version_key)
+    newest = available[-1] if available else None
+    if newest is None or _version_key(newest) <= _version_key(current.split("-")[0]):
+        return current, None
+    return current, newest
+
+
+def _version_key(tag: str) -> tuple:
+    parts = tag.lstrip("v").split(".")
+    return tuple(int(p) if p.isdigit() else 0 for p in parts)

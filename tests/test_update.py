@@ -1,0 +1,218 @@
+"""Updating existing projects with real template versions: a temporary git repository of the
+kagtpl source tagged v1 and v2, wheels built from it and installed, `kagtpl new`, user edits,
+then `kagtpl update` and plain `copier update`. All offline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+GIT_ID = ["-c", "user.name=kagtpl test", "-c", "user.email=test@kagtpl.invalid", "-c", "commit.gpgsign=false"]
+# the v2 template change: a new machinery line in kit.py and a changed line in train.py
+KIT_ANCHOR = "GB = 1024**3\n"
+KIT_V2 = "GB = 1024**3\nTEMPLATE_FEATURE_V2 = True  # added in the v2 template\n"
+TRAIN_OLD = 'p.add_argument("--seed", type=int, default=42)'
+TRAIN_V2 = 'p.add_argument("--seed", type=int, default=2024)'
+
+
+def git(cwd, *args):
+    return subprocess.run(["git", *GIT_ID, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def kagtpl(env, cwd, *args, check=True):
+    r = subprocess.run(
+        [sys.executable, "-m", "kagtpl", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    if check and r.returncode != 0:
+        raise AssertionError(f"kagtpl {args} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+class Release:
+    """A copy of the kagtpl source in its own git repository, released as tagged versions."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        files = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()
+        for name in files:
+            if (ROOT / name).is_file():
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, root / name)
+        git(root, "init", "-q", "-b", "main")
+
+    def release(self, version: str, dist: Path) -> Path:
+        init = self.root / "generator" / "kagtpl" / "__init__.py"
+        text = init.read_text()
+        init.write_text(text[: text.index("__version__")] + f'__version__ = "{version}"\n')
+        git(self.root, "add", "-A")
+        git(self.root, "commit", "-q", "-m", f"release {version}")
+        git(self.root, "tag", f"v{version}")
+        subprocess.run(
+            [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(self.root)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        return next(dist.glob(f"kagtpl-{version}-*.whl"))
+
+    def edit(self, path: str, old: str, new: str) -> None:
+        file = self.root / path
+        text = file.read_text()
+        assert old in text
+        file.write_text(text.replace(old, new, 1))
+
+
+def install(wheel: Path, site: Path) -> None:
+    shutil.rmtree(site, ignore_errors=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+IMAGE_TRAIN = "template/{% if task == 'image' %}train.py{% endif %}.jinja"
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory):
+    """Wheels of v1.0.0 and v2.0.0 (whose template changed), built from real tagged commits."""
+    base = tmp_path_factory.mktemp("release")
+    repo = Release(base / "src")
+    v1 = repo.release("1.0.0", base / "dist1")
+    repo.edit("template/kit.py", KIT_ANCHOR, KIT_V2)
+    repo.edit(IMAGE_TRAIN, TRAIN_OLD, TRAIN_V2)
+    v2 = repo.release("2.0.0", base / "dist2")
+    return v1, v2
+
+
+@pytest.fixture()
+def env(tmp_path):
+    site = tmp_path / "site"
+    return site, {**os.environ, "PYTHONPATH": str(site), "KAGTPL_HOME": str(tmp_path / "kagtpl-home")}
+
+
+def new_project(tmp_path, env, wheel):
+    site, environ = env
+    install(wheel, site)
+    kagtpl(environ, tmp_path, "new", "comp", "--task", "image", "--gpu", "t4")
+    project = tmp_path / "comp"
+    git(project, "init", "-q", "-b", "main")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "kagtpl new")
+    return project
+
+
+def test_new_from_wheel_then_update_keeps_user_edits(tmp_path, env, releases):
+    v1, v2 = releases
+    site, environ = env
+    project = new_project(tmp_path, env, v1)
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["_commit"] == "v1.0.0"
+    assert answers["_src_path"] == str(tmp_path / "kagtpl-home" / "template.bundle")  # absolute and stable
+
+    # the user's edits, away from what v2 changes: a train.py default and a new file
+    train = (project / "train.py").read_text()
+    (project / "train.py").write_text(
+        train.replace('default=3, help="epochs without', 'default=7, help="epochs without')
+    )
+    (project / "features.py").write_text("EXTRA = 1\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "my edits")
+
+    install(v2, site)  # pip install -U kagtpl
+    assert "Template v2.0.0 is available (project is on v1.0.0)" in kagtpl(environ, project, "check").stdout
+    r = kagtpl(environ, project, "update")
+    assert "Updated" in r.stdout and "from template v1.0.0 to v2.0.0" in r.stdout and "No conflicts" in r.stdout
+    train = (project / "train.py").read_text()
+    assert 'default=7, help="epochs without' in train  # the user's edit
+    assert TRAIN_V2 in train  # the template's change
+    assert "TEMPLATE_FEATURE_V2 = True" in (project / "kit.py").read_text()
+    assert (project / "features.py").read_text() == "EXTRA = 1\n"
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v2.0.0"
+    assert "Up to date: the project is on template v2.0.0" in kagtpl(environ, project, "check").stdout
+
+
+def test_conflict_exits_nonzero_and_names_the_file(tmp_path, env, releases):
+    v1, v2 = releases
+    site, environ = env
+    project = new_project(tmp_path, env, v1)
+    train = (project / "train.py").read_text()
+    (project / "train.py").write_text(train.replace(TRAIN_OLD, 'p.add_argument("--seed", type=int, default=7)'))
+    git(project, "commit", "-q", "-am", "my seed")
+    install(v2, site)
+    r = kagtpl(environ, project, "update", check=False)
+    assert r.returncode == 1
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: the update left conflicts in train.py") and "git reset --hard" in line
+    assert "<<<<<<< " in (project / "train.py").read_text()
+
+
+def test_dirty_tree_or_no_repo_is_refused_and_nothing_changes(tmp_path, env, releases):
+    v1, v2 = releases
+    site, environ = env
+    project = new_project(tmp_path, env, v1)
+    (project / "train.py").write_text((project / "train.py").read_text() + "# unsaved work\n")
+    install(v2, site)
+    before = {p: p.read_bytes() for p in project.rglob("*") if p.is_file() and ".git" not in p.parts}
+    r = kagtpl(environ, project, "update", check=False)
+    assert r.returncode == 1 and "has uncommitted changes: commit or stash them" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in project.rglob("*") if p.is_file() and ".git" not in p.parts} == before
+
+    shutil.rmtree(project / ".git")
+    r = kagtpl(environ, project, "update", check=False)
+    assert r.returncode == 1 and "is not a git repository: run `git init" in r.stderr
+
+
+def test_changed_answer_rerenders_the_derived_values(tmp_path, env, releases):
+    v1, v2 = releases
+    site, environ = env
+    project = new_project(tmp_path, env, v1)
+    r = kagtpl(environ, project, "update", "--to", "1.0.0", "--data", "gpu=a100-80")
+    assert "No conflicts" in r.stdout
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["gpu"] == "a100-80"
+    assert 'GPU_PROFILE = "a100-80"' in (project / "train.py").read_text()
+    # the batch and workers are derived from GPU_PROFILE by the project's own rules
+    probe = (
+        "import hardware, train; p = hardware.PROFILES[train.GPU_PROFILE]; "
+        "r = hardware.recommend(p, train.MODEL, train.IMAGE_SIZE); print(r.batch_size, r.loader['num_workers'])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=project, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["416", "11"]  # t4 was 64 and 3
+
+
+def test_plain_copier_update_works_too(tmp_path, env, releases):
+    v1, v2 = releases
+    site, environ = env
+    project = new_project(tmp_path, env, v1)
+    install(v2, site)
+    kagtpl(environ, project, "check")  # any kagtpl command refreshes the stable template bundle
+    r = subprocess.run(
+        [sys.executable, "-m", "copier", "update", "--defaults", "--skip-answered"],
+        cwd=project,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "TEMPLATE_FEATURE_V2 = True" in (project / "kit.py").read_text()
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v2.0.0"
