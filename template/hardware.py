@@ -301,3 +301,47 @@ def tabular_batch_why(profile: Profile, n_rows: int) -> str:
         f"{'GPU' if profile.is_gpu else 'CPU'}: {cap}, capped at the power of two <= {n_rows} rows / "
         f"{MIN_TABULAR_STEPS} steps -> {tabular_batch(profile, n_rows)}"
     )
+
+
+# The decision matrix (field notes): GPU memory % after the first steps, by model size class.
+# Target 70-90% for every model; small models may sit at 50-60%.
+TARGET_PCT = {"small": 50.0, "large": 70.0}
+BAND_MAX_PCT = 90.0  # keep ~10% free: a batch right at the limit OOMs later (Lightning #21154)
+DROP_WARNING_POINTS = 20.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    row: str
+    action: str
+    factor: float  # suggested batch multiplier (1 = keep)
+    needed: bool  # action needed (doctor exits 1)
+    optional: bool = False
+
+
+def memory_decision(pct: float, size_class: str) -> Decision:
+    """The row of the matrix for a GPU memory percentage and a 'small' / 'large' model."""
+    small = size_class == "small"
+    if pct < 50:
+        return Decision("< 50%", "double the batch", 2.0, True)
+    if pct < 60:
+        if small:
+            return Decision("50-60%, small model", "proceed (acceptable for a small model)", 1.0, False)
+        return Decision("50-60%, large model", "optionally 1.5x the batch", 1.5, False, optional=True)
+    if pct < 70:
+        if small:
+            return Decision("60-70%, small model", "proceed", 1.0, False)
+        return Decision("60-70%, large model", "proceed (below the 70% target for a large model)", 1.0, False)
+    if pct <= 90:
+        return Decision("70-90%", "proceed (optimal)", 1.0, False)
+    return Decision("> 90%", "proceed (near the limit)", 1.0, False)
+
+
+def memory_drop_warning(before_pct: float, after_pct: float) -> str | None:
+    """A sharp fall between epochs (76% -> 45%): a leak being freed, or the batch changed."""
+    if before_pct - after_pct >= DROP_WARNING_POINTS:
+        return (
+            f"GPU memory fell from {before_pct:.1f}% to {after_pct:.1f}% between epochs: "
+            "a possible leak, or the batch size changed"
+        )
+    return None

@@ -8,6 +8,7 @@ interface that people and agents parse; they are documented in kagtpl's docs/log
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -151,6 +152,14 @@ def memory_used_lines(monitor: GpuMonitor, batch: int) -> list[str]:
     ]
 
 
+def memory_drop_line(before: tuple | None, after: tuple | None) -> str | None:
+    """A WARNING line when GPU memory % falls sharply between epochs (76% -> 45%)."""
+    if before is None or after is None:
+        return None
+    text = hardware.memory_drop_warning(before[2], after[2])
+    return f"WARNING: {text}" if text else None
+
+
 def epoch_line(epoch: int, stats: dict, metric_name: str, monitor: GpuMonitor) -> str:
     return (
         f"Epoch {epoch}: Loss={stats['train_loss']:.4f}, ValLoss={stats['val_loss']:.4f}, "
@@ -160,37 +169,71 @@ def epoch_line(epoch: int, stats: dict, metric_name: str, monitor: GpuMonitor) -
 
 
 class JsonLog:
-    """One JSON object per line in out_dir/train_log.jsonl, for agents and plots."""
+    """One JSON object per line in out_dir/train_log.jsonl, for agents and plots; this run's
+    records are also kept in `records` (the report picture is drawn from them)."""
 
     def __init__(self, path: Path):
-        self.path = path
+        self.path, self.records = path, []
 
     def write(self, **record) -> None:
+        self.records.append(record)
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def write_report(records: list[dict], path: Path, title: str) -> None:
+    """The run's picture (report.py): loss, metric and GPU memory % per epoch per fold."""
+    if not records:
+        return
+    try:
+        import report
+
+        print(f"REPORT: {report.plot(records, path, title)}")
+    except ImportError as e:  # matplotlib is optional for training itself
+        print(f"WARNING: no report picture ({e}); pip install matplotlib")
 
 
 # ----------------------------------------------------------------------------- training loop
 
 
-def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, accum, on_first_step=None, should_stop=None):
+def run_epoch(
+    batches, n, batch_loss, optimizer, scheduler, amp, accum, on_first_step=None, should_stop=None, micro=None
+):
     """One training pass over the first `n` of `batches` with gradient accumulation.
 
-    `batch_loss(batch)` is the competition code: it returns (mean loss, batch size) under
-    autocast. Each accumulation group's loss is divided by the group's own size, so a last
-    partial group steps the optimizer too, with a correctly scaled gradient. `on_first_step()`
-    runs once after the first optimizer step (the GPU memory lines); `should_stop(i)` is asked
-    after every batch (the time budget's deadline, SIGTERM). Returns (mean loss, samples seen).
+    `batch_loss(batch)` is the competition code: it returns (mean loss, rows) under autocast.
+    Each accumulation group's loss is divided by the group's own size, so a last partial group
+    steps the optimizer too, with a correctly scaled gradient. On a CUDA out-of-memory error the
+    batch is redone as 2 (then 4, ...) micro-batches: the micro-batch halves, the accumulation
+    doubles, the effective batch stays; `micro` ({"parts": 1}) carries that across epochs.
+    `on_first_step()` runs once after the first optimizer step (the GPU memory lines);
+    `should_stop(i)` is asked after every batch (the time budget's deadline, SIGTERM).
+    Returns (mean loss, samples seen).
     """
+    micro = micro if micro is not None else {"parts": 1}
     total, seen = None, 0
     optimizer.zero_grad(set_to_none=True)
     for i, batch in enumerate(batches):
         if i >= n:
             break
         group = min(accum, n - (i // accum) * accum)
-        with amp.autocast():
-            loss, size = batch_loss(batch)
-        amp.backward(loss / group)
+        while True:
+            try:
+                loss, size = _backward(batch, batch_loss, amp, group, micro["parts"])
+                break
+            except torch.OutOfMemoryError:
+                optimizer.zero_grad(set_to_none=True)  # the group's partial gradients are dropped
+                free_gpu_memory()
+                rows, parts = batch_rows(batch), micro["parts"]
+                if parts * 2 > rows:
+                    raise
+                micro["parts"] = parts * 2
+                print(
+                    f"OOM: batch of {rows} did not fit at step {i}: micro-batch {-(-rows // parts)} -> "
+                    f"{-(-rows // (2 * parts))}, accumulation {accum * parts} -> {accum * parts * 2}, "
+                    f"effective batch {rows * accum} unchanged",
+                    flush=True,
+                )
         if (i + 1) % accum == 0 or i + 1 == n:
             amp.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
@@ -198,12 +241,112 @@ def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, accum, on_first
             if on_first_step is not None:
                 on_first_step()
                 on_first_step = None
-        # summed on the device: no .item() sync per step
-        total = loss.detach().float() * size if total is None else total + loss.detach().float() * size
+        total = loss * size if total is None else total + loss * size  # on the device: no .item() sync
         seen += size
         if should_stop is not None and should_stop(i):
             break
     return (0.0 if total is None else (total / max(seen, 1)).item()), seen
+
+
+def batch_rows(batch) -> int:
+    return len(batch) if isinstance(batch, torch.Tensor) else batch_rows(batch[0])
+
+
+def split_batch(batch, parts: int) -> list:
+    """A batch (a tensor, or a tuple/list of them) cut into `parts` pieces along the rows."""
+    if isinstance(batch, torch.Tensor):
+        return list(torch.tensor_split(batch, parts))
+    pieces = [split_batch(b, parts) for b in batch]
+    return [type(batch)(p[k] for p in pieces) for k in range(parts)]
+
+
+def _backward(batch, batch_loss, amp, group: int, parts: int):
+    """Backward of one batch, as `parts` micro-batches whose gradients add up to the batch's."""
+    rows, loss_sum, size_sum = batch_rows(batch), None, 0
+    for piece in split_batch(batch, parts) if parts > 1 else [batch]:
+        with amp.autocast():
+            loss, size = batch_loss(piece)
+        amp.backward(loss * (size / rows) / group)
+        part = loss.detach().float() * size
+        loss_sum, size_sum = (part if loss_sum is None else loss_sum + part), size_sum + size
+    return loss_sum / size_sum, size_sum
+
+
+def free_gpu_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- batch probe
+
+
+def probe_batch(step, model, optimizer, amp, batch, accum, size_class, monitor, max_batch, lr, log=print):
+    """Grow the batch before the first fold until peak GPU memory reaches the decision matrix's
+    target for the model's size class (small 50%, large 70%), never above 90% (a 10% margin:
+    a batch found right at the limit OOMs later). x2 first, then x1.5; an OOM steps back.
+
+    `step(b)` runs one real training step at micro-batch b. The weights, the optimizer and the
+    GradScaler are restored afterwards: probing does not train the model. Returns
+    (batch, accum, lr): below the intended effective batch, accumulation rises and the micro-batch
+    is the smallest that keeps the effective batch exactly (96 fits, effective 128 -> 64 x 2);
+    at or above it, accumulation is 1 and the LR scales by sqrt(new effective / old) (square-root
+    scaling, the rule for Adam-type optimizers).
+    """
+    target, ceiling = hardware.TARGET_PCT[size_class], hardware.BAND_MAX_PCT
+    saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()), amp.scaler.state_dict())
+    total_gb = None
+
+    def trial(b: int) -> float | None:
+        nonlocal total_gb
+        free_gpu_memory()
+        monitor.reset()
+        try:
+            step(b)
+        except torch.OutOfMemoryError:
+            optimizer.zero_grad(set_to_none=True)
+            free_gpu_memory()
+            log(f"PROBE: batch={b} -> out of memory")
+            return None
+        used, total_gb, pct = monitor.peak()
+        verdict = "over the 90% ceiling" if pct > ceiling else "below target" if pct < target else "in band"
+        log(f"PROBE: batch={b} -> {used:.2f} GB ({pct:.1f}%) {verdict}")
+        return pct
+
+    log(f"BATCH PROBE: {size_class} model, target >= {target:.0f}% of GPU memory, ceiling {ceiling:.0f}%")
+    start, pct = batch, trial(batch)
+    while (pct is None or pct > ceiling) and batch > 1:
+        batch = max(1, batch // 2)
+        pct = trial(batch)
+    if pct is None:
+        raise RuntimeError("not even a batch of 1 fits in GPU memory")
+    while pct < target and batch < max_batch:
+        for factor in (2.0, 1.5):
+            candidate = min(max_batch, hardware.round_batch(batch * factor))
+            if candidate <= batch:
+                continue
+            p = trial(candidate)
+            if p is not None and p <= ceiling:
+                batch, pct = candidate, p
+                break
+        else:
+            break
+    model.load_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    amp.scaler.load_state_dict(saved[2]) if saved[2] else None
+    optimizer.zero_grad(set_to_none=True)
+    effective, best = start * accum, batch
+    if batch < effective:  # memory forces a smaller micro-batch: more accumulation, same effective batch
+        new_accum = math.ceil(effective / batch)
+        batch = math.ceil(effective / new_accum)
+    else:
+        new_accum = 1
+    new_lr = lr * math.sqrt(batch * new_accum / effective) if batch * new_accum > effective else lr
+    log(
+        f"BATCH PROBE: batch {start} x {accum} -> {batch} x {new_accum} (largest in band {best}: {pct:.1f}% of "
+        f"{total_gb:.1f} GB), effective batch {effective} -> {batch * new_accum}, lr {lr:.2e} -> {new_lr:.2e}"
+        + (" (sqrt scaling)" if new_lr != lr else "")
+    )
+    return batch, new_accum, new_lr
 
 
 def count_slices(n: int, batch: int, drop_last: bool) -> int:

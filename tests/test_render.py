@@ -24,6 +24,7 @@ EXPECTED_FILES = {
     "run.py",
     "kit.py",
     "hardware.py",
+    "report.py",
     "tests/test_project.py",
 }
 

@@ -58,6 +58,10 @@ def test_dry_run_then_predict(project, digits_dir):
     assert ckpt["config"]["model"] == "resnet18" and ckpt["config"]["dry_run"] is True
     assert not list((project / "output").glob("*.tmp")) and not list((project / "output").glob(".*.tmp"))
 
+    assert "REPORT: output/train_report.png" in log
+    png = (project / "output" / "train_report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
     pred = run_script(project, "predict.py", *CPU).stdout
     assert "ENSEMBLE: 2 checkpoint(s), folds [0, 1]" in pred
     assert "SUBMISSION: " in pred

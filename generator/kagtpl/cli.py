@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from kagtpl import __version__, demo, project, recommend, update
+from kagtpl import __version__, demo, doctor, project, recommend, update
 from kagtpl.errors import KagtplError
 
 app = typer.Typer(
@@ -192,3 +192,15 @@ def check_cmd(
         print(f"Template {newer} is available (project is on {current}): run kagtpl update {path}")
     else:
         print(f"Up to date: the project is on template {current}")
+
+
+@app.command("doctor")
+@boundary
+def doctor_cmd(
+    log: Annotated[Path, typer.Argument(help="A training log (ours, or any with the field notes' print formats).")],
+    model: Annotated[Optional[str], typer.Option(help="Model name, for logs without a Model: line.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report for agents.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="Also draw loss, metric and GPU memory % to this PNG.")] = None,
+) -> None:
+    """Apply the GPU decision matrix to a log: exit 0 if OK, 1 if action is needed."""
+    raise typer.Exit(doctor.run(log, model, json_out, plot))

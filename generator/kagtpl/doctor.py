@@ -1,0 +1,227 @@
+"""`kagtpl doctor LOG`: the GPU decision matrix applied to any training log with the field
+notes' print formats (RESOURCES:, GPU Memory Used:, Epoch N: ... GPU=xGB (y%)), ours included."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kagtpl.errors import KagtplError
+from kagtpl.template import hardware
+
+RESOURCES = re.compile(r"RESOURCES: (\d+) CPU cores, batch=(\d+), GPU=(.+?), Mixed Precision=(ON|OFF)")
+TOTAL = re.compile(r"^GPU Memory: ([\d.]+) GB")
+LOADER = re.compile(r"DataLoader: num_workers=(\d+), prefetch_factor=(\w+), persistent_workers=(\w+)")
+MODEL = re.compile(r"^Model: (.+)$")
+USED = re.compile(r"GPU Memory Used: ([\d.]+) GB / ([\d.]+) GB \(([\d.]+)%\)")
+EPOCH = re.compile(r"^Epoch (\d+): (.*?)GPU=([\d.]+)GB \(([\d.]+)%\)")
+FOLD = re.compile(r"^FOLD (\d+) \(")
+LOSS = re.compile(r"\bLoss=([\d.]+)")
+VAL_LOSS = re.compile(r"ValLoss=([\d.]+)")
+METRIC = re.compile(r", ([A-Za-z]+)=([\d.]+), LR=")
+THROUGHPUT = re.compile(r"Throughput=([\d.]+) samples/s")
+TASK_SPEED = {"image": 100, "tabular": 500}  # batches per minute the field notes expect
+
+
+@dataclass
+class Log:
+    """What a training log says, line by line: the raw material for a report and a plot."""
+
+    cpus: int | None = None
+    batch: int | None = None
+    gpu: str | None = None
+    amp: str | None = None
+    total_gb: float | None = None
+    workers: int | None = None
+    prefetch: int | None = None
+    persistent: bool | None = None
+    model: str | None = None
+    size_class: str | None = None
+    first_step_pct: float | None = None
+    epochs: list[dict] = field(default_factory=list)
+    tabular: bool = False
+
+
+def parse(text: str) -> Log:
+    log, fold = Log(), 0
+    for line in text.splitlines():
+        line = line.strip()
+        if m := RESOURCES.search(line):
+            log.cpus, log.batch, log.gpu, log.amp = int(m[1]), int(m[2]), m[3], m[4]
+        elif m := TOTAL.search(line):
+            log.total_gb = float(m[1])
+        elif m := LOADER.search(line):
+            log.workers, log.persistent = int(m[1]), m[3] == "True"
+            log.prefetch = int(m[2]) if m[2].isdigit() else None
+            log.tabular = "in-memory batching" in line
+        elif m := MODEL.match(line):
+            log.model, log.size_class = model_class(m[1])
+        elif m := USED.search(line):
+            log.first_step_pct = float(m[3])
+            log.total_gb = log.total_gb or float(m[2])
+        elif m := FOLD.match(line):
+            fold = int(m[1])
+        elif m := EPOCH.match(line):
+            record = {"fold": fold, "epoch": int(m[1]), "gpu_used_gb": float(m[3]), "gpu_pct": float(m[4])}
+            for key, pattern in (("train_loss", LOSS), ("val_loss", VAL_LOSS), ("samples_per_s", THROUGHPUT)):
+                if v := pattern.search(line):
+                    record[key] = float(v[1])
+            if v := METRIC.search(line):
+                record["metric"], record["metric_name"] = float(v[2]), v[1]
+            log.epochs.append(record)
+    return log
+
+
+def model_class(text: str) -> tuple[str, str | None]:
+    """('efficientnet_b4', 'large') from 'efficientnet_b4 (17.6M params, large model)' or 'EfficientNet-B4'."""
+    stated = re.search(r"\b(small|large) model\)", text)
+    name = text.split(" (")[0].strip()
+    key = name.lower().replace("-", "_").replace(" ", "_")
+    if stated:
+        return name, stated[1]
+    words = set(re.split(r"[\W_]+", name.lower()))
+    if words & {"small", "tiny", "mini", "simple"}:
+        return name, "small"
+    known = any(p in key for p in (*hardware().SMALL_PATTERNS, *hardware().LARGE_PATTERNS, *hardware().HEAVY_PATTERNS))
+    return name, hardware().size_class(key) if known else None
+
+
+@dataclass
+class Report:
+    model: str | None
+    size_class: str
+    gpu: str | None
+    total_gb: float | None
+    batch: int | None
+    memory_pct: float | None
+    trend: str
+    row: str
+    action: str
+    new_batch: int | None
+    optional: bool
+    loader_advice: list[str]
+    warnings: list[str]
+    status: str  # "ok" | "action"
+
+    def lines(self) -> list[str]:
+        out = [
+            f"MODEL: {self.model or 'unknown'} ({self.size_class} model: target "
+            f"{'50-60% is fine' if self.size_class == 'small' else '70%+'} of GPU memory)",
+            f"GPU: {self.gpu or 'unknown'}, {self.total_gb or '?'} GB, batch {self.batch or '?'}",
+            f"MEMORY: {self.trend}",
+            f"DECISION: {self.row}: {self.action}",
+        ]
+        out += [f"LOADER: {a}" for a in self.loader_advice]
+        out += [f"WARNING: {w}" for w in self.warnings]
+        out.append(f"STATUS: {'OK' if self.status == 'ok' else 'ACTION NEEDED'}")
+        return out
+
+
+def diagnose(log: Log, model: str | None = None) -> Report:
+    hw = hardware()
+    name, cls = log.model, log.size_class
+    if model:
+        name, cls = model, hw.size_class(model)
+    cls = cls or "large"  # unknown: hold it to the stricter target
+    points = [e["gpu_pct"] for e in log.epochs]
+    pct = points[-1] if points else log.first_step_pct
+    if pct is None:
+        raise KagtplError("the log has no GPU memory line (GPU Memory Used: ... or Epoch N: ... GPU=xGB (y%))")
+    decision = hw.memory_decision(pct, cls)
+    new_batch = None
+    if decision.factor > 1 and log.batch:
+        new_batch = hw.round_batch(log.batch * decision.factor)
+    action = decision.action + (f": batch {log.batch} -> {new_batch}" if new_batch else "")
+    warnings = [w for a, b in zip(points, points[1:], strict=False) if (w := hw.memory_drop_warning(a, b))]
+    return Report(
+        name,
+        cls,
+        log.gpu,
+        log.total_gb,
+        log.batch,
+        pct,
+        trend(log, points),
+        decision.row,
+        action,
+        new_batch,
+        decision.optional,
+        loader_advice(log),
+        warnings,
+        "action" if decision.needed or loader_advice(log) else "ok",
+    )
+
+
+def trend(log: Log, points: list[float]) -> str:
+    if not points:
+        return f"{log.first_step_pct:.1f}% after the first step (no epoch lines yet)"
+    shape = "stable"
+    if points[-1] - points[0] > 5:
+        shape = "rising"
+    elif points[0] - points[-1] > 5:
+        shape = "falling"
+    return (
+        f"{len(points)} epoch lines, first {points[0]:.1f}%, last {points[-1]:.1f}%, "
+        f"min {min(points):.1f}%, max {max(points):.1f}% ({shape})"
+    )
+
+
+def loader_advice(log: Log) -> list[str]:
+    """Input-bound signs: fewer workers than the rule, shallow prefetch, re-forked workers, or
+    fewer batches a minute than the field notes expect."""
+    if log.tabular or log.cpus is None:
+        return []
+    advice = []
+    want = hardware().loader_settings(log.cpus, True)
+    enough = min(8, want["num_workers"])  # the field notes' 8-12; all but one core on small machines
+    if log.workers is not None and log.workers < enough:
+        advice.append(
+            f"num_workers={log.workers} with {log.cpus} CPUs: use {want['num_workers']} "
+            "(min(12, CPUs - 1)) so the GPU does not wait on JPEG decoding"
+        )
+    if log.workers and log.prefetch is not None and log.prefetch < 3:
+        advice.append(f"prefetch_factor={log.prefetch}: use 3-4 batches per worker")
+    if log.workers and log.persistent is False:
+        advice.append("persistent_workers=False: set True (no worker re-fork every epoch)")
+    speeds = [e["samples_per_s"] for e in log.epochs if "samples_per_s" in e]
+    if speeds and log.batch and log.gpu not in (None, "none"):
+        per_min = 60 * speeds[-1] / log.batch
+        if per_min < TASK_SPEED["image"]:
+            advice.append(
+                f"{per_min:.0f} batches/min is below the field notes' {TASK_SPEED['image']}/min for images: "
+                "likely input-bound (decode cache, more workers, smaller images on disk)"
+            )
+    return advice
+
+
+def run(path: Path, model: str | None, as_json: bool, plot: Path | None) -> int:
+    if not path.is_file():
+        raise KagtplError(f"{path}: no such log file")
+    log = parse(path.read_text(errors="replace"))
+    report = diagnose(log, model)
+    if plot is not None:
+        draw(log, plot)
+    if as_json:
+        print(json.dumps(asdict(report), indent=2))
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.status == "ok" else 1
+
+
+def draw(log: Log, path: Path) -> None:
+    import importlib.util
+    import sys
+
+    from kagtpl.template import template_root
+
+    if not log.epochs:
+        raise KagtplError("the log has no Epoch lines to plot")
+    spec = importlib.util.spec_from_file_location("kagtpl_template_report", template_root() / "template" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        module.plot(log.epochs, path, title=f"{log.model or 'model'} on {log.gpu or 'GPU'}")
+    except ImportError as e:
+        raise KagtplError(f"--plot needs matplotlib: pip install matplotlib ({e})") from e

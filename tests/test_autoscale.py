@@ -1,0 +1,175 @@
+"""Batch autoscale and OOM recovery, on CPU, through one seam: a fake peak-memory reader and a
+fake OOM above a batch size. Everything behind the seam (probing, restore, accumulation, LR
+rule, micro-batching) is the generated project's real code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+GB = 1024**3
+
+
+class FakeGpu:
+    """Peak memory grows linearly with the batch; a batch above `oom_above` raises OOM."""
+
+    def __init__(self, gb_per_sample, total_gb=24.0, base_gb=1.0, oom_above=10**9):
+        self.gb_per_sample, self.total, self.base, self.oom_above = gb_per_sample, total_gb, base_gb, oom_above
+        self.last, self.steps = 0, []
+
+    def step(self, batch_fn):
+        def step(b):
+            self.steps.append(b)
+            if b > self.oom_above:
+                raise torch.OutOfMemoryError("fake: CUDA out of memory")
+            self.last = b
+            batch_fn(b)
+
+        return step
+
+    def reader(self):
+        return int((self.base + self.gb_per_sample * self.last) * GB), int(self.total * GB)
+
+
+def setup(project_modules, gpu):
+    _, kit, _ = project_modules
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    amp = kit.Amp("off", torch.device("cpu"))
+    monitor = kit.GpuMonitor(torch.device("cpu"), reader=gpu.reader, reset=lambda: None)
+
+    def real_step(b):
+        x, y = torch.randn(b, 8), torch.randint(0, 3, (b,))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return kit, model, opt, amp, monitor, gpu.step(real_step)
+
+
+@pytest.mark.parametrize(
+    "size_class,gb_per_sample,oom_above,expected,accum,lr",
+    [
+        # large model, 24 GB: 128 -> 7.0 GB (29%) -> 256 (55%) -> 512 (105%, over) -> 384 (80%): in band
+        ("large", 0.045, 10**9, 384, 1, 1e-3 * (384 / 128) ** 0.5),
+        # small model: target 50%: 128 (29%) -> 256 (55%) stops there
+        ("small", 0.045, 10**9, 256, 1, 1e-3 * 2**0.5),
+        # an OOM at 512 and 384: steps back, keeps 256 (55%), below target but the largest that fits
+        ("large", 0.045, 300, 256, 1, 1e-3 * 2**0.5),
+        # the default does not fit: 64 (62%), 96 fits, 128 OOMs: 64 x 2 keeps the effective batch 128
+        ("large", 0.2, 100, 64, 2, 1e-3),
+        # T4 default 64 x 2: grows to 256 (>= the effective 128): accumulation 1, lr x sqrt(2)
+        ("large", 0.06, 10**9, 256, 1, 1e-3 * 2**0.5),
+    ],
+)
+def test_probe_picks_the_batch_in_the_band(project_modules, size_class, gb_per_sample, oom_above, expected, accum, lr):
+    gpu = FakeGpu(gb_per_sample, oom_above=oom_above)
+    kit, model, opt, amp, monitor, step = setup(project_modules, gpu)
+    lines = []
+    start, start_accum = (64, 2) if gb_per_sample == 0.06 else (128, 1)
+    batch, new_accum, new_lr = kit.probe_batch(
+        step, model, opt, amp, start, start_accum, size_class, monitor, 4096, 1e-3, log=lines.append
+    )
+    assert (batch, new_accum) == (expected, accum), lines
+    assert new_lr == pytest.approx(lr)
+    assert lines[0].startswith(f"BATCH PROBE: {size_class} model, target >=")
+    assert any("in band" in x or "below target" in x for x in lines[1:-1])
+    assert lines[-1].startswith(f"BATCH PROBE: batch {start} x {start_accum} -> {expected} x {accum} (")
+
+
+def test_probing_does_not_train_the_model(project_modules):
+    gpu = FakeGpu(0.045)
+    kit, model, opt, amp, monitor, step = setup(project_modules, gpu)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt_before = opt.state_dict()
+    kit.probe_batch(step, model, opt, amp, 128, 1, "large", monitor, 4096, 1e-3, log=lambda _: None)
+    assert len(gpu.steps) >= 3  # real optimizer steps were taken while probing...
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k  # ...and undone: weights and BatchNorm statistics
+    assert opt.state_dict()["state"] == opt_before["state"] == {}
+
+
+def test_oom_mid_epoch_halves_the_micro_batch_and_keeps_the_effective_batch(project_modules, capsys):
+    _, kit, _ = project_modules
+    torch.manual_seed(0)
+    x, y = torch.randn(24, 8), torch.randint(0, 3, (24,))
+    batches = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 24, 8)]
+    model, ref = torch.nn.Linear(8, 3), torch.nn.Linear(8, 3)
+    ref.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    seen_sizes = []
+
+    def batch_loss(batch):  # a fake OOM at batch > 4, from the second batch on (memory got tight)
+        xb, yb = batch
+        seen_sizes.append(len(xb))
+        if len(xb) > 4 and len(seen_sizes) > 1:
+            raise torch.OutOfMemoryError("fake: CUDA out of memory")
+        return torch.nn.functional.cross_entropy(model(xb), yb), len(xb)
+
+    micro = {"parts": 1}
+    loss, seen = kit.run_epoch(batches, 3, batch_loss, opt, sched, kit.Amp("off", torch.device("cpu")), 1, micro=micro)
+    assert seen == 24 and micro["parts"] == 2 and sched.last_epoch == 3  # every batch still stepped
+    assert seen_sizes == [8, 8, 4, 4, 4, 4]
+    out = capsys.readouterr().out
+    assert (
+        "OOM: batch of 8 did not fit at step 1: micro-batch 8 -> 4, accumulation 1 -> 2, effective batch 8 unchanged"
+        in out
+    )
+    # the same three steps with whole batches: identical weights (effective batch unchanged)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for xb, yb in batches:
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(xb), yb).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+
+
+def test_memory_drop_line(project_modules):
+    _, kit, _ = project_modules
+    assert kit.memory_drop_line((18.3, 24.0, 76.3), (10.8, 24.0, 45.0)).startswith(
+        "WARNING: GPU memory fell from 76.3% to 45.0% between epochs"
+    )
+    assert kit.memory_drop_line((18.3, 24.0, 76.3), (17.9, 24.0, 74.6)) is None
+    assert kit.memory_drop_line(None, (1.0, 24.0, 4.0)) is None
+
+
+def test_train_py_autoscale_updates_batch_accumulation_and_lr(project_modules):
+    """The generated train.py's own autoscale(): real steps of a real timm model on CPU, memory
+    from the fake reader; the run's batch, accumulation, LR and saved config follow the probe."""
+    import argparse
+
+    import numpy as np
+
+    train, kit, _ = project_modules
+    images = np.random.default_rng(0).integers(0, 255, (64, 32, 32, 3), dtype=np.uint8)
+    dataset = train.ImageDataset(images, np.arange(64), np.arange(64) % 3, train.make_transforms(32, True, True))
+    model = train.build_model({"model": "resnet18"}, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gpu, sizes = FakeGpu(0.1, total_gb=24.0), []
+
+    def seen(module, inputs, output):  # the fake memory follows the batch the real step ran
+        gpu.last = inputs[0].shape[0]
+        sizes.append(gpu.last)
+
+    model.register_forward_hook(seen)
+    run = {
+        "device": torch.device("cpu"),
+        "channels_last": False,
+        "amp": kit.Amp("off", torch.device("cpu")),
+        "batch_size": 8,
+        "accum_steps": 4,
+        "config": {"batch_size": 8, "accum_steps": 4, "lr": 1e-3},
+        "monitor": kit.GpuMonitor(torch.device("cpu"), reader=gpu.reader, reset=lambda: None),
+    }
+    cfg = argparse.Namespace(model="resnet18", lr=1e-3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train.autoscale(model, opt, dataset, run, cfg)
+    # resnet18 is small (target 50%): 8 -> 1.8 GB (7.5%), x2 -> 16 = max_batch (64 rows // 4)
+    assert sizes == [8, 16] and run["batch_size"] == 16
+    assert run["accum_steps"] == 2 and run["config"]["batch_size"] == 16  # effective batch 32 kept
+    assert cfg.lr == 1e-3 and opt.param_groups[0]["lr"] == 1e-3
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k  # probing trained nothing

@@ -1,0 +1,141 @@
+"""`kagtpl doctor`: the decision matrix on logs, our format and the field notes' (as subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kagtpl.template import hardware
+
+LOGS = Path(__file__).parent / "logs"
+
+
+def doctor(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "kagtpl", "doctor", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def log_with(tmp_path, pct, model="efficientnet_b4 (17.8M params, large model)", batch=128, workers=12, cpus=30):
+    text = (
+        f"RESOURCES: {cpus} CPU cores, batch={batch}, GPU=NVIDIA A10, Mixed Precision=ON\n"
+        f"GPU Memory: 24.0 GB\n"
+        f"DataLoader: num_workers={workers}, prefetch_factor=3, persistent_workers=True\n"
+        f"Model: {model}\n"
+        f"GPU Memory Used: {24 * pct / 100:.2f} GB / 24.0 GB ({pct:.1f}%)\n"
+        f"Epoch 1: Loss=0.5, ValLoss=0.4, Acc=0.9, LR=1e-3, Time=10.0s, Throughput=2000 samples/s, "
+        f"GPU={24 * pct / 100:.2f}GB ({pct:.1f}%)\n"
+    )
+    path = tmp_path / "train.log"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "pct,model,row,action,code",
+    [
+        (34.0, "resnet18 (11.2M params, small model)", "< 50%", "double the batch: batch 128 -> 256", 1),
+        (45.0, "efficientnet_b4 (17.8M params, large model)", "< 50%", "double the batch: batch 128 -> 256", 1),
+        (55.0, "resnet18 (11.2M params, small model)", "50-60%, small model", "proceed", 0),
+        (
+            55.0,
+            "efficientnet_b4 (17.8M params, large model)",
+            "50-60%, large model",
+            "optionally 1.5x the batch: batch 128 -> 192",
+            0,
+        ),
+        (65.0, "resnet18 (11.2M params, small model)", "60-70%, small model", "proceed", 0),
+        (
+            65.0,
+            "efficientnet_b4 (17.8M params, large model)",
+            "60-70%, large model",
+            "proceed (below the 70% target for a large model)",
+            0,
+        ),
+        (80.0, "resnet18 (11.2M params, small model)", "70-90%", "proceed (optimal)", 0),
+        (95.0, "efficientnet_b4 (17.8M params, large model)", "> 90%", "proceed (near the limit)", 0),
+    ],
+)
+def test_every_row_of_the_matrix(tmp_path, pct, model, row, action, code):
+    r = doctor(log_with(tmp_path, pct, model))
+    assert r.returncode == code, r.stdout + r.stderr
+    assert f"DECISION: {row}: {action}" in r.stdout
+    assert ("STATUS: ACTION NEEDED" in r.stdout) == (code == 1)
+
+
+def test_field_notes_b4_at_76_percent_proceeds():
+    r = doctor(LOGS / "field_notes_b4_76.log")
+    assert r.returncode == 0
+    assert "MODEL: EfficientNet-B4 (large model" in r.stdout
+    assert "DECISION: 70-90%: proceed (optimal)" in r.stdout
+    assert "MEMORY: 3 epoch lines, first 75.8%, last 76.3%, min 75.4%, max 76.3% (stable)" in r.stdout
+
+
+def test_field_notes_small_cnn_at_34_percent_doubles():
+    r = doctor(LOGS / "field_notes_small_cnn_34.log")
+    assert r.returncode == 1
+    assert "MODEL: Small CNN (small model" in r.stdout
+    assert "DECISION: < 50%: double the batch: batch 256 -> 512" in r.stdout
+    assert "MEMORY: 34.2% after the first step (no epoch lines yet)" in r.stdout
+
+
+def test_field_notes_b4_at_51_percent_is_an_optional_1_5x():
+    r = doctor(LOGS / "field_notes_b4_51.log")
+    assert r.returncode == 0
+    assert "DECISION: 50-60%, large model: optionally 1.5x the batch: batch 128 -> 192" in r.stdout
+
+
+def test_batch_32_on_an_a100_gets_the_batch_and_the_loader_fixed():
+    r = doctor(LOGS / "field_notes_batch32_a100.log", "--model", "tf_efficientnet_b4_ns")
+    assert r.returncode == 1
+    assert "large model" in r.stdout and "double the batch: batch 32 -> 64" in r.stdout
+    assert "LOADER: num_workers=4 with 30 CPUs: use 12" in r.stdout
+    assert "LOADER: prefetch_factor=2: use 3-4" in r.stdout and "persistent_workers=False" in r.stdout
+
+
+def test_sharp_drop_between_epochs_is_flagged_and_json_for_agents(tmp_path):
+    r = doctor(LOGS / "kagtpl_drop.log", "--json")
+    assert r.returncode == 1  # 45% on a large model: double
+    report = json.loads(r.stdout)
+    assert report["size_class"] == "large" and report["memory_pct"] == 45.2 and report["new_batch"] == 128
+    assert report["status"] == "action" and report["row"] == "< 50%"
+    assert any("fell from 76.0% to 45.0%" in w for w in report["warnings"])
+    assert report["loader_advice"] == []
+
+
+def test_input_bound_throughput_gets_loader_advice(tmp_path):
+    path = log_with(tmp_path, 80.0)
+    path.write_text(path.read_text().replace("Throughput=2000", "Throughput=150"))
+    r = doctor(path)
+    assert r.returncode == 1 and "LOADER: 70 batches/min is below the field notes' 100/min" in r.stdout
+
+
+def test_plot_is_a_real_png(tmp_path):
+    png = tmp_path / "report.png"
+    r = doctor(LOGS / "kagtpl_drop.log", "--plot", png)
+    assert r.returncode == 1, r.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_errors_are_one_red_line(tmp_path):
+    r = doctor(tmp_path / "missing.log")
+    assert r.returncode == 1 and r.stderr.strip() == f"error: {tmp_path / 'missing.log'}: no such log file"
+    empty = tmp_path / "empty.log"
+    empty.write_text("hello\n")
+    r = doctor(empty)
+    assert r.returncode == 1 and "no GPU memory line" in r.stderr
+
+
+def test_matrix_thresholds_are_the_field_notes():
+    hw = hardware()
+    assert hw.TARGET_PCT == {"small": 50.0, "large": 70.0} and hw.BAND_MAX_PCT == 90.0
+    assert hw.memory_drop_warning(76.0, 45.0) and hw.memory_drop_warning(76.0, 72.0) is None
