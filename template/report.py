@@ -16,16 +16,17 @@ def plot(records: list[dict], path: Path, title: str = "training") -> Path:
 
     fig, (ax_loss, ax_metric, ax_mem) = plt.subplots(1, 3, figsize=(15, 4.2))
     folds = sorted({r.get("fold", 0) for r in records})
-    for fold in folds:
+    for k, fold in enumerate(folds):
         rows = [r for r in records if r.get("fold", 0) == fold]
-        epochs = [r["epoch"] for r in rows]
+        epochs, color = [r["epoch"] for r in rows], f"C{k % 10}"
         for key, style in (("train_loss", "-"), ("val_loss", "--")):
             if all(r.get(key) is not None for r in rows):
-                ax_loss.plot(epochs, [r[key] for r in rows], style, label=f"fold {fold} {key.split('_')[0]}")
+                label = f"fold {fold} {key.split('_')[0]}"
+                ax_loss.plot(epochs, [r[key] for r in rows], style, marker="o", ms=3, color=color, label=label)
         if all(r.get("metric") is not None for r in rows):
-            ax_metric.plot(epochs, [r["metric"] for r in rows], label=f"fold {fold}")
+            ax_metric.plot(epochs, [r["metric"] for r in rows], marker="o", ms=3, color=color, label=f"fold {fold}")
         if all(r.get("gpu_pct") is not None for r in rows):
-            ax_mem.plot(epochs, [r["gpu_pct"] for r in rows], marker="o", label=f"fold {fold}")
+            ax_mem.plot(epochs, [r["gpu_pct"] for r in rows], marker="o", color=color, label=f"fold {fold}")
     name = next((r.get("metric_name") for r in records if r.get("metric_name")), "metric")
     ax_loss.set(title="loss", xlabel="epoch")
     ax_metric.set(title=name, xlabel="epoch")
@@ -37,6 +38,7 @@ def plot(records: list[dict], path: Path, title: str = "training") -> Path:
     if not any(r.get("gpu_pct") is not None for r in records):
         ax_mem.text(0.5, 0.5, "no GPU (CPU run)", ha="center", va="center", transform=ax_mem.transAxes)
     for ax in (ax_loss, ax_metric, ax_mem):
+        ax.xaxis.get_major_locator().set_params(integer=True)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)

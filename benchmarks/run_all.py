@@ -1,0 +1,19 @@
+"""Run every benchmark, one after the other (about 8-10 minutes on a 2-core machine):
+
+python benchmarks/run_all.py
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = ["training_loop.py", "tabular_batching.py", "image_pipeline.py", "time_budget.py", "generator_latency.py"]
+
+if __name__ == "__main__":
+    failed = []
+    for script in SCRIPTS:
+        print(f"\n$ python benchmarks/{script}", flush=True)
+        if subprocess.run([sys.executable, script], cwd=HERE).returncode:
+            failed.append(script)
+    sys.exit(f"failed: {', '.join(failed)}" if failed else 0)
