@@ -436,6 +436,28 @@ def fold_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:
     return found
 
 
+def checkpoints_or_exit(out_dir: Path) -> list[tuple[Path, dict]]:
+    """predict.py's start: every loadable fold checkpoint, announced; none at all is an error."""
+    found = fold_checkpoints(out_dir)
+    if not found:
+        raise SystemExit(f"ERROR: no loadable model_fold*.pth in {out_dir}: run train.py first (nothing was written)")
+    names = ", ".join(p.name for p, _ in found)
+    print(f"ENSEMBLE: {len(found)} checkpoint(s), folds {[c.get('fold') for _, c in found]}: {names}")
+    if any(c["config"].get("dry_run") for _, c in found):
+        print("WARNING: dry-run checkpoints (3 batches of training): fine for a smoke test, not for a score")
+    return found
+
+
+def write_submission(sub, sample, kind: str, labels, path: Path, folds: int) -> None:
+    """predict.py's end: check against sample_submission, then write atomically (or exit, writing nothing)."""
+    try:
+        check_submission(sub, sample, kind, labels=labels)
+    except ValueError as e:
+        raise SystemExit(f"ERROR: submission failed its check, not written: {e}") from None
+    write_csv_atomic(sub, path)
+    print(f"SUBMISSION: {path} ({len(sub)} rows, {folds} fold(s) ensembled)")
+
+
 def ensemble(probs: list[np.ndarray]) -> np.ndarray:
     """Mean of the folds' class probabilities, renormalised so every row sums to 1."""
     mean = np.mean(np.stack(probs), axis=0).astype(np.float64)

@@ -12,6 +12,15 @@ import pytest
 from kagtpl import demo
 
 ROOT = Path(__file__).resolve().parents[1]
+# Copier and the update tests commit in temporary repositories: give git an identity on machines
+# that have none configured (a fresh CI machine).
+for _key, _value in (
+    ("GIT_AUTHOR_NAME", "kagtpl tests"),
+    ("GIT_AUTHOR_EMAIL", "tests@kagtpl.invalid"),
+    ("GIT_COMMITTER_NAME", "kagtpl tests"),
+    ("GIT_COMMITTER_EMAIL", "tests@kagtpl.invalid"),
+):
+    os.environ.setdefault(_key, _value)
 # Generated scripts run with this interpreter; keep torch to the 2 cores and quiet.
 RUN_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2", "PYTHONWARNINGS": "ignore"}
 
