@@ -38,7 +38,7 @@ def main() -> None:
         "model": "resnet18",
         "image_size": 32,
         "folds": 5,
-        "epochs": 30,
+        "epochs": 60,
         "data_dir": str(data),
     }
     copier.run_copy(str(ROOT), project, data=answers, defaults=True, vcs_ref="HEAD", quiet=True)
@@ -65,7 +65,7 @@ def main() -> None:
         )
     except (OSError, KeyError, ValueError):
         pass
-    print(f"time budget: 5 folds x 30 epochs of resnet18 (digits, 300 images, CPU), budget {args.budget:g}s")
+    print(f"time budget: 5 folds x 60 epochs of resnet18 (digits, 300 images, CPU), budget {args.budget:g}s")
     print(f"configured plan needed {need:.0f}s = {need / args.budget:.1f}x the budget")
     for line in plan:
         print(f"  {line}")

@@ -181,14 +181,15 @@ class JsonLog:
             f.write(json.dumps(record) + "\n")
 
 
-def write_report(records: list[dict], path: Path, title: str) -> None:
+def write_report(records: list[dict], path: Path, model: str, device: torch.device) -> None:
     """The run's picture (report.py): loss, metric and GPU memory % per epoch per fold."""
     if not records:
         return
+    where = describe_gpu(device)[0] if device.type == "cuda" else "CPU"
     try:
         import report
 
-        print(f"REPORT: {report.plot(records, path, title)}")
+        print(f"REPORT: {report.plot(records, path, f'{model} on {where}')}")
     except ImportError as e:  # matplotlib is optional for training itself
         print(f"WARNING: no report picture ({e}); pip install matplotlib")
 
@@ -635,8 +636,8 @@ class TimePlanner:
 
     The rules (docs/time-budget.md): keep max(15% of the budget, the measured prediction
     estimate) for predict.py; if the plan needs more than 80% of the training time left, cut
-    folds to 3, then epochs by 30% and 50% (never below `min_epochs`), then folds towards 1 (and,
-    at 1, fit the epochs). Re-plan after every epoch with measured times (fit 95%, minimal cuts),
+    folds to 3, then epochs by 30% and 50% (never below `min_epochs`), then folds towards 1 (giving
+    back as many epochs as then fit, up to the plan's), and at 1 fold fit the epochs. Re-plan after every epoch with measured times (fit 95%, minimal cuts),
     and at once if the first fold took > 20% of the budget.
 
     Seam for tests: `clock` (monotonic seconds) and `sync` (torch.cuda.synchronize on CUDA, so
@@ -821,8 +822,11 @@ class TimePlanner:
                         epochs = max(self.min_epochs, round(self.epochs * frac))
             else:
                 epochs = max(self.min_epochs, self._fit_epochs(epoch_s, folds, limit))
-        while not fits(folds, epochs) and folds > self._fold + 1:
-            folds -= 1  # towards 1 fold: keep as many as fit (each fold is a model in the ensemble)
+        if not fits(folds, epochs) and folds > self._fold + 1:
+            while not fits(folds, epochs) and folds > self._fold + 1:
+                folds -= 1  # towards 1 fold: keep as many as fit (each fold is a model in the ensemble)
+            # fewer folds free time: give epochs back, up to the plan's, as many as fit
+            epochs = max(epochs, self._fit_epochs(epoch_s, folds, limit))
         if not fits(folds, epochs):  # last resort: fit this fold's epochs
             epochs = min(epochs, self._fit_epochs(epoch_s, folds, limit))
         cuts = [
