@@ -333,7 +333,8 @@ def probe_batch(step, model, optimizer, amp, batch, accum, size_class, monitor, 
             break
     model.load_state_dict(saved[0])
     optimizer.load_state_dict(saved[1])
-    amp.scaler.load_state_dict(saved[2]) if saved[2] else None
+    if saved[2]:  # an enabled GradScaler (fp16) has state to restore
+        amp.scaler.load_state_dict(saved[2])
     optimizer.zero_grad(set_to_none=True)
     effective, best = start * accum, batch
     if batch < effective:  # memory forces a smaller micro-batch: more accumulation, same effective batch
@@ -636,9 +637,10 @@ class TimePlanner:
 
     The rules (docs/time-budget.md): keep max(15% of the budget, the measured prediction
     estimate) for predict.py; if the plan needs more than 80% of the training time left, cut
-    folds to 3, then epochs by 30% and 50% (never below `min_epochs`), then folds towards 1 (giving
-    back as many epochs as then fit, up to the plan's), and at 1 fold fit the epochs. Re-plan after every epoch with measured times (fit 95%, minimal cuts),
-    and at once if the first fold took > 20% of the budget.
+    folds to 3, then epochs by 30% and 50% (never below `min_epochs`), then folds towards 1
+    (giving back as many epochs as then fit, up to the plan's), and at 1 fold fit the epochs.
+    Re-plan after every epoch with measured times (fit 95%, minimal cuts), and at once if the
+    first fold took > 20% of the budget.
 
     Seam for tests: `clock` (monotonic seconds) and `sync` (torch.cuda.synchronize on CUDA, so
     step timings are real); a fake clock drives every decision deterministically.

@@ -41,15 +41,18 @@ def _pick(data: Path, given: str | None, candidates, what: str, is_ok, task: str
     )
 
 
+def _pick_submission(data: Path, given: str | None, what: str, task: str) -> str:
+    """sample_submission.csv, else the first *submission*.csv (titanic ships gender_submission.csv)."""
+    found = sorted(p.name for p in data.glob("*submission*.csv"))
+    return _pick(data, given, ["sample_submission.csv", *found], what, Path.is_file, task)
+
+
 def detect(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for the layout keys; `overrides` (flags) win over what is found."""
     if not data.is_dir():
         raise KagtplError(f"--data {data}: no such folder")
     o = {k: overrides.get(k) for k in LAYOUT_KEYS}
-    subs = sorted(p.name for p in data.glob("*submission*.csv"))
-    sample = _pick(
-        data, o["sample_submission"], ["sample_submission.csv", *subs], "sample submission CSV", Path.is_file
-    )
+    sample = _pick_submission(data, o["sample_submission"], "sample submission CSV", "an image")
     labels = _pick(data, o["labels_csv"], LABEL_CSVS, "labels CSV", Path.is_file)
     sample_cols, label_cols = _header(data / sample), _header(data / labels)
     if len(sample_cols) < 2:
@@ -129,10 +132,7 @@ def detect_tabular(data: Path, overrides: dict[str, str | None]) -> dict[str, st
     if not data.is_dir():
         raise KagtplError(f"--data {data}: no such folder")
     o = {k: overrides.get(k) for k in TABULAR_KEYS}
-    subs = sorted(p.name for p in data.glob("*submission*.csv"))
-    sample = _pick(
-        data, o["sample_submission"], ["sample_submission.csv", *subs], "submission CSV", Path.is_file, "a table"
-    )
+    sample = _pick_submission(data, o["sample_submission"], "submission CSV", "a table")
     train = _pick(data, o["train_csv"], ("train.csv",), "train.csv", Path.is_file, "a table")
     test = _pick(data, o["test_csv"], ("test.csv",), "test.csv", Path.is_file, "a table")
     sample_cols, train_cols, test_cols = (_header(data / f) for f in (sample, train, test))
