@@ -7,18 +7,24 @@ import importlib
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+MODULES = ("train", "engine", "gpu", "hardware", "planner")
+
+
 def rendered(task: str, **answers):
-    """(train, kit, hardware) modules of a freshly rendered project."""
+    """A namespace of a freshly rendered project's modules: .train, .engine, .gpu, .hardware, .planner
+    (and .images for an image project)."""
     import copier
 
     dest = Path(tempfile.mkdtemp(prefix=f"kagtpl-bench-{task}-")) / "proj"
     data = {"project_name": "bench", "task": task, "gpu": "cpu", **answers}
     copier.run_copy(str(ROOT), dest, data=data, defaults=True, vcs_ref="HEAD", quiet=True)
     sys.path.insert(0, str(dest))
-    for name in ("train", "kit", "hardware"):
+    names = (*MODULES, "images") if task == "image" else MODULES
+    for name in names:
         sys.modules.pop(name, None)
-    return tuple(importlib.import_module(m) for m in ("train", "kit", "hardware"))
+    return SimpleNamespace(**{m: importlib.import_module(m) for m in names})

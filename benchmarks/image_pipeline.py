@@ -50,7 +50,8 @@ def main() -> None:
     p.add_argument("--size", type=int, default=128)
     p.add_argument("--batch", type=int, default=64)
     args = p.parse_args()
-    train, kit, hardware = rendered("image", model="resnet18", image_size=args.size)
+    project = rendered("image", model="resnet18", image_size=args.size)
+    train, images, hardware = project.train, project.images, project.hardware
     tmp = Path(tempfile.mkdtemp(prefix="kagtpl-bench-jpeg-"))
     rng = np.random.default_rng(0)
     paths = []
@@ -66,7 +67,7 @@ def main() -> None:
     tf = train.make_transforms(args.size, True, True)
 
     t0 = time.perf_counter()
-    cache = kit.image_cache(paths, paths, args.size, tmp / "cache", "bench", loader_cfg["num_workers"])
+    cache = images.image_cache(paths, paths, args.size, tmp / "cache", "bench", loader_cfg["num_workers"])
     build = time.perf_counter() - t0
     cached = train.make_loader(
         train.ImageDataset(cache, np.arange(len(paths)), targets, tf), args.batch, True, loader_cfg

@@ -33,15 +33,15 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--batch", type=int, default=4096)
     args = p.parse_args()
-    train, kit, _ = rendered("tabular", problem="binary", metric="auc")
+    project = rendered("tabular", problem="binary", metric="auc")
+    train, engine = project.train, project.engine
     torch.manual_seed(0)
     n, b = args.rows, args.batch
     x_num, x_cat, y = torch.randn(n, 40), torch.randint(0, 20, (n, 5)), torch.randint(0, 2, (n,))
     device = torch.device("cpu")
 
-    def slice_batches():
-        for idx in train.slices(n, b, device, shuffle=True, drop_last=True):
-            yield x_num[idx], x_cat[idx], y[idx]
+    def slice_batches():  # the generated project's in-memory batches
+        return iter(engine.TensorBatches((x_num.to(device), x_cat.to(device), y.to(device)), b, True, True))
 
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(x_num, x_cat, y), batch_size=b, shuffle=True, drop_last=True

@@ -28,7 +28,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    train, kit, hardware = rendered("image", model="resnet18", image_size=args.size)
+    project = rendered("image", model="resnet18", image_size=args.size)
+    train, engine, hardware = project.train, project.engine, project.hardware
     torch.set_num_threads(max(1, hardware.usable_cpus()))
     rng = np.random.default_rng(0)
     images = rng.integers(0, 255, (args.images, args.size, args.size, 3), dtype=np.uint8)  # the decode cache's layout
@@ -46,13 +47,20 @@ def main() -> None:
     def ours(hooks: bool):
         model, opt, sched = fresh()
         loader = train.make_loader(dataset, args.batch, True, loader_cfg)
-        run = {"device": device, "accum_steps": 1, "channels_last": False}
-        amp = kit.Amp("off", device)
-        planner = kit.TimePlanner(None, 1, 2)
+        machine = engine.make_machine(device, "off", loader_cfg, channels_last=False)
+        batching = engine.Batching(args.batch, 1, 1e-3)
+        planner = project.planner.TimePlanner(None, 1, 2)
+
+        def batch_loss(batch):  # what cross_validate gives run_epoch: the Competition's loss, on the device
+            x, y = engine.to_device(batch, machine)
+            return train.loss_fn(model(x), y), len(y)
+
         times = []
         for _ in range(2):
             t0 = time.perf_counter()
-            train.train_one_epoch(model, loader, opt, sched, amp, run, None, None, planner.tick if hooks else None)
+            model.train()
+            stop = planner.tick if hooks else None
+            engine.run_epoch(loader, len(loader), batch_loss, opt, sched, machine.amp, batching, None, stop)
             times.append(time.perf_counter() - t0)
         return times[-1]
 

@@ -8,7 +8,6 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 
@@ -53,6 +52,24 @@ PROFILES: dict[str, Profile] = {
     ]
 }
 KAGGLE_PROFILES = ("t4", "t4x2", "p100")
+
+# The valid range of each numeric setting, stated once: copier.yml's validators, `kagtpl new`
+# and the generated scripts' flags check against these (a test keeps copier.yml in step).
+RANGES = {"image_size": (16, 2048), "folds": (2, 20), "epochs": (1, 1000), "batch_size": (0, 65536)}
+
+
+def on_kaggle() -> bool:
+    """A Kaggle notebook: data read-only under /kaggle/input, outputs kept only in /kaggle/working."""
+    return "KAGGLE_KERNEL_RUN_TYPE" in os.environ
+
+
+def data_and_output_dirs(competition: str, data_dir: str) -> tuple[str, str]:
+    """Where the data is read and everything is written: `data_dir` and output/ here; on Kaggle
+    /kaggle/input/<slug> (mounted read-only) and /kaggle/working (the only folder kept)."""
+    if on_kaggle():
+        return f"/kaggle/input/{competition}", "/kaggle/working"
+    return data_dir, "output"
+
 
 # Batch anchors from the field notes: A10 (24 GB), 224 px, AMP on, EfficientNet-B4/B5 or a
 # ResNet -> 128 (192 aggressive); 384 px -> 64; EfficientNet-B6/B7 -> 64; A100-40 -> 192 (256).
@@ -266,22 +283,6 @@ def profile_from_gpu_name(name: str, memory_gb: float) -> str:
         if key in n:
             return profile
     return "cpu"
-
-
-KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet off
-
-
-def parse_duration(text) -> float | None:
-    """'9h', '45m', '600s', '1h30m' or plain seconds -> seconds; '' / None / 'none' -> None."""
-    if text is None or str(text).strip().lower() in ("", "none", "0"):
-        return None
-    t = str(text).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", t):
-        return float(t)
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
-    if not parts or "".join(n + u for n, u in parts) != t:
-        raise ValueError(f"cannot read budget {text!r}: use e.g. 9h, 45m, 600s, 1h30m or plain seconds")
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
 
 
 # Tables: batch 4096 on a GPU (field notes: tabular nets at 4096, >= 500 batches a minute);

@@ -63,14 +63,31 @@ def project(tmp_path, digits_dir) -> Path:
     return render(tmp_path / "proj", data_dir=str(digits_dir))
 
 
+PROJECT_MODULES = (
+    "train",
+    "engine",
+    "errors",
+    "experiments",
+    "gpu",
+    "hardware",
+    "images",
+    "logs",
+    "planner",
+    "storage",
+    "submission",
+)
+
+
 @pytest.fixture(scope="session")
 def project_modules(tmp_path_factory, digits_dir):
-    """train, kit and hardware imported from one rendered project (for in-process checks)."""
+    """The modules of one rendered image project, imported for in-process checks: m.train, m.engine,
+    m.gpu, m.errors, m.experiments, m.hardware, m.images, m.logs, m.planner, m.storage, m.submission."""
     import importlib
+    from types import SimpleNamespace
 
     proj = render(tmp_path_factory.mktemp("mods") / "proj", data_dir=str(digits_dir))
     sys.path.insert(0, str(proj))
     try:
-        return tuple(importlib.import_module(m) for m in ("train", "kit", "hardware"))
+        return SimpleNamespace(**{m: importlib.import_module(m) for m in PROJECT_MODULES})
     finally:
         sys.path.remove(str(proj))

@@ -4,6 +4,7 @@ rule, micro-batching) is the generated project's real code."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,7 +33,7 @@ class FakeGpu:
 
 
 def setup(project_modules, gpu):
-    _, kit, _ = project_modules
+    kit = project_modules.gpu
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -91,7 +92,7 @@ def test_probing_does_not_train_the_model(project_modules):
 
 
 def test_oom_mid_epoch_halves_the_micro_batch_and_keeps_the_effective_batch(project_modules, capsys):
-    _, kit, _ = project_modules
+    m = project_modules
     torch.manual_seed(0)
     x, y = torch.randn(24, 8), torch.randint(0, 3, (24,))
     batches = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 24, 8)]
@@ -108,9 +109,9 @@ def test_oom_mid_epoch_halves_the_micro_batch_and_keeps_the_effective_batch(proj
             raise torch.OutOfMemoryError("fake: CUDA out of memory")
         return torch.nn.functional.cross_entropy(model(xb), yb), len(xb)
 
-    micro = {"parts": 1}
-    loss, seen = kit.run_epoch(batches, 3, batch_loss, opt, sched, kit.Amp("off", torch.device("cpu")), 1, micro=micro)
-    assert seen == 24 and micro["parts"] == 2 and sched.last_epoch == 3  # every batch still stepped
+    batching = m.engine.Batching(8, 1, 0.5)
+    loss, seen = m.engine.run_epoch(batches, 3, batch_loss, opt, sched, m.gpu.Amp("off", torch.device("cpu")), batching)
+    assert seen == 24 and batching.parts == 2 and sched.last_epoch == 3  # every batch still stepped
     assert seen_sizes == [8, 8, 4, 4, 4, 4]
     out = capsys.readouterr().out
     assert (
@@ -128,7 +129,7 @@ def test_oom_mid_epoch_halves_the_micro_batch_and_keeps_the_effective_batch(proj
 
 
 def test_memory_drop_line(project_modules):
-    _, kit, _ = project_modules
+    kit = project_modules.logs
     assert kit.memory_drop_line((18.3, 24.0, 76.3), (10.8, 24.0, 45.0)).startswith(
         "WARNING: GPU memory fell from 76.3% to 45.0% between epochs"
     )
@@ -136,17 +137,19 @@ def test_memory_drop_line(project_modules):
     assert kit.memory_drop_line(None, (1.0, 24.0, 4.0)) is None
 
 
-def test_train_py_autoscale_updates_batch_accumulation_and_lr(project_modules):
-    """The generated train.py's own autoscale(): real steps of a real timm model on CPU, memory
-    from the fake reader; the run's batch, accumulation, LR and saved config follow the probe."""
-    import argparse
+def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, digits_dir, tmp_path):
+    """The engine's probe hook on the generated train.py's real Competition: real steps of a real
+    timm model on CPU through its own loader and loss, memory from the fake reader; the run's one
+    Batching (batch, accumulation, LR) and the optimizer follow the probe."""
+    import dataclasses
 
-    import numpy as np
-
-    train, kit, _ = project_modules
-    images = np.random.default_rng(0).integers(0, 255, (64, 32, 32, 3), dtype=np.uint8)
-    dataset = train.ImageDataset(images, np.arange(64), np.arange(64) % 3, train.make_transforms(32, True, True))
-    model = train.build_model({"model": "resnet18"}, 3)
+    m = project_modules
+    args = m.train.get_args(["--data-dir", str(digits_dir), "--out-dir", str(tmp_path), "--no-pretrained"])
+    device = torch.device("cpu")
+    machine = m.engine.make_machine(device, "off", m.hardware.loader_settings(1, False), channels_last=False)
+    comp = m.train.Competition(args, machine)
+    fold = comp.fold(0, np.arange(64), np.arange(64, 80))
+    model = comp.build_model(fold)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gpu, sizes = FakeGpu(0.1, total_gb=24.0), []
 
@@ -155,21 +158,15 @@ def test_train_py_autoscale_updates_batch_accumulation_and_lr(project_modules):
         sizes.append(gpu.last)
 
     model.register_forward_hook(seen)
-    run = {
-        "device": torch.device("cpu"),
-        "channels_last": False,
-        "amp": kit.Amp("off", torch.device("cpu")),
-        "batch_size": 8,
-        "accum_steps": 4,
-        "config": {"batch_size": 8, "accum_steps": 4, "lr": 1e-3},
-        "monitor": kit.GpuMonitor(torch.device("cpu"), reader=gpu.reader, reset=lambda: None),
-    }
-    cfg = argparse.Namespace(model="resnet18", lr=1e-3)
+    fake = m.gpu.GpuMonitor(device, reader=gpu.reader, reset=lambda: None)
+    batching = m.engine.Batching(8, 4, 1e-3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    train.autoscale(model, opt, dataset, run, cfg)
+    m.engine.autoscale(comp, fold, 64, model, opt, dataclasses.replace(machine, monitor=fake), batching)
     # resnet18 is small (target 50%): 8 -> 1.8 GB (7.5%), x2 -> 16 = max_batch (64 rows // 4)
-    assert sizes == [8, 16] and run["batch_size"] == 16
-    assert run["accum_steps"] == 2 and run["config"]["batch_size"] == 16  # effective batch 32 kept
-    assert cfg.lr == 1e-3 and opt.param_groups[0]["lr"] == 1e-3
+    assert sizes == [8, 16]
+    assert (batching.size, batching.accum_steps, batching.lr) == (16, 2, 1e-3)  # effective batch 32 kept
+    assert opt.param_groups[0]["lr"] == 1e-3
+    config = m.engine.checkpoint_config(args, machine, batching)
+    assert (config["batch_size"], config["accum_steps"], config["lr"]) == (16, 2, 1e-3)  # derived when saved
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k  # probing trained nothing

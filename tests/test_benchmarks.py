@@ -3,6 +3,7 @@ can rot. They assert no speed (timings here are noisy); docs/performance.md hold
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -26,19 +27,36 @@ def bench(script, *args):
     return r.stdout
 
 
+NUMBER = r"(\d+(?:\.\d+)?)"
+
+
 def test_tabular_batching_smoke():
     out = bench("tabular_batching.py", "--rows", "20000")
-    assert "batching only, batches/s" in out and "MLP epoch" in out and "x" in out
+    ours, loader, ratio = map(
+        float, re.search(rf"batching only, batches/s\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}x", out).groups()
+    )
+    assert ours > 0 and loader > 0 and ratio == pytest.approx(ours / loader, rel=0.05, abs=0.1), out
+    assert re.search(rf"MLP epoch \(fwd\+bwd\+step\), s\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}x", out), out
 
 
 def test_training_loop_smoke():
     out = bench("training_loop.py", "--images", "64", "--size", "32", "--batch", "16", "--rounds", "1")
-    assert "kagtpl train.py loop" in out and "bare PyTorch loop" in out and "vs bare loop" in out
+    rates = {}
+    for name in ("kagtpl train.py loop", "kagtpl loop, no hooks", "bare PyTorch loop"):
+        rate, ratio = map(float, re.search(rf"^{re.escape(name)}\s+{NUMBER}\s+{NUMBER}x$", out, re.M).groups())
+        rates[name] = rate
+        assert rate > 0 and ratio > 0, out
+    bare = rates["bare PyTorch loop"]
+    assert float(re.search(rf"^bare PyTorch loop\s+{NUMBER}\s+{NUMBER}x$", out, re.M).group(2)) == 1.0
+    assert rates["kagtpl train.py loop"] / bare > 0.3  # same work: no order-of-magnitude loss even at this size
 
 
 def test_image_pipeline_smoke():
     out = bench("image_pipeline.py", "--images", "40", "--jpeg-size", "64", "--size", "32", "--batch", "8")
-    assert "decode cache (kagtpl)" in out and "PIL decode every epoch" in out and "ratio:" in out
+    cache = float(re.search(rf"decode cache \(kagtpl\)\s+{NUMBER}", out).group(1))
+    pil = float(re.search(rf"PIL decode every epoch\s+{NUMBER}", out).group(1))
+    ratio = float(re.search(rf"ratio: {NUMBER}x", out).group(1))
+    assert cache > 0 and pil > 0 and ratio == pytest.approx(cache / pil, rel=0.05), out
 
 
 def test_generator_latency_smoke():

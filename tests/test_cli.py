@@ -128,7 +128,7 @@ ERRORS = [
         "does not look like an image competition",
     ),
     (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", str(t / "missing")], "no such folder"),
-    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--folds", "1"], "--folds 1: must be at least 2"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--folds", "1"], "--folds 1: must be between 2 and 20"),
     (lambda t: ["recommend", "--gpu", "tpu"], "unknown GPU 'tpu'"),
     (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--budget", "nine hours"], "--budget: cannot read"),
     (lambda t: ["recommend", "--gpu", "a10", "--budget", "soon"], "--budget: cannot read budget 'soon'"),

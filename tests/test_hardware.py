@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kagtpl.project import detect_gpu
+from kagtpl.new import detect_gpu
 from kagtpl.template import hardware
 
 hw = hardware()

@@ -13,9 +13,9 @@ class Clock:
         return self.t
 
 
-def make(kit, budget, folds=5, epochs=30, **kw):
+def make(planner_module, budget, folds=5, epochs=30, **kw):
     clock, lines = Clock(), []
-    planner = kit.TimePlanner(budget, folds, epochs, clock=clock, log=lines.append, **kw)
+    planner = planner_module.TimePlanner(budget, folds, epochs, clock=clock, log=lines.append, **kw)
     return planner, clock, lines
 
 
@@ -44,8 +44,8 @@ def first_epoch(planner, clock, s_per_step, batches=40, valid_batches=10):
     ],
 )
 def test_plan_cuts_folds_then_epochs_then_folds_to_one(project_modules, s_per_step, folds, epochs, cuts):
-    _, kit, _ = project_modules
-    planner, clock, lines = make(kit, budget=600)
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=600)
     first_epoch(planner, clock, s_per_step)
     assert (planner.folds, planner.epochs) == (folds, epochs), lines
     assert lines[0].startswith(f"TIME ESTIMATE: {s_per_step:.3f} s/step x 40 steps")
@@ -57,8 +57,8 @@ def test_plan_cuts_folds_then_epochs_then_folds_to_one(project_modules, s_per_st
 
 
 def test_epochs_never_cut_below_the_floor_before_folds_go(project_modules):
-    _, kit, _ = project_modules
-    planner, clock, lines = make(kit, budget=600, min_epochs=20)
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=600, min_epochs=20)
     first_epoch(planner, clock, 0.16)  # without the floor: 3 folds x 15 epochs (above)
     # epochs stop at the floor (21 -> 20, not 15), so folds go to 2, which then get epochs back
     assert (planner.folds, planner.epochs) == (2, 26), lines
@@ -66,8 +66,8 @@ def test_epochs_never_cut_below_the_floor_before_folds_go(project_modules):
 
 
 def test_replan_after_a_slow_first_fold(project_modules):
-    _, kit, _ = project_modules
-    planner, clock, lines = make(kit, budget=1000, folds=5, epochs=4)
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=1000, folds=5, epochs=4)
     first_epoch(planner, clock, 0.05)  # the estimate says it fits
     assert (planner.folds, planner.epochs) == (5, 4)
     for epoch in (2, 3, 4):  # then the data loader slows down: 60 s epochs
@@ -82,7 +82,7 @@ def test_replan_after_a_slow_first_fold(project_modules):
     assert not any("(> 20%)" in x for x in lines)
     lines.clear()
 
-    planner2, clock2, lines2 = make(kit, budget=1000, folds=5, epochs=2)
+    planner2, clock2, lines2 = make(plan, budget=1000, folds=5, epochs=2)
     first_epoch(planner2, clock2, 0.05)
     planner2.begin_epoch(40, 10)
     clock2.t += 190  # one very slow epoch: the first fold has used > 20% of the budget
@@ -93,8 +93,8 @@ def test_replan_after_a_slow_first_fold(project_modules):
 
 
 def test_deadline_guard_and_sigterm(project_modules):
-    _, kit, _ = project_modules
-    planner, clock, lines = make(kit, budget=100, folds=1, epochs=30)
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=100, folds=1, epochs=30)
     planner.begin_fold(0)
     for epoch in range(1, 30):
         assert planner.can_start_epoch()
@@ -108,21 +108,21 @@ def test_deadline_guard_and_sigterm(project_modules):
     assert lines[-1].startswith("DEADLINE: ") and "prediction runs next" in lines[-1]
     assert clock.t - 1000 + planner.reserve() <= 100  # the reserve is still there for predict
 
-    mid, mclock, _ = make(kit, budget=100, folds=1, epochs=30)
+    mid, mclock, _ = make(plan, budget=100, folds=1, epochs=30)
     mid.begin_fold(0)
     mid.begin_epoch(1000, 1)
     mclock.t += 86  # inside an epoch, past budget - reserve: stop at the next batch
     assert mid.tick(500) and mid.stop_reason == "deadline"
 
-    sig, _, _ = make(kit, budget=None, folds=1, epochs=3)
+    sig, _, _ = make(plan, budget=None, folds=1, epochs=3)
     assert not sig.tick(0)
     sig.request_stop("SIGTERM")
     assert sig.tick(1) and not sig.can_start_epoch()
 
 
 def test_reserve_covers_the_measured_prediction_time(project_modules):
-    _, kit, _ = project_modules
-    planner, _, _ = make(kit, budget=3600, folds=5, epochs=10, startup_s=8.0)
+    plan = project_modules.planner
+    planner, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
     assert planner.reserve() == pytest.approx(540)  # 15% before anything is measured
     # validation: 2,000 images in 40 s -> 0.02 s/image; test: 10,000 images x 5 folds x 2 TTA views
     planner.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004, model_s=2.0)
@@ -132,8 +132,8 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
 
 
 def test_no_budget_plans_nothing(project_modules):
-    _, kit, _ = project_modules
-    planner, clock, lines = make(kit, budget=None)
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=None)
     first_epoch(planner, clock, 10.0)
     assert (planner.folds, planner.epochs) == (5, 30) and lines == []
     assert planner.status_line().startswith("TIME: elapsed ") and "no budget" in planner.status_line()
@@ -143,12 +143,10 @@ def test_no_budget_plans_nothing(project_modules):
     "text,seconds", [("9h", 32400), ("45m", 2700), ("600s", 600), ("1h30m", 5400), ("90", 90), ("", None), (None, None)]
 )
 def test_parse_duration(project_modules, text, seconds):
-    _, _, hardware = project_modules
-    assert hardware.parse_duration(text) == seconds
+    assert project_modules.planner.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["9 hours", "h", "-5m", "1x"])
 def test_parse_duration_rejects(project_modules, text):
-    _, _, hardware = project_modules
     with pytest.raises(ValueError, match="cannot read budget"):
-        hardware.parse_duration(text)
+        project_modules.planner.parse_duration(text)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import run_script
-from kagtpl import demo
+from kagtpl import table
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ DETECTED = {
 
 
 def new_tabular(tmp_path, kind, *flags):
-    data = demo.write_table(tmp_path / "data", kind)
+    data = table.write_table(tmp_path / "data", kind)
     r = subprocess.run(
         [
             sys.executable,

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from kagtpl import __version__, demo, doctor, project, recommend, update
+from kagtpl import __version__, check, demo, doctor, gpus, new, recommend, table, update
 from kagtpl.errors import KagtplError
 
 app = typer.Typer(
@@ -20,6 +20,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def show(table) -> None:
+    Console(width=160).print(table)
 
 
 def boundary(fn):
@@ -51,9 +55,9 @@ def main(
     """kagtpl: render, train, predict."""
 
 
-@app.command()
+@app.command("new")
 @boundary
-def new(
+def new_cmd(
     name: Annotated[str, typer.Argument(help="Project folder name, e.g. dog-breed.")],
     task: Annotated[Optional[str], typer.Option(help="Competition type: image or tabular.")] = None,
     gpu: Annotated[Optional[str], typer.Option(help="GPU profile (kagtpl gpus), or auto to detect.")] = None,
@@ -97,7 +101,7 @@ def new(
         "target": target,
         "problem": problem,
     }
-    answers = project.NewAnswers(
+    answers = new.NewAnswers(
         name=name,
         task=task,
         gpu=gpu,
@@ -113,15 +117,15 @@ def new(
         force=force,
         layout=overrides,
     )
-    target = project.new_project(answers)
+    target = new.new_project(answers)
     print(f"Created {target}\nNext: cd {target} && python train.py --dry-run && python train.py && python predict.py")
 
 
-@app.command()
+@app.command("gpus")
 @boundary
-def gpus() -> None:
+def gpus_cmd() -> None:
     """List the GPU profiles and what each records."""
-    recommend.show(recommend.gpus_table())
+    show(gpus.gpus_table())
 
 
 @app.command("recommend")
@@ -134,7 +138,7 @@ def recommend_cmd(
     budget: Annotated[Optional[str], typer.Option(help="Time budget: 9h, 45m, 600s (Kaggle GPUs: 9h).")] = None,
 ) -> None:
     """Print the settings kagtpl would choose, and why."""
-    recommend.show(recommend.recommend_table(task, gpu, model, image_size, budget))
+    show(recommend.recommend_table(task, gpu, model, image_size, budget))
 
 
 @app.command("table")
@@ -146,7 +150,7 @@ def table_cmd(
     ] = "binary",
 ) -> None:
     """Write a small real table competition (from scikit-learn's datasets) to try --task tabular on."""
-    print(f"Wrote {demo.write_table(dest.resolve(), kind)}")
+    print(f"Wrote {table.write_table(dest.resolve(), kind)}")
 
 
 @app.command("demo")
@@ -187,7 +191,7 @@ def check_cmd(
     path: Annotated[Path, typer.Argument(help="The project.")] = Path("."),
 ) -> None:
     """Say whether a newer template version than the project's exists."""
-    current, newer = update.check_project(path)
+    current, newer = check.check_project(path)
     if newer:
         print(f"Template {newer} is available (project is on {current}): run kagtpl update {path}")
     else:

@@ -1,27 +1,11 @@
-"""`kagtpl gpus` and `kagtpl recommend`: the template's hardware rules, shown with reasons."""
+"""`kagtpl recommend`: the template's hardware and time-budget rules, shown with reasons."""
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.table import Table
 
 from kagtpl.errors import KagtplError
-from kagtpl.template import hardware
-
-
-def gpus_table() -> Table:
-    hw = hardware()
-    table = Table(title="GPU profiles (kagtpl new --gpu NAME)")
-    for col in ("name", "GPU", "memory", "compute cap.", "native bf16", "AMP", "vCPUs", "note"):
-        table.add_column(col)
-    for p in hw.PROFILES.values():
-        cap = "-" if p.capability is None else f"{p.capability[0]}.{p.capability[1]}"
-        mem = "-" if not p.is_gpu else f"{p.gpus}x {p.memory_gb:g} GB" if p.gpus > 1 else f"{p.memory_gb:g} GB"
-        table.add_row(
-            p.name, p.label, mem, cap, "yes" if p.bf16_native else "no", hw.amp_mode(p.capability), str(p.vcpus), p.note
-        )
-    table.caption = "auto: detect the local GPU with nvidia-smi (cpu when there is none)"
-    return table
+from kagtpl.template import hardware, planner
 
 
 def recommend_table(task: str, gpu: str, model: str | None, image_size: int, budget: str | None = None) -> Table:
@@ -50,7 +34,7 @@ def recommend_table(task: str, gpu: str, model: str | None, image_size: int, bud
         ("AMP", rec.amp, rec.why["amp"]),
         ("channels_last", rec.channels_last, rec.why["channels_last"]),
     ]
-    rows += budget_rows(gpu, budget)
+    rows += budget_rows(gpu, budget, "image")
     for name, value, why in rows:
         table.add_row(name, str(value), why)
     return table
@@ -73,34 +57,41 @@ def tabular_table(profile, gpu: str, budget: str | None) -> Table:
         ("AMP", rec.amp, rec.why["amp"]),
         ("target speed", ">= 500 batches/min", "field notes: tabular nets at batch 4096"),
     ]
-    for name, value, why in rows + budget_rows(gpu, budget):
+    for name, value, why in rows + budget_rows(gpu, budget, "tabular"):
         table.add_row(name, str(value), why)
     return table
 
 
-def budget_rows(gpu: str, budget: str | None) -> list[tuple[str, str, str]]:
-    """The default time plan: the budget, the prediction reserve and what training gets."""
-    hw = hardware()
+def budget_rows(gpu: str, budget: str | None, task: str = "image") -> list[tuple[str, str, str]]:
+    """The default time plan: the budget, the prediction reserve and what training gets, from the
+    template's own planner (planner.py), so these figures are the ones train.py will use."""
+    hw, plan = hardware(), planner()
     if budget is None and gpu in hw.KAGGLE_PROFILES:
-        budget = hw.KAGGLE_BUDGET
+        budget = plan.KAGGLE_BUDGET
     try:
-        seconds = hw.parse_duration(budget)
+        seconds = plan.parse_duration(budget)
     except ValueError as e:
         raise KagtplError(f"--budget: {e}") from None
     if seconds is None:
-        return [("budget", "none", "no time limit: nothing is cut (on Kaggle train.py uses 9h)")]
-    reserve = 0.15 * seconds
+        return [("budget", "none", f"no time limit: nothing is cut (on Kaggle train.py uses {plan.KAGGLE_BUDGET})")]
+    rules = plan.TimePlanner
+    reserve = rules.RESERVE_FRACTION * seconds
+    folds, epochs = plan.DEFAULT_PLAN[task]
     return [
         ("budget", budget, "wall time for train.py + predict.py together (python run.py --budget ...)"),
-        ("reserve", f">= {reserve / 60:.1f} min", "15% of the budget, or the measured prediction estimate if larger"),
+        (
+            "reserve",
+            f">= {reserve / 60:.1f} min",
+            f"{rules.RESERVE_FRACTION:.0%} of the budget, or the measured prediction estimate if larger",
+        ),
         (
             "training",
             f"<= {(seconds - reserve) / 60:.1f} min",
-            "planned to 80%: cut folds 5->3, epochs by 30-50%, then 1 fold",
+            f"planned to {rules.PLAN_FRACTION:.0%}: cut folds {folds}->3, epochs by 30-50%, then 1 fold",
         ),
-        ("plan", "5 folds x 10 epochs", "the defaults; estimated after the first steps, re-planned every epoch"),
+        (
+            "plan",
+            f"{folds} folds x {epochs} epochs",
+            "the defaults; estimated after the first steps, re-planned every epoch",
+        ),
     ]
-
-
-def show(table: Table) -> None:
-    Console(width=160).print(table)

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kagtpl import __version__
+from kagtpl.errors import KagtplError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CHECKOUT = PACKAGE_DIR.parent.parent
@@ -38,7 +39,7 @@ def template_root() -> Path:
     for root in (CHECKOUT, PACKAGE_DIR / "_template"):
         if (root / "copier.yml").is_file() and (root / "template").is_dir():
             return root
-    raise FileNotFoundError(f"kagtpl's template is missing next to {PACKAGE_DIR}; reinstall kagtpl")
+    raise KagtplError(f"kagtpl's template is missing next to {PACKAGE_DIR}; reinstall kagtpl")
 
 
 def is_git_checkout(root: Path) -> bool:
@@ -107,12 +108,43 @@ def source() -> Source:
     return Source(str(template_root()), None, False)
 
 
+# The template's torch-free modules the generator shares, in dependency order: each imports only
+# the ones before it (by plain name, as the generated project does).
+SHARED_MODULES = ("errors", "hardware", "planner")
+
+
 @cache
-def hardware() -> ModuleType:
-    """template/hardware.py: the same GPU table and rules the generated train.py uses."""
-    path = template_root() / "template" / "hardware.py"
-    spec = importlib.util.spec_from_file_location("kagtpl_template_hardware", path)
+def template_module(name: str) -> ModuleType:
+    """A torch-free module of the template (hardware.py, planner.py), loaded from its file, so
+    `kagtpl recommend` and the generated train.py apply the very same rules and numbers."""
+    if name not in SHARED_MODULES:
+        raise KagtplError(f"template module {name!r} is not one the generator shares: {', '.join(SHARED_MODULES)}")
+    path = template_root() / "template" / f"{name}.py"
+    if not path.is_file():
+        raise KagtplError(f"kagtpl's template has no {path.name} (looked in {path.parent}); reinstall kagtpl")
+    siblings = SHARED_MODULES[: SHARED_MODULES.index(name)]
+    spec = importlib.util.spec_from_file_location(f"kagtpl_template_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
+    # its `import hardware` must find the template's hardware.py, not whatever else has that name
+    saved = {n: sys.modules.get(n) for n in siblings}
+    sys.modules.update({n: template_module(n) for n in siblings})
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        for n, previous in saved.items():
+            if previous is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = previous
     return module
+
+
+def hardware() -> ModuleType:
+    """template/hardware.py: the GPU table and rules the generated train.py uses."""
+    return template_module("hardware")
+
+
+def planner() -> ModuleType:
+    """template/planner.py: the time planner's constants and the budget parser."""
+    return template_module("planner")

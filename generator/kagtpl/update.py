@@ -124,18 +124,6 @@ def update_project(req: UpdateRequest) -> tuple[str, str, list[str]]:
     return old, new, conflicts(path)
 
 
-def check_project(path: Path) -> tuple[str, str | None]:
-    """(the project's version, a newer available version or None)."""
-    answers = read_answers(path.resolve())
-    src = template_source(answers)
-    current = str(answers.get("_commit"))
-    available = sorted(tags(src), key=_version_key)
-    newest = available[-1] if available else None
-    if newest is None or _version_key(newest) <= _version_key(current.split("-")[0]):
-        return current, None
-    return current, newest
-
-
-def _version_key(tag: str) -> tuple:
+def version_key(tag: str) -> tuple:
     parts = tag.lstrip("v").split(".")
     return tuple(int(p) if p.isdigit() else 0 for p in parts)

@@ -1,6 +1,7 @@
-"""The generated project's machinery, imported from a rendered project. GPU-only behaviour
-goes through one seam: GpuMonitor's reader (peak bytes, total bytes); the AMP mode comes
-from a compute capability, so any GPU's can be passed in."""
+"""The generated project's machinery modules (gpu, logs, engine, storage, submission, images),
+imported from a rendered project. GPU-only behaviour goes through one seam: GpuMonitor's reader
+(peak bytes, total bytes); the AMP mode comes from a compute capability, so any GPU's can be
+passed in."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ GB = 1024**3
 
 
 def test_gpu_lines_through_a_fake_memory_reader(project_modules):
-    _, kit, _ = project_modules
+    m = project_modules
     resets = []
-    monitor = kit.GpuMonitor(
+    monitor = m.gpu.GpuMonitor(
         torch.device("cpu"), reader=lambda: (int(18.31 * GB), 24 * GB), reset=lambda: resets.append(1)
     )
-    assert kit.memory_used_lines(monitor, 128) == [
+    assert m.logs.memory_used_lines(monitor.peak(), 128) == [
         "GPU Memory Used: 18.31 GB / 24.0 GB (76.3%)",
         "VALIDATION: If <50% memory, batch_size=128 is TOO SMALL - should be 256+",
     ]
@@ -28,7 +29,7 @@ def test_gpu_lines_through_a_fake_memory_reader(project_modules):
     monitor.reset()
     assert resets == [1]
     stats = {"train_loss": 0.5, "val_loss": 0.4, "metric": 0.9, "lr": 1e-3, "time_s": 12.0, "samples_per_s": 800.0}
-    line = kit.epoch_line(3, stats, "Acc", monitor)
+    line = m.logs.epoch_line(3, stats, "Acc", monitor.field())
     assert re.fullmatch(
         r"Epoch 3: Loss=0\.5000, ValLoss=0\.4000, Acc=0\.9000, LR=1\.00e-03, Time=12\.0s, "
         r"Throughput=800 samples/s, GPU=18\.31GB \(76\.3%\)",
@@ -37,12 +38,12 @@ def test_gpu_lines_through_a_fake_memory_reader(project_modules):
 
 
 def test_cpu_lines_are_honest(project_modules):
-    _, kit, hardware = project_modules
-    monitor = kit.GpuMonitor(torch.device("cpu"))
+    m = project_modules
+    monitor = m.gpu.GpuMonitor(torch.device("cpu"))
     assert monitor.peak() is None and monitor.field() == "none"
-    assert kit.memory_used_lines(monitor, 32)[0] == "GPU Memory Used: none (CPU run)"
-    amp = kit.Amp("off", torch.device("cpu"))
-    lines = kit.resource_lines(2, 32, "none", amp, 0.0, hardware.loader_settings(2, False))
+    assert m.logs.memory_used_lines(monitor.peak(), 32)[0] == "GPU Memory Used: none (CPU run)"
+    amp = m.gpu.Amp("off", torch.device("cpu"))
+    lines = m.logs.resource_lines(2, 32, "none", amp.enabled, 0.0, m.hardware.loader_settings(2, False))
     assert lines == [
         "RESOURCES: 2 CPU cores, batch=32, GPU=none, Mixed Precision=OFF",
         "GPU Memory: none",
@@ -51,9 +52,9 @@ def test_cpu_lines_are_honest(project_modules):
 
 
 def test_resource_lines_on_a_gpu(project_modules):
-    _, kit, hardware = project_modules
-    amp = kit.Amp(hardware.amp_mode((8, 6)), torch.device("cpu"))
-    lines = kit.resource_lines(30, 128, "NVIDIA A10", amp, 22.5, hardware.loader_settings(30, True))
+    m = project_modules
+    amp = m.gpu.Amp(m.hardware.amp_mode((8, 6)), torch.device("cpu"))
+    lines = m.logs.resource_lines(30, 128, "NVIDIA A10", amp.enabled, 22.5, m.hardware.loader_settings(30, True))
     assert lines[0] == "RESOURCES: 30 CPU cores, batch=128, GPU=NVIDIA A10, Mixed Precision=ON"
     assert lines[1] == "GPU Memory: 22.5 GB"
     assert lines[2] == "DataLoader: num_workers=12, prefetch_factor=3, persistent_workers=True"
@@ -69,8 +70,8 @@ def test_resource_lines_on_a_gpu(project_modules):
     ],
 )
 def test_amp_policy_from_capability(project_modules, capability, enabled, dtype, scaler):
-    _, kit, hardware = project_modules
-    amp = kit.Amp(hardware.amp_mode(capability), torch.device("cpu"))
+    m = project_modules
+    amp = m.gpu.Amp(m.hardware.amp_mode(capability), torch.device("cpu"))
     assert amp.enabled == enabled and amp.scaler.is_enabled() == scaler
     if enabled:
         assert amp.dtype == dtype
@@ -91,20 +92,25 @@ def _model():
     "accum,groups", [(1, [[0], [1], [2], [3], [4]]), (2, [[0, 1], [2, 3], [4]]), (5, [[0, 1, 2, 3, 4]])]
 )
 def test_accumulation_steps_on_the_last_partial_group_with_the_right_scale(project_modules, accum, groups):
-    train, kit, _ = project_modules
+    m = project_modules
     loader, x, y = _loader(5)
     model, ref = _model(), _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    run = {"device": torch.device("cpu"), "accum_steps": accum, "channels_last": False}
     steps = []
-    train.train_one_epoch(
-        model,
+
+    def batch_loss(batch):  # the image Competition's loss, on this tiny model
+        xb, yb = batch
+        return m.train.loss_fn(model(xb), yb), len(yb)
+
+    m.engine.run_epoch(
         loader,
+        len(loader),
+        batch_loss,
         opt,
         sched,
-        kit.Amp("off", torch.device("cpu")),
-        run,
+        m.gpu.Amp("off", torch.device("cpu")),
+        m.engine.Batching(4, accum, 0.5),
         on_first_step=lambda: steps.append(sched.last_epoch),
     )
     assert sched.last_epoch == len(groups) and steps == [1]
@@ -122,10 +128,10 @@ def test_accumulation_steps_on_the_last_partial_group_with_the_right_scale(proje
 
 
 def test_check_submission_catches_each_mistake(project_modules):
-    _, kit, _ = project_modules
+    check_submission = project_modules.submission.check_submission
     sample = pd.DataFrame({"id": ["a", "b"], "x": [0.5, 0.5], "y": [0.5, 0.5]})
     good = pd.DataFrame({"id": ["a", "b"], "x": [0.2, 0.9], "y": [0.8, 0.1]})
-    kit.check_submission(good, sample, "distribution")
+    check_submission(good, sample, "distribution")
     cases = {
         "columns": good[["id", "y", "x"]],
         "rows": good.iloc[:1],
@@ -135,25 +141,25 @@ def test_check_submission_catches_each_mistake(project_modules):
     }
     for message, bad in cases.items():
         with pytest.raises(ValueError, match=re.escape(message) if message != "id 'b'" else "row 1"):
-            kit.check_submission(bad, sample, "distribution")
+            check_submission(bad, sample, "distribution")
 
 
 def test_check_submission_kinds_for_tables(project_modules):
-    _, kit, _ = project_modules
+    check_submission = project_modules.submission.check_submission
     sample = pd.DataFrame({"id": ["a", "b"], "target": [0.5, 0.5]})
-    kit.check_submission(sample.assign(target=[0.1, 0.9]), sample, "probability")
+    check_submission(sample.assign(target=[0.1, 0.9]), sample, "probability")
     with pytest.raises(ValueError, match="within"):
-        kit.check_submission(sample.assign(target=[0.1, 1.9]), sample, "probability")
-    kit.check_submission(sample.assign(target=[3.5, -2.0]), sample, "number")
+        check_submission(sample.assign(target=[0.1, 1.9]), sample, "probability")
+    check_submission(sample.assign(target=[3.5, -2.0]), sample, "number")
     with pytest.raises(ValueError, match="finite"):
-        kit.check_submission(sample.assign(target=[np.nan, 1.0]), sample, "number")
-    kit.check_submission(sample.assign(target=["cat", "dog"]), sample, "label", labels=["cat", "dog"])
+        check_submission(sample.assign(target=[np.nan, 1.0]), sample, "number")
+    check_submission(sample.assign(target=["cat", "dog"]), sample, "label", labels=["cat", "dog"])
     with pytest.raises(ValueError, match="'cow' is not a class"):
-        kit.check_submission(sample.assign(target=["cat", "cow"]), sample, "label", labels=["cat", "dog"])
+        check_submission(sample.assign(target=["cat", "cow"]), sample, "label", labels=["cat", "dog"])
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(project_modules, tmp_path):
-    _, kit, _ = project_modules
+    storage = project_modules.storage
     target = tmp_path / "submission.csv"
     target.write_text("old")
 
@@ -162,36 +168,39 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(project_modules, tmp
         raise OSError("disk full")
 
     with pytest.raises(OSError):
-        kit.atomic_write(target, broken)
+        storage.atomic_write(target, broken)
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["submission.csv"]
 
 
 def test_ensemble_and_corrupt_checkpoint(project_modules, tmp_path, capsys):
-    _, kit, _ = project_modules
-    kit.save_checkpoint(tmp_path / "model_fold2.pth", torch.nn.Linear(2, 2), {"model": "m"}, ["a", "b"], fold=2)
-    kit.save_checkpoint(tmp_path / "model_fold10.pth", torch.nn.Linear(2, 2), {"model": "m"}, ["a", "b"], fold=10)
+    m = project_modules
+    m.storage.save_checkpoint(tmp_path / "model_fold2.pth", torch.nn.Linear(2, 2), {"model": "m"}, ["a", "b"], fold=2)
+    m.storage.save_checkpoint(tmp_path / "model_fold10.pth", torch.nn.Linear(2, 2), {"model": "m"}, ["a"], fold=10)
     (tmp_path / "model_fold0.pth").write_bytes(b"\x80\x02garbage")
     torch.save({"weights": torch.zeros(1)}, tmp_path / "model_fold1.pth")
-    found = kit.fold_checkpoints(tmp_path)
+    found = m.storage.fold_checkpoints(tmp_path)
     assert [c["fold"] for _, c in found] == [2, 10]
     out = capsys.readouterr().out
     assert "skipping" in out and "model_fold0.pth" in out and "model_fold1.pth" in out
-    probs = kit.ensemble([np.array([[0.2, 0.8]]), np.array([[0.6, 0.4]])])
-    np.testing.assert_allclose(probs, [[0.4, 0.6]])
+    # the mean of the folds' probabilities, as float64; rows that drift from 1 (float32 softmax) are renormalised
+    probs = m.submission.ensemble([np.array([[0.2, 0.8]]), np.array([[0.6, 0.4]]), np.array([[0.1, 0.9]])])
+    np.testing.assert_allclose(probs, [[0.3, 0.7]])
+    drift = m.submission.ensemble([np.array([[0.3, 0.7002]], np.float32)])
+    assert drift.dtype == np.float64 and drift.sum() == pytest.approx(1.0, abs=1e-12)
 
 
 def test_image_cache_names_the_bad_file_and_reuses_the_cache(project_modules, tmp_path, digits_dir):
-    _, kit, _ = project_modules
+    images, errors = project_modules.images, project_modules.errors
     good = sorted((digits_dir / "train").glob("*.jpg"))[:3]
     paths = [str(p) for p in good]
-    arr = kit.image_cache(paths, ["l2", "l3", "l4"], 16, tmp_path / "cache", "train", 0)
+    arr = images.image_cache(paths, ["l2", "l3", "l4"], 16, tmp_path / "cache", "train", 0)
     assert arr.shape == (3, 16, 16, 3) and arr.dtype == np.uint8 and arr.max() > 0
     mtime = (tmp_path / "cache" / "train_16px.u8").stat().st_mtime_ns
-    kit.image_cache(paths, ["l2", "l3", "l4"], 16, tmp_path / "cache", "train", 0)
+    images.image_cache(paths, ["l2", "l3", "l4"], 16, tmp_path / "cache", "train", 0)
     assert (tmp_path / "cache" / "train_16px.u8").stat().st_mtime_ns == mtime  # read, not rebuilt
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"not a jpeg")
     with pytest.raises(
-        kit.DataError, match=r"broken\.jpg: missing or cannot be decoded as an image \(labels.csv line 9\)"
+        errors.DataError, match=r"broken\.jpg: missing or cannot be decoded as an image \(labels.csv line 9\)"
     ):
-        kit.image_cache([*paths, str(bad)], ["a", "b", "c", "labels.csv line 9"], 16, tmp_path / "cache", "x", 0)
+        images.image_cache([*paths, str(bad)], ["a", "b", "c", "labels.csv line 9"], 16, tmp_path / "cache", "x", 0)

@@ -47,7 +47,7 @@ def _pick_submission(data: Path, given: str | None, what: str, task: str) -> str
     return _pick(data, given, ["sample_submission.csv", *found], what, Path.is_file, task)
 
 
-def detect(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
+def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for the layout keys; `overrides` (flags) win over what is found."""
     if not data.is_dir():
         raise KagtplError(f"--data {data}: no such folder")

@@ -12,9 +12,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kagtpl import layout
+from kagtpl import detect
 from kagtpl.errors import KagtplError
-from kagtpl.template import hardware, source
+from kagtpl.template import hardware, planner, source
 
 TASKS = ("image", "tabular")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -60,17 +60,13 @@ def validate_choices(answers: NewAnswers) -> None:
     valid = [*hardware().PROFILES, "auto"]
     if answers.gpu is not None and answers.gpu not in valid:
         raise KagtplError(f"unknown GPU {answers.gpu!r}; valid GPUs: {', '.join(valid)}")
-    for flag, value, low in (
-        ("--image-size", answers.image_size, 16),
-        ("--folds", answers.folds, 2),
-        ("--epochs", answers.epochs, 1),
-        ("--batch-size", answers.batch_size, 0),
-    ):
-        if value is not None and value < low:
-            raise KagtplError(f"{flag} {value}: must be at least {low}")
+    for key, (low, high) in hardware().RANGES.items():
+        value = getattr(answers, key)
+        if value is not None and not low <= value <= high:
+            raise KagtplError(f"--{key.replace('_', '-')} {value}: must be between {low} and {high}")
     if answers.budget is not None:
         try:
-            hardware().parse_duration(answers.budget)
+            planner().parse_duration(answers.budget)
         except ValueError as e:
             raise KagtplError(f"--budget: {e}") from None
 
@@ -124,10 +120,10 @@ def copier_data(answers: NewAnswers) -> dict:
     overrides = {**answers.layout, "metric": answers.metric}
     if answers.data is not None:
         data["data_dir"] = str(answers.data.resolve())
-        detect = layout.detect_tabular if tabular else layout.detect
-        data.update(detect(answers.data.resolve(), overrides))
+        detector = detect.detect_tabular if tabular else detect.detect_image
+        data.update(detector(answers.data.resolve(), overrides))
     else:
-        keys = layout.TABULAR_KEYS if tabular else layout.LAYOUT_KEYS
+        keys = detect.TABULAR_KEYS if tabular else detect.LAYOUT_KEYS
         data.update({k: v for k, v in overrides.items() if v and k in keys})
     return data
 

@@ -1,0 +1,506 @@
+"""kagtpl's cross-validation engine: the fold loop, the epoch loop and everything around them.
+
+train.py holds the competition (data, model, loss, metric, prediction) and hands it to
+`cross_validate`, which owns the rest, once for every task: resume, the time planner with its
+deadline guard and SIGTERM, AMP, gradient accumulation, OOM micro-batching, the batch probe,
+early stopping, atomic checkpoints, OOF files, the JSON log, the report picture, the
+experiments table and every log line. It is machinery: `copier update` improves it, so keep
+your code in train.py and predict.py and updates merge without conflicts.
+
+The competition is a plain object (train.py's `Competition`) with:
+
+    name: str               model name for the Model: line, the report and the experiments table
+    classes: list           saved in every checkpoint; predict.py orders its columns by it
+    id_col: str             the id column of the OOF files
+    oof_columns: list[str]  one name per prediction column in the OOF files
+    metric_name: str        the epoch line's label for the metric ("Acc", "AUC")
+    higher_is_better: bool  for that metric (the experiments table ranks by it)
+    resume_keys: tuple      config keys a finished fold's checkpoint must share to be skipped
+    describe: dict          task and input for the experiments table ({"task": "image", "input": "224px"})
+    test_rows, test_views, decode_s: int, int, float
+                            prediction's work (rows x views, seconds per row to prepare) for the reserve
+    fold(k, trn_idx, val_idx) -> Fold        the fold's rows, with anything fitted on the training part
+    loader(rows, batch, train) -> batches    a sized iterable of batches (tuples of tensors)
+    build_model(fold) -> torch.nn.Module
+    batch_loss(model, batch) -> (mean loss, rows)  the batch is on the device; runs under autocast
+    predict(model, batch) -> Tensor (rows, columns) probabilities or values, one column per oof_columns
+    val_loss(y, pred) -> float               lower is better: early stopping and the best checkpoint
+    score(y, pred) -> dict[str, float]       the figures the OOF line prints; the last is the metric
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+import experiments
+import hardware
+import logs
+import planner as time_planner
+import storage
+from gpu import Amp, GpuMonitor, describe_gpu, free_gpu_memory, probe_batch, resolve_device, seed_everything
+from planner import TimePlanner
+
+
+@dataclass
+class Fold:
+    """One fold's data, as the competition's `fold()` returns it."""
+
+    index: int
+    train: Any  # the training rows, in whatever form the competition's loader takes
+    valid: Any
+    y_valid: np.ndarray  # targets of the validation rows, in order (scored, written to the OOF file)
+    ids_valid: np.ndarray
+    extras: dict = field(default_factory=dict)  # saved beside the weights (a fitted preprocessor's state)
+
+
+@dataclass
+class Batching:
+    """The one home of batch size, accumulation and LR; the probe and OOM recovery change them here."""
+
+    size: int  # rows per forward/backward
+    accum_steps: int  # batches per optimizer step: effective batch = size x accum_steps
+    lr: float  # peak LR for that effective batch
+    parts: int = 1  # OOM recovery: each batch is split into this many micro-batches (doubles on OOM)
+
+    @property
+    def effective(self) -> int:
+        return self.size * self.accum_steps
+
+
+@dataclass
+class Machine:
+    """Where the run trains: device, precision and input pipeline, fixed for the whole run."""
+
+    device: torch.device
+    amp: Amp
+    loader: dict  # DataLoader settings (workers, prefetch, pinning); tables: in-memory
+    channels_last: bool  # NHWC inputs and weights (CNNs on CUDA)
+    monitor: GpuMonitor
+    cpus: int
+
+
+def add_run_flags(p, gpu_profile: str, budget: str) -> None:
+    """The flags every task's train.py shares: hardware, precision, the time budget, dry runs."""
+    p.add_argument("--gpu", default=gpu_profile, choices=sorted(hardware.PROFILES), help="profile for defaults")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--amp",
+        default="auto",
+        choices=["auto", "bf16", "fp16", "fp32", "off"],
+        help="auto: bf16 on compute capability >= 8, fp16 + GradScaler on T4/V100, off on CPU",
+    )
+    p.add_argument("--compile", action="store_true", help="torch.compile: ~20%% faster steps, ~1 min to compile")
+    # time budget: folds and epochs are cut to fit, prediction keeps a reserve (docs/time-budget.md)
+    p.add_argument("--budget", default=budget, help="wall time for train + predict: 9h, 45m, 600s; '' = none")
+    p.add_argument("--start-time", type=float, default=time_planner.PROCESS_START, help="budget start (run.py sets it)")
+    p.add_argument("--dry-run", action="store_true", help="3 batches, 1 epoch, 2 folds: checks the whole path")
+
+
+def begin(args) -> torch.device:
+    """A run's first step: --dry-run's small plan, the output folder, the seed, the device."""
+    if args.dry_run:
+        args.epochs, args.folds = 1, 2
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    seed_everything(args.seed)
+    return resolve_device(args.device)
+
+
+def make_planner(args, machine: Machine) -> TimePlanner:
+    """The run's time planner (planner.py), timing real steps: CUDA is synchronised before each reading."""
+    sync = torch.cuda.synchronize if machine.device.type == "cuda" else None
+    return time_planner.make_planner(args.budget, args.start_time, args.folds, args.epochs, sync)
+
+
+def make_machine(device: torch.device, amp_flag: str, loader: dict, channels_last: bool) -> Machine:
+    """Precision from --amp (auto: bf16 on compute capability >= 8, fp16 + GradScaler on T4/V100)."""
+    capability = describe_gpu(device)[2]
+    mode = amp_flag if amp_flag != "auto" else hardware.amp_mode(capability)
+    if mode == "fp32" and device.type == "cuda":
+        print(f"WARNING: compute capability {capability} has no tensor cores: training in fp32 (AMP off)")
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune the conv kernels once
+    on_cuda = device.type == "cuda"
+    return Machine(
+        device, Amp(mode, device), loader, on_cuda and channels_last, GpuMonitor(device), hardware.usable_cpus()
+    )
+
+
+def print_start(machine: Machine, batching: Batching, why: str) -> None:
+    """The RESOURCES / GPU Memory / DataLoader / BATCH lines every run starts with."""
+    name, total_gb, _ = describe_gpu(machine.device)
+    lines = logs.resource_lines(machine.cpus, batching.size, name, machine.amp.enabled, total_gb, machine.loader)
+    print(*lines, sep="\n")
+    print(
+        f"BATCH: {batching.size} x {batching.accum_steps} accumulation = effective batch {batching.effective} ({why})"
+    )
+
+
+def checkpoint_config(args, machine: Machine, batching: Batching) -> dict:
+    """The resolved config saved in every checkpoint: the flags, with the batch, accumulation and
+    LR actually used (after the probe) and the precision; predict.py rebuilds the model from it."""
+    used = {"batch_size": batching.size, "accum_steps": batching.accum_steps, "lr": batching.lr}
+    return {**vars(args), **used, "amp": machine.amp.mode, "channels_last": machine.channels_last}
+
+
+# ----------------------------------------------------------------------------- cross-validation
+
+
+def cross_validate(comp, splits, args, machine: Machine, batching: Batching, planner: TimePlanner) -> dict:
+    """Train every fold the plan allows, then score the OOF predictions. Returns the OOF scores.
+
+    `splits` is an iterable of (train indices, validation indices), e.g. StratifiedKFold's.
+    `args` carries the run flags the engine reads: out_dir, epochs, patience, weight_decay,
+    compile, autoscale (CUDA only), dry_run and the config saved with each checkpoint.
+    """
+    out = Path(args.out_dir)
+    jlog = logs.JsonLog(out / "train_log.jsonl")
+    trained = []
+    for k, (trn_idx, val_idx) in enumerate(splits):
+        if k >= planner.folds or planner.stop_reason:
+            break
+        path = out / f"model_fold{k}.pth"
+        print(f"FOLD {k} ({k + 1} of {planner.folds}): {len(trn_idx)} train, {len(val_idx)} valid")
+        if storage.fold_is_done(path, checkpoint_config(args, machine, batching), comp.resume_keys):
+            print(f"FOLD {k}: {path.name} is complete, skipping (resume)")
+        else:
+            first = not planner.epoch_s  # the first fold this process trains: probe, Model line, estimate
+            planner.begin_fold(k)
+            fold = comp.fold(k, trn_idx, val_idx)
+            best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, first)
+            planner.end_fold(k, first)
+            print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
+        trained.append(k)
+
+    scores, fold_scores = oof_scores(comp, out, trained)
+    where = describe_gpu(machine.device)[0] if machine.device.type == "cuda" else "CPU"
+    logs.write_report(jlog.records, out / "train_report.png", f"{comp.name} on {where}")
+    experiments.append(
+        out / "experiments.csv",
+        {
+            "git": experiments.git_commit(),
+            **comp.describe,
+            "model": comp.name,
+            "batch": f"{batching.size}x{batching.accum_steps}",
+            "lr": f"{batching.lr:.2e}",
+            "folds_planned": args.folds,
+            "folds_done": len(fold_scores),
+            "epochs_planned": args.epochs,
+            "epochs_done": " ".join(str(sum(r["fold"] == k for r in jlog.records)) for k in trained),
+            "metric": comp.metric_name,
+            "higher_is_better": comp.higher_is_better,
+            "cv": f"{list(scores.values())[-1]:.5f}" if scores else "",
+            "fold_scores": " ".join(f"{s:.4f}" for s in fold_scores),
+            "wall_s": f"{planner.elapsed():.0f}",
+            "stop": planner.stop_reason or ("dry run" if args.dry_run else "done"),
+        },
+    )
+    if planner.stop_reason:
+        print(f"STOPPED: {planner.stop_reason}; exiting 0 so predict.py runs on the checkpoints there are")
+    print(f"DONE: {len(trained)} folds in {planner.elapsed():.1f}s; next: python predict.py")
+    return scores
+
+
+def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog, first: bool) -> float:
+    """Train one fold and keep its best epoch in model_fold{k}.pth; returns its best val loss."""
+    out, monitor, k = Path(args.out_dir), machine.monitor, fold.index
+    ckpt_path = out / f"model_fold{k}.pth"
+
+    t_model = time.time()
+    model = comp.build_model(fold).to(machine.device)
+    model_s = time.time() - t_model  # predict.py builds one model per fold: part of the reserve
+    if machine.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if first:
+        print(logs.model_line(comp.name, sum(p.numel() for p in model.parameters()) / 1e6))
+    if args.compile:
+        model = torch.compile(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=batching.lr, weight_decay=args.weight_decay)
+    if first and getattr(args, "autoscale", False) and machine.device.type == "cuda":
+        autoscale(comp, fold, n_train, model, optimizer, machine, batching)
+
+    train_batches = comp.loader(fold.train, batching.size, train=True)
+    valid_batches = comp.loader(fold.valid, batching.size * 2, train=False)  # no gradients: twice the rows
+    n_batches = min(len(train_batches), 3 if args.dry_run else len(train_batches))
+    scheduler = warmup_cosine(optimizer, math.ceil(n_batches / batching.accum_steps), lambda: planner.epochs)
+
+    def batch_loss(batch):
+        return comp.batch_loss(model, to_device(batch, machine))
+
+    def first_step():
+        print(*logs.memory_used_lines(monitor.peak(), batching.size), sep="\n")
+
+    best, bad_epochs, saved, last_peak = math.inf, 0, False, None
+    on_first_step = first_step if first else None
+
+    def save(epoch: int, **meta) -> None:
+        config = checkpoint_config(args, machine, batching)
+        storage.save_checkpoint(ckpt_path, model, config, comp.classes, fold=k, epoch=epoch, **meta, **fold.extras)
+
+    for epoch in range(1, args.epochs + 1):
+        if epoch > planner.epochs or not planner.can_start_epoch():
+            break
+        monitor.reset()
+        planner.begin_epoch(n_batches, len(valid_batches))
+        t0 = time.time()
+        model.train()
+        train_loss, seen = run_epoch(
+            train_batches,
+            n_batches,
+            batch_loss,
+            optimizer,
+            scheduler,
+            machine.amp,
+            batching,
+            on_first_step,
+            planner.tick,
+        )
+        train_time, on_first_step = time.time() - t0, None
+        if planner.stop_reason:  # deadline or SIGTERM mid-epoch: no time left to validate
+            if not saved:  # better an unvalidated model than no submission
+                save(epoch, complete=False)
+            print(f"STOPPED: fold {k} epoch {epoch} ({planner.stop_reason}); best checkpoint kept")
+            break
+
+        pred = predict(comp.predict, model, valid_batches, machine, max_batches=2 if args.dry_run else None)
+        if epoch == 1:  # validation speed -> the prediction estimate -> the reserve
+            valid_s = time.time() - t0 - train_time
+            planner.note_inference(valid_s, len(pred), comp.test_rows, comp.test_views, comp.decode_s, model_s)
+        planner.end_epoch(epoch)
+        y = fold.y_valid[: len(pred)]
+        val_loss = comp.val_loss(y, pred)
+        stats = {
+            "train_loss": train_loss,
+            "val_loss": val_loss,
+            "metric": list(comp.score(y, pred).values())[-1],
+            "lr": scheduler.get_last_lr()[0],
+            "time_s": time.time() - t0,
+            "samples_per_s": seen / max(train_time, 1e-9),
+        }
+        print(logs.epoch_line(epoch, stats, comp.metric_name, monitor.field()))
+        print(planner.status_line())
+        peak = monitor.peak()
+        if drop := logs.memory_drop_line(last_peak, peak):
+            print(drop)
+        last_peak = peak
+        jlog.write(
+            fold=k,
+            epoch=epoch,
+            **stats,
+            batch_size=batching.size,
+            accum_steps=batching.accum_steps,
+            gpu_used_gb=peak and peak[0],
+            gpu_pct=peak and peak[2],
+            elapsed_s=planner.elapsed(),
+            metric_name=comp.metric_name,
+        )
+
+        if val_loss < best:
+            best, bad_epochs, saved = val_loss, 0, True
+            save(epoch, val_loss=best, complete=False)
+            oof = pd.DataFrame(np.asarray(pred).reshape(len(pred), -1), columns=comp.oof_columns)
+            oof.insert(0, "target", y)
+            oof.insert(0, "fold", k)
+            oof.insert(0, comp.id_col, fold.ids_valid[: len(pred)])
+            storage.write_csv_atomic(oof, out / f"oof_fold{k}.csv")
+        else:
+            bad_epochs += 1
+            if bad_epochs >= args.patience:
+                print(f"EARLY STOP: fold {k} epoch {epoch}, no better val loss for {args.patience} epochs")
+                break
+    if planner.stop_reason is None and not storage.mark_complete(ckpt_path):
+        print(f"WARNING: fold {k} never produced a finite val loss; no checkpoint written")
+    return best
+
+
+def oof_scores(comp, out: Path, folds: list[int]) -> tuple[dict, list[float]]:
+    """oof.csv from the folds' OOF files, the OOF line, and the metric per fold."""
+    oofs = [pd.read_csv(out / f"oof_fold{k}.csv") for k in folds if (out / f"oof_fold{k}.csv").exists()]
+    if not oofs:
+        return {}, []
+    oof = pd.concat(oofs, ignore_index=True)
+    storage.write_csv_atomic(oof, out / "oof.csv")
+    scores = comp.score(oof["target"].to_numpy(), oof[comp.oof_columns].to_numpy())
+    print(logs.oof_line(scores, len(oof), sorted(set(oof["fold"]))))
+    per_fold = [list(comp.score(f["target"].to_numpy(), f[comp.oof_columns].to_numpy()).values())[-1] for f in oofs]
+    return scores, per_fold
+
+
+# ----------------------------------------------------------------------------- one epoch
+
+
+def to_device(batch, machine: Machine):
+    """A batch (a tensor or a tuple of them) on the device; 4-D float inputs as NHWC when channels_last."""
+    if isinstance(batch, torch.Tensor):
+        if machine.channels_last and batch.dim() == 4 and batch.is_floating_point():
+            return batch.to(machine.device, non_blocking=True, memory_format=torch.channels_last)
+        return batch.to(machine.device, non_blocking=True)
+    return type(batch)(to_device(b, machine) for b in batch)
+
+
+@torch.no_grad()
+def predict(predict_fn, model, batches, machine: Machine, max_batches=None) -> np.ndarray:
+    """predict_fn(model, batch) for every batch, in order: validation here, the test set in predict.py."""
+    model.eval()
+    out = []
+    for i, batch in enumerate(batches):
+        if max_batches is not None and i >= max_batches:
+            break
+        with machine.amp.autocast():
+            out.append(predict_fn(model, to_device(batch, machine)).float().cpu())
+    return torch.cat(out).numpy()
+
+
+def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, batching, on_first_step=None, should_stop=None):
+    """One training pass over the first `n` of `batches` with gradient accumulation.
+
+    `batch_loss(batch)` is the competition code: it returns (mean loss, rows) under autocast.
+    Each accumulation group's loss is divided by the group's own size, so a last partial group
+    steps the optimizer too, with a correctly scaled gradient. On a CUDA out-of-memory error the
+    batch is redone as 2 (then 4, ...) micro-batches: the micro-batch halves, the accumulation
+    doubles, the effective batch stays; `batching.parts` carries that to later epochs and folds.
+    `on_first_step()` runs once after the first optimizer step (the GPU memory lines);
+    `should_stop(i)` is asked after every batch (the time budget's deadline, SIGTERM).
+    Returns (mean loss, samples seen).
+    """
+    accum = batching.accum_steps
+    total, seen = None, 0
+    optimizer.zero_grad(set_to_none=True)
+    for i, batch in enumerate(batches):
+        if i >= n:
+            break
+        group = min(accum, n - (i // accum) * accum)
+        while True:
+            try:
+                loss, size = _backward(batch, batch_loss, amp, group, batching.parts)
+                break
+            except torch.OutOfMemoryError:
+                optimizer.zero_grad(set_to_none=True)  # the group's partial gradients are dropped
+                free_gpu_memory()
+                rows, parts = batch_rows(batch), batching.parts
+                if parts * 2 > rows:
+                    raise
+                batching.parts = parts * 2
+                print(
+                    f"OOM: batch of {rows} did not fit at step {i}: micro-batch {-(-rows // parts)} -> "
+                    f"{-(-rows // (2 * parts))}, accumulation {accum * parts} -> {accum * parts * 2}, "
+                    f"effective batch {rows * accum} unchanged",
+                    flush=True,
+                )
+        if (i + 1) % accum == 0 or i + 1 == n:
+            amp.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            if on_first_step is not None:
+                on_first_step()
+                on_first_step = None
+        total = loss * size if total is None else total + loss * size  # on the device: no .item() sync
+        seen += size
+        if should_stop is not None and should_stop(i):
+            break
+    return (0.0 if total is None else (total / max(seen, 1)).item()), seen
+
+
+def batch_rows(batch) -> int:
+    return len(batch) if isinstance(batch, torch.Tensor) else batch_rows(batch[0])
+
+
+def split_batch(batch, parts: int) -> list:
+    """A batch (a tensor, or a tuple/list of them) cut into `parts` pieces along the rows."""
+    if isinstance(batch, torch.Tensor):
+        return list(torch.tensor_split(batch, parts))
+    pieces = [split_batch(b, parts) for b in batch]
+    return [type(batch)(p[k] for p in pieces) for k in range(parts)]
+
+
+def _backward(batch, batch_loss, amp, group: int, parts: int):
+    """Backward of one batch, as `parts` micro-batches whose gradients add up to the batch's."""
+    rows, loss_sum, size_sum = batch_rows(batch), None, 0
+    for piece in split_batch(batch, parts) if parts > 1 else [batch]:
+        with amp.autocast():
+            loss, size = batch_loss(piece)
+        amp.backward(loss * (size / rows) / group)
+        part = loss.detach().float() * size
+        loss_sum, size_sum = (part if loss_sum is None else loss_sum + part), size_sum + size
+    return loss_sum / size_sum, size_sum
+
+
+def warmup_cosine(optimizer, steps_per_epoch: int, epochs):
+    """Linear warm-up over the first 5% of optimizer steps, then cosine decay to zero.
+    `epochs()` is read at every step: when the time plan cuts epochs, the decay ends sooner."""
+
+    def factor(step: int) -> float:
+        total = max(1, steps_per_epoch * epochs())
+        warmup = max(1, int(total * 0.05))
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# ----------------------------------------------------------------------------- the batch probe hook
+
+
+def autoscale(comp, fold: Fold, n_train: int, model, optimizer, machine: Machine, batching: Batching) -> None:
+    """Before the first fold, on CUDA: probe real training steps at growing batch sizes
+    (gpu.probe_batch) and keep the largest whose peak memory is in the decision matrix's band
+    for this model. The result is written to `batching` (and the optimizer's LR)."""
+
+    def step(b: int) -> None:
+        model.train()
+        batch = next(iter(comp.loader(fold.train, b, train=True)))
+        optimizer.zero_grad(set_to_none=True)
+        with machine.amp.autocast():
+            loss, _ = comp.batch_loss(model, to_device(batch, machine))
+        machine.amp.backward(loss)
+        machine.amp.step(optimizer)
+
+    size_class = hardware.size_class(comp.name, sum(p.numel() for p in model.parameters()) / 1e6)
+    max_batch = max(batching.size, min(4096, n_train // 4))
+    batching.size, batching.accum_steps, batching.lr = probe_batch(
+        step,
+        model,
+        optimizer,
+        machine.amp,
+        batching.size,
+        batching.accum_steps,
+        size_class,
+        machine.monitor,
+        max_batch,
+        batching.lr,
+    )
+    for group in optimizer.param_groups:
+        group["lr"] = batching.lr
+
+
+# ----------------------------------------------------------------------------- in-memory tables
+
+
+class TensorBatches:
+    """Batches of rows of tensors already on the device (a whole table in memory): each batch
+    is a gather by a slice of a permutation made on the device; no per-row Dataset or collate.
+    Yields tuples of the tensors' rows; `len()` is the number of batches."""
+
+    def __init__(self, tensors: tuple, batch: int, shuffle: bool, drop_last: bool):
+        self.tensors, self.batch, self.shuffle = tensors, batch, shuffle
+        n = len(tensors[0])
+        self.drop_last = drop_last and n >= batch  # a table smaller than a batch still gives one
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n // self.batch if self.drop_last else math.ceil(self.n / self.batch)
+
+    def __iter__(self):
+        device = self.tensors[0].device
+        order = torch.randperm(self.n, device=device) if self.shuffle else torch.arange(self.n, device=device)
+        for i in range(len(self)):
+            idx = order[i * self.batch : (i + 1) * self.batch]
+            yield tuple(t[idx] for t in self.tensors)

@@ -1,0 +1,34 @@
+"""The one way the machinery fails: a RunError, which the scripts print as one line and exit 1.
+
+Library code raises; only `errors.main(fn)` at the bottom of train.py, predict.py and tune
+scripts turns it into a message, so a failure deep inside never leaves a traceback or a
+half-written file (every write is atomic). It is machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+class RunError(Exception):
+    """Stops the run: printed as `ERROR: <message>` on stderr, exit code 1."""
+
+    prefix = "ERROR"
+
+
+class DataError(RunError):
+    """Bad competition data; the message names the file and the row or column at fault."""
+
+    prefix = "PREFLIGHT ERROR"
+
+
+class WeightsUnavailable(RunError):
+    """Pretrained weights asked for but not to be had (internet off, no --weights file)."""
+
+
+def main(fn, argv=None) -> None:
+    """Run a script's main(); a RunError becomes its one line on stderr and exit code 1."""
+    try:
+        fn(argv)
+    except RunError as e:
+        sys.exit(f"{e.prefix}: {e}")

@@ -1,0 +1,82 @@
+"""The log lines people and agents read, the JSON log and the report picture.
+
+Every format here is an interface (kagtpl's docs/log-format.md gives each one exactly):
+change a word and an agent that parses the log breaks. Pure Python, no torch. It is
+machinery: `copier update` may replace it, so keep your own code in train.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hardware
+
+
+def resource_lines(cpus: int, batch: int, gpu_name: str, amp_on: bool, total_gb: float, loader: dict) -> list[str]:
+    return [
+        f"RESOURCES: {cpus} CPU cores, batch={batch}, GPU={gpu_name}, Mixed Precision={'ON' if amp_on else 'OFF'}",
+        f"GPU Memory: {total_gb:.1f} GB" if gpu_name != "none" else "GPU Memory: none",
+        f"DataLoader: num_workers={loader['num_workers']}, prefetch_factor={loader['prefetch_factor']}, "
+        f"persistent_workers={loader['persistent_workers']}" + (f" ({loader['note']})" if loader.get("note") else ""),
+    ]
+
+
+def model_line(name: str, params_m: float) -> str:
+    return f"Model: {name} ({params_m:.1f}M params, {hardware.size_class(name, params_m)} model)"
+
+
+def memory_used_lines(peak: tuple[float, float, float] | None, batch: int) -> list[str]:
+    """After the first optimizer step: the peak memory and the seeds' VALIDATION line."""
+    if peak is None:
+        return ["GPU Memory Used: none (CPU run)", f"VALIDATION: CPU run, no GPU memory to check (batch_size={batch})"]
+    return [
+        f"GPU Memory Used: {peak[0]:.2f} GB / {peak[1]:.1f} GB ({peak[2]:.1f}%)",
+        f"VALIDATION: If <50% memory, batch_size={batch} is TOO SMALL - should be {2 * batch}+",
+    ]
+
+
+def memory_drop_line(before: tuple | None, after: tuple | None) -> str | None:
+    """A WARNING line when GPU memory % falls sharply between epochs (76% -> 45%)."""
+    if before is None or after is None:
+        return None
+    text = hardware.memory_drop_warning(before[2], after[2])
+    return f"WARNING: {text}" if text else None
+
+
+def epoch_line(epoch: int, stats: dict, metric_name: str, gpu_field: str) -> str:
+    return (
+        f"Epoch {epoch}: Loss={stats['train_loss']:.4f}, ValLoss={stats['val_loss']:.4f}, "
+        f"{metric_name}={stats['metric']:.4f}, LR={stats['lr']:.2e}, Time={stats['time_s']:.1f}s, "
+        f"Throughput={stats['samples_per_s']:.0f} samples/s, GPU={gpu_field}"
+    )
+
+
+def oof_line(scores: dict[str, float], rows: int, folds: list[int]) -> str:
+    figures = ", ".join(f"{name}={value:.4f}" for name, value in scores.items())
+    return f"OOF: {figures} over {rows} rows from folds {folds}"
+
+
+class JsonLog:
+    """One JSON object per line in out_dir/train_log.jsonl, for agents and plots; this run's
+    records are also kept in `records` (the report picture is drawn from them)."""
+
+    def __init__(self, path: Path):
+        self.path, self.records = path, []
+
+    def write(self, **record) -> None:
+        self.records.append(record)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def write_report(records: list[dict], path: Path, title: str) -> None:
+    """The run's picture (report.py): loss, metric and GPU memory % per epoch per fold."""
+    if not records:
+        return
+    try:
+        import report
+
+        print(f"REPORT: {report.plot(records, path, title)}")
+    except ImportError as e:  # matplotlib is optional for training itself
+        print(f"WARNING: no report picture ({e}); pip install matplotlib")

@@ -1,0 +1,284 @@
+"""The time planner: fits folds and epochs to a wall-time budget and guards the deadline.
+
+Pure Python, no torch: kagtpl's generator imports this same file for `kagtpl recommend`
+(the reserve and the training share it shows are these constants), and the engine drives it
+during training. The rules and their numbers are in kagtpl's docs/time-budget.md.
+It is machinery: `copier update` may replace it, so keep your own code elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import hardware
+from errors import RunError
+
+PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
+KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet off
+DEFAULT_PLAN = {"image": (5, 10), "tabular": (5, 50)}  # folds, epochs: copier.yml's defaults (a test keeps them so)
+
+
+def parse_duration(text) -> float | None:
+    """'9h', '45m', '600s', '1h30m' or plain seconds -> seconds; '' / None / 'none' -> None."""
+    if text is None or str(text).strip().lower() in ("", "none", "0"):
+        return None
+    t = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+    if not parts or "".join(n + u for n, u in parts) != t:
+        raise ValueError(f"cannot read budget {text!r}: use e.g. 9h, 45m, 600s, 1h30m or plain seconds")
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=None) -> TimePlanner:
+    """The run's planner: --budget parsed (on Kaggle with none, 9h), SIGTERM handled.
+    `sync` is torch.cuda.synchronize on CUDA, so the timed steps are real."""
+    try:
+        seconds = parse_duration(budget)
+    except ValueError as e:
+        raise RunError(f"--budget: {e}") from None
+    if seconds is None and hardware.on_kaggle():
+        seconds = parse_duration(KAGGLE_BUDGET)
+        print(f"TIME: on Kaggle with no --budget: using {KAGGLE_BUDGET}, the code-competition limit")
+    planner = TimePlanner(
+        seconds, folds, epochs, elapsed_s=time.time() - start_time, startup_s=process_age(), sync=sync
+    )
+    planner.install_sigterm()
+    return planner
+
+
+def process_age() -> float:
+    """Seconds since this process started (interpreter start and imports included); Linux only."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 10.0
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+
+
+class TimePlanner:
+    """Plans folds and epochs to fit a wall-time budget, re-plans with measured times, and
+    guards the deadline so prediction always gets its reserve.
+
+    The rules (docs/time-budget.md): keep max(15% of the budget, the measured prediction
+    estimate) for predict.py; if the plan needs more than 80% of the training time left, cut
+    folds to 3, then epochs by 30% and 50% (never below `min_epochs`), then folds towards 1
+    (giving back as many epochs as then fit, up to the plan's), and at 1 fold fit the epochs.
+    Re-plan after every epoch with measured times (fit 95%, minimal cuts), and at once if the
+    first fold took > 20% of the budget.
+
+    Seam for tests: `clock` (monotonic seconds) and `sync` (torch.cuda.synchronize on CUDA, so
+    step timings are real); a fake clock drives every decision deterministically.
+    """
+
+    RESERVE_FRACTION, FIRST_FOLD_FRACTION = 0.15, 0.20
+    PLAN_FRACTION, REPLAN_FRACTION = 0.80, 0.95  # an estimate gets 20% slack; measured epochs 5%
+    WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
+    PREDICT_MARGIN = 1.25  # +25% on the measured prediction estimate
+
+    def __init__(
+        self,
+        budget_s,
+        folds,
+        epochs,
+        min_epochs=3,
+        elapsed_s=0.0,
+        startup_s=10.0,
+        clock=time.monotonic,
+        sync=None,
+        log=print,
+    ):
+        self.budget, self.folds, self.epochs = budget_s, folds, epochs
+        self.min_epochs = min(min_epochs, epochs)
+        self.clock, self.sync, self.log = clock, sync or (lambda: None), log
+        self.t0 = clock() - elapsed_s
+        self.predict_s = 0.0
+        self.startup_s = startup_s  # predict.py pays the same interpreter start and imports as train.py did
+        self.epoch_s: list[float] = []
+        self.stop_reason: str | None = None
+        self.planned = False  # the first estimate (after warm-up) has been made
+        self._fold = self._epoch = self._batches = self._valid_batches = 0
+        self._fold_finished = False
+        self._steady_epoch_s = 0.0  # epoch time from the timed steps after warm-up
+        self._epoch_t0 = self._measure_t0 = self._fold_t0 = None
+
+    # --- where we stand
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def reserve(self) -> float:
+        return max(self.RESERVE_FRACTION * self.budget, self.predict_s) if self.budget else 0.0
+
+    def training_left(self) -> float:
+        return self.budget - self.reserve() - self.elapsed()
+
+    def status_line(self) -> str:
+        plan = f"plan folds={self.folds} epochs={self.epochs}"
+        if not self.budget:
+            return f"TIME: elapsed {fmt_s(self.elapsed())}, no budget (--budget 9h plans folds and epochs), {plan}"
+        last = f", epoch ~{fmt_s(self.epoch_s[-1])}" if self.epoch_s else ""
+        return (
+            f"TIME: elapsed {fmt_s(self.elapsed())} of {fmt_s(self.budget)} budget, remaining "
+            f"{fmt_s(self.budget - self.elapsed())} (reserve {fmt_s(self.reserve())} for predict), {plan}{last}"
+        )
+
+    # --- signals
+    def install_sigterm(self) -> None:
+        """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0."""
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = self.stop_reason or reason
+
+    # --- hooks the training loop calls
+    def begin_fold(self, fold: int) -> None:
+        self._fold, self._fold_t0, self._fold_finished, self._epoch = fold, self.clock(), False, 0
+
+    def begin_epoch(self, batches: int, valid_batches: int) -> None:
+        self._batches, self._valid_batches = batches, valid_batches
+        self._epoch_t0 = self.clock()
+
+    def tick(self, batch: int) -> bool:
+        """After each training batch: time the first steps after warm-up (the first estimate)
+        and say whether to stop now (deadline passed or SIGTERM)."""
+        if self.budget and not self.planned:
+            if batch == self.WARMUP_BATCHES - 1:
+                self.sync()
+                self._measure_t0 = self.clock()
+            elif self._measure_t0 is not None and batch == self.WARMUP_BATCHES - 1 + self.MEASURE_BATCHES:
+                self.sync()
+                self._first_plan((self.clock() - self._measure_t0) / self.MEASURE_BATCHES)
+        if self.budget and self.training_left() <= 0:
+            self.request_stop("deadline")
+        return self.stop_reason is not None
+
+    def end_epoch(self, epoch: int) -> None:
+        self._epoch = epoch  # epochs of this fold done
+        self.epoch_s.append(self.clock() - self._epoch_t0)
+        if self.budget and not self.planned:  # too few batches to time steps: plan from the epoch
+            self._first_plan(None)
+        elif self.budget:
+            self._replan(self._epoch_estimate(), f"re-plan at {fmt_s(self._epoch_estimate())}/epoch")
+
+    def end_fold(self, fold: int, first: bool) -> None:
+        took = self.clock() - self._fold_t0
+        self._fold_finished = True
+        if self.budget and first and took > self.FIRST_FOLD_FRACTION * self.budget:
+            why = f"fold {fold} took {fmt_s(took)} = {100 * took / self.budget:.0f}% of the budget (> 20%)"
+            if not self._replan(max(self._epoch_estimate(), took / max(1, self._epoch)), why):
+                self.log(f"TIME PLAN: {why} -> plan kept: folds={self.folds} epochs={self.epochs}")
+
+    def can_start_epoch(self) -> bool:
+        """Deadline guard: no epoch starts that would eat into the prediction reserve."""
+        if self.stop_reason:
+            return False
+        if self.budget and self.epoch_s and self.elapsed() + self.epoch_s[-1] + self.reserve() > self.budget:
+            self.request_stop("deadline")
+            self.log(
+                f"DEADLINE: elapsed {fmt_s(self.elapsed())} + next epoch ~{fmt_s(self.epoch_s[-1])} + reserve "
+                f"{fmt_s(self.reserve())} > budget {fmt_s(self.budget)}: stopping, prediction runs next"
+            )
+            return False
+        return True
+
+    def note_inference(self, seconds, samples, test_rows, views, decode_s_per_image, model_s=1.0) -> None:
+        """Measured validation speed -> the prediction estimate (and so the reserve): process start
+        and imports, then per fold a model build and the test set's views, plus decoding the test set."""
+        per_sample = seconds / max(samples, 1)
+        folds_s = self.folds * (model_s + per_sample * test_rows * views)
+        self.predict_s = self.PREDICT_MARGIN * (self.startup_s + folds_s + decode_s_per_image * test_rows)
+
+    # --- planning
+    def _epoch_estimate(self) -> float:
+        """The slowest of the last 3 epochs (estimates err on the safe side), leaving out the
+        run's first epoch, which carries the warm-up, while the step-timed estimate stands in."""
+        recent = self.epoch_s[1:][-3:]
+        if recent:
+            return max(recent)
+        return self._steady_epoch_s or (self.epoch_s[-1] if self.epoch_s else 0.0)
+
+    def _first_plan(self, s_per_step: float | None) -> None:
+        self.planned = True
+        if s_per_step is None:
+            epoch_s, how = self.epoch_s[-1], f"{fmt_s(self.epoch_s[-1])}/epoch measured"
+        else:
+            valid_s = s_per_step * 2 / 3 * self._valid_batches  # forward only, batches twice as big
+            epoch_s = s_per_step * self._batches + valid_s
+            how = f"{s_per_step:.3f} s/step x {self._batches} steps + validation ~{fmt_s(valid_s)}"
+            self._steady_epoch_s = epoch_s
+        total = epoch_s * self.epochs * self.folds
+        self.log(
+            f"TIME ESTIMATE: {how} = {fmt_s(epoch_s)}/epoch x {self.epochs} epochs x {self.folds} folds = "
+            f"{fmt_s(total)} for the whole plan; training budget {fmt_s(self.budget - self.reserve())} "
+            f"(reserve {fmt_s(self.reserve())} for predict)"
+        )
+        if not self._replan(epoch_s, "estimate", first=True):
+            self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")
+
+    def _need(self, epoch_s: float, folds: int, epochs: int) -> float:
+        """Seconds the rest of a plan needs: this fold's remaining epochs, then the later folds."""
+        this_fold = 0 if self._fold_finished else max(0, epochs - self._epoch)
+        return (this_fold + (folds - self._fold - 1) * epochs) * epoch_s
+
+    def _fit_epochs(self, epoch_s: float, folds: int, limit: float) -> int:
+        """The most epochs (up to the plan's) whose rest of the plan fits `limit`; at least 1."""
+        return next((e for e in range(self.epochs, 0, -1) if self._need(epoch_s, folds, e) <= limit), 1)
+
+    def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:
+        """Cut folds to 3, then epochs, then folds towards 1 until the rest of the plan fits.
+
+        The first plan (an estimate from a few timed steps) must fit 80% of the training time
+        left and cuts epochs by 30%, then 50%; later re-plans use measured epochs, must fit 95%,
+        and cut no more epochs than needed. Epochs never go below the floor before folds go."""
+        fraction = self.PLAN_FRACTION if first else self.REPLAN_FRACTION
+        limit = fraction * self.training_left()
+        need = self._need(epoch_s, self.folds, self.epochs)
+        if need <= limit:
+            return False
+
+        def fits(f, e):
+            return self._need(epoch_s, f, e) <= limit
+
+        folds, epochs = self.folds, self.epochs
+        if not fits(folds, epochs) and folds > 3:
+            folds = max(self._fold + 1, 3)
+        if not fits(folds, epochs) and epochs > self.min_epochs:
+            if first:
+                for frac in (0.7, 0.5):
+                    if not fits(folds, epochs):
+                        epochs = max(self.min_epochs, round(self.epochs * frac))
+            else:
+                epochs = max(self.min_epochs, self._fit_epochs(epoch_s, folds, limit))
+        if not fits(folds, epochs) and folds > self._fold + 1:
+            while not fits(folds, epochs) and folds > self._fold + 1:
+                folds -= 1  # towards 1 fold: keep as many as fit (each fold is a model in the ensemble)
+            # fewer folds free time: give epochs back, up to the plan's, as many as fit
+            epochs = max(epochs, self._fit_epochs(epoch_s, folds, limit))
+        if not fits(folds, epochs):  # last resort: fit this fold's epochs
+            epochs = min(epochs, self._fit_epochs(epoch_s, folds, limit))
+        cuts = [
+            f"{name} {a}->{b}"
+            for name, a, b in (("folds", self.folds, folds), ("epochs", self.epochs, epochs))
+            if a != b
+        ]
+        if not cuts:
+            return False
+        label = f"estimate {fmt_s(need)}" if first else f"{why}: need {fmt_s(need)}"
+        self.log(
+            f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, self.training_left()))} training time left "
+            f"-> {', '.join(cuts)}"
+        )
+        self.folds, self.epochs = folds, epochs
+        return True

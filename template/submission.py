@@ -1,0 +1,60 @@
+"""The submission: fold predictions ensembled, checked against sample_submission, written atomically.
+
+A submission that fails its check is never written: a wrong file scored on Kaggle costs a
+day's submission, a missing one is caught at once. It is machinery: `copier update` may
+replace it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from errors import RunError
+from storage import write_csv_atomic
+
+
+def ensemble(probs: list[np.ndarray]) -> np.ndarray:
+    """Mean of the folds' class probabilities, renormalised so every row sums to 1 (each fold's
+    rows already do; float32 softmax sums drift by ~1e-7, and the check allows 1e-4)."""
+    mean = np.mean(np.stack(probs), axis=0).astype(np.float64)
+    return mean / mean.sum(axis=1, keepdims=True)
+
+
+def check_submission(sub, sample, kind: str, labels=None) -> None:
+    """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order,
+    row count, and values. kind: 'distribution' (probability columns whose rows sum to 1),
+    'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite)."""
+    if list(sub.columns) != list(sample.columns):
+        raise ValueError(f"submission columns {list(sub.columns)[:5]}... differ from sample_submission's")
+    if len(sub) != len(sample):
+        raise ValueError(f"submission has {len(sub)} rows, sample_submission has {len(sample)}")
+    id_col = sample.columns[0]
+    bad = np.flatnonzero(sub[id_col].astype(str).to_numpy() != sample[id_col].astype(str).to_numpy())
+    if len(bad):
+        raise ValueError(f"submission row {bad[0]}: id {sub[id_col].iloc[bad[0]]!r} != {sample[id_col].iloc[bad[0]]!r}")
+    values = sub[sample.columns[1:]]
+    if kind == "label":
+        allowed = {str(v) for v in labels}
+        wrong = [v for v in values.to_numpy().ravel() if str(v) not in allowed]
+        if wrong:
+            raise ValueError(f"submission label {wrong[0]!r} is not a class")
+        return
+    numbers = values.to_numpy(dtype=np.float64)
+    if not np.isfinite(numbers).all():
+        raise ValueError("submission values must be finite")
+    if kind in ("distribution", "probability") and (numbers.min() < 0 or numbers.max() > 1):
+        raise ValueError("submission probabilities must be finite and within [0, 1]")
+    if kind == "distribution" and not np.allclose(numbers.sum(axis=1), 1.0, atol=1e-4):
+        raise ValueError("submission probabilities of a row must sum to 1")
+
+
+def write_submission(sub, sample, kind: str, labels, path: Path, folds: int) -> None:
+    """predict.py's end: check against sample_submission, then write atomically (or fail, writing nothing)."""
+    try:
+        check_submission(sub, sample, kind, labels=labels)
+    except ValueError as e:
+        raise RunError(f"submission failed its check, not written: {e}") from None
+    write_csv_atomic(sub, path)
+    print(f"SUBMISSION: {path} ({len(sub)} rows, {folds} fold(s) ensembled)")
