@@ -305,10 +305,10 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         if val_loss < best:
             best, bad_epochs, saved = val_loss, 0, True
             save(epoch, val_loss=best, complete=False)
-            oof = pd.DataFrame(np.asarray(pred).reshape(len(pred), -1), columns=comp.oof_columns)
-            oof.insert(0, "target", y)
-            oof.insert(0, "fold", k)
-            oof.insert(0, comp.id_col, fold.ids_valid[: len(pred)])
+            oof = pd.DataFrame(
+                {comp.id_col: fold.ids_valid[: len(pred)], "fold": k, **target_columns(y)}, index=range(len(pred))
+            )
+            oof[comp.oof_columns] = np.asarray(pred).reshape(len(pred), -1)
             storage.write_csv_atomic(oof, out / f"oof_fold{k}.csv")
         else:
             bad_epochs += 1
@@ -327,10 +327,23 @@ def oof_scores(comp, out: Path, folds: list[int]) -> tuple[dict, list[float]]:
         return {}, []
     oof = pd.concat(oofs, ignore_index=True)
     storage.write_csv_atomic(oof, out / "oof.csv")
-    scores = comp.score(oof["target"].to_numpy(), oof[comp.oof_columns].to_numpy())
+    scores = comp.score(read_targets(oof), oof[comp.oof_columns].to_numpy())
     print(logs.oof_line(scores, len(oof), sorted(set(oof["fold"]))))
-    per_fold = [list(comp.score(f["target"].to_numpy(), f[comp.oof_columns].to_numpy()).values())[-1] for f in oofs]
+    per_fold = [list(comp.score(read_targets(f), f[comp.oof_columns].to_numpy()).values())[-1] for f in oofs]
     return scores, per_fold
+
+
+def target_columns(y: np.ndarray) -> dict:
+    """The OOF file's target: one `target` column, or target_0.. for several (multi-label, several scores)."""
+    if y.ndim == 1:
+        return {"target": y}
+    return {f"target_{j}": y[:, j] for j in range(y.shape[1])}
+
+
+def read_targets(oof: pd.DataFrame) -> np.ndarray:
+    if "target" in oof.columns:
+        return oof["target"].to_numpy()
+    return oof[[c for c in oof.columns if c.startswith("target_")]].to_numpy()
 
 
 # ----------------------------------------------------------------------------- one epoch

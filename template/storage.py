@@ -2,7 +2,8 @@
 
 A checkpoint holds the state_dict, the resolved config and the class list: predict.py rebuilds
 the model from it alone. Loading uses torch.load(weights_only=True), so a tampered file can
-not run code. It is machinery: `copier update` may replace it.
+not run code. torch is imported only where a checkpoint is read or written, so the CSV writers
+(submission.py, experiments.py) stay torch-free. It is machinery: `copier update` may replace it.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-
-import torch
 
 from errors import RunError
 
@@ -34,8 +33,10 @@ def write_csv_atomic(df, path: Path) -> None:
     atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
-def save_checkpoint(path: Path, model: torch.nn.Module, config: dict, classes: list, **meta) -> None:
+def save_checkpoint(path: Path, model, config: dict, classes: list, **meta) -> None:
     """state_dict + resolved config + class list: predict.py rebuilds the model from this alone."""
+    import torch
+
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     payload = {"model": state, "config": config, "classes": list(classes), **meta}
@@ -44,6 +45,8 @@ def save_checkpoint(path: Path, model: torch.nn.Module, config: dict, classes: l
 
 def mark_complete(path: Path) -> bool:
     """Flag a fold's best checkpoint as complete (a rerun then skips the fold)."""
+    import torch
+
     if not Path(path).exists():
         return False
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -54,6 +57,8 @@ def mark_complete(path: Path) -> bool:
 
 def load_checkpoint(path: Path) -> dict | None:
     """The checkpoint, or None (with a warning) when it is corrupt or not ours."""
+    import torch
+
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, foreign or tampered file: skip it, keep the others

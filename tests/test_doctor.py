@@ -135,7 +135,26 @@ def test_errors_are_one_red_line(tmp_path):
     assert r.returncode == 1 and "no GPU memory line" in r.stderr
 
 
-def test_matrix_thresholds_are_the_field_notes():
+@pytest.mark.parametrize(
+    "pct,size,row",
+    [
+        (49.9, "small", "< 50%"),
+        (50.0, "small", "50-60%, small model"),
+        (50.0, "large", "50-60%, large model"),
+        (59.9, "large", "50-60%, large model"),
+        (60.0, "large", "60-70%, large model"),
+        (69.9, "small", "60-70%, small model"),
+        (70.0, "large", "70-90%"),
+        (90.0, "large", "70-90%"),
+        (90.1, "small", "> 90%"),
+    ],
+)
+def test_matrix_band_edges(pct, size, row):
+    """Each edge of the field notes' bands falls on the side they put it."""
+    assert hardware().memory_decision(pct, size).row == row
+
+
+def test_memory_drop_warning_edge():
     hw = hardware()
-    assert hw.TARGET_PCT == {"small": 50.0, "large": 70.0} and hw.BAND_MAX_PCT == 90.0
-    assert hw.memory_drop_warning(76.0, 45.0) and hw.memory_drop_warning(76.0, 72.0) is None
+    assert hw.memory_drop_warning(76.0, 56.0)  # a fall of exactly 20 points warns
+    assert hw.memory_drop_warning(76.0, 56.1) is None

@@ -204,3 +204,23 @@ def test_image_cache_names_the_bad_file_and_reuses_the_cache(project_modules, tm
         errors.DataError, match=r"broken\.jpg: missing or cannot be decoded as an image \(labels.csv line 9\)"
     ):
         images.image_cache([*paths, str(bad)], ["a", "b", "c", "labels.csv line 9"], 16, tmp_path / "cache", "x", 0)
+
+
+def test_experiments_table_appends_and_ranks_by_cv_in_the_metrics_direction(project_modules, tmp_path):
+    exp = project_modules.experiments
+    path = tmp_path / "experiments.csv"
+    for model, metric, higher, cv in [
+        ("a", "Acc", True, "0.91"),
+        ("b", "Acc", True, "0.95"),
+        ("c", "rmse", False, "3.2"),
+        ("d", "rmse", False, "2.9"),
+        ("e", "Acc", True, ""),  # a run with no score yet (no fold finished)
+    ]:
+        exp.append(path, {"model": model, "metric": metric, "higher_is_better": higher, "cv": cv})
+    rows = exp.read(path)
+    assert [r["model"] for r in rows] == ["a", "b", "c", "d", "e"] and all(r["time"] for r in rows)
+    assert [r["model"] for r in exp.ranked(rows)] == ["b", "a", "e", "d", "c"]
+    assert not list(tmp_path.glob(".*.tmp"))  # written through a temporary file
+    with pytest.raises(ValueError, match="not experiment columns"):
+        exp.append(path, {"modle": "typo"})
+    assert len(exp.read(path)) == 5  # the bad row changed nothing

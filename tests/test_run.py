@@ -33,6 +33,11 @@ def assert_valid_submission(project, data_dir):
 
 
 def test_dry_run_then_predict(project, digits_dir):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t.invalid", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=project, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "kagtpl new"], cwd=project, check=True)
+    sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], cwd=project, capture_output=True, text=True).stdout
     log = run_script(project, "train.py", "--dry-run", *CPU).stdout
     lines = log.splitlines()
     assert "RESOURCES: " in lines[0] and "batch=32, GPU=none, Mixed Precision=OFF" in lines[0]
@@ -66,6 +71,18 @@ def test_dry_run_then_predict(project, digits_dir):
     assert "ENSEMBLE: 2 checkpoint(s), folds [0, 1]" in pred
     assert "SUBMISSION: " in pred
     assert_valid_submission(project, digits_dir)
+
+    # the run's row in the experiments table, with the commit it ran at
+    rows = pd.read_csv(project / "output" / "experiments.csv", dtype=str)
+    assert len(rows) == 1
+    row = rows.iloc[0]
+    assert row["git"] == sha.strip() and row["task"] == "image" and row["model"] == "resnet18"
+    assert (row["input"], row["batch"], row["folds_done"], row["epochs_done"]) == ("32px", "32x1", "2", "1 1")
+    oof = float(re.search(r"^OOF: logloss=[\d.]+, Acc=([\d.]+)", log, re.M).group(1))
+    assert abs(float(row["cv"]) - oof) < 1e-4 and row["metric"] == "Acc" and row["stop"] == "dry run"
+    assert len(row["fold_scores"].split()) == 2
+    table = run_script(project, "experiments.py").stdout.splitlines()
+    assert table[0].split()[:3] == ["time", "git", "model"] and len(table) == 2
 
 
 def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(project, digits_dir):

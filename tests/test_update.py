@@ -1,6 +1,10 @@
 """Updating existing projects with real template versions: a temporary git repository of the
 kagtpl source tagged v1 and v2, wheels built from it and installed, `kagtpl new`, user edits,
-then `kagtpl update` and plain `copier update`. All offline."""
+then `kagtpl update` and plain `copier update`. All offline.
+
+Across the engine change: tests/data/kagtpl-0.1.0-source.tar.gz is the source of kagtpl 0.1.0,
+the last release whose train.py held the fold loop itself (kit.py beside it); a project rendered
+from it is updated to this checkout's template."""
 
 from __future__ import annotations
 
@@ -8,17 +12,18 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, RUN_ENV
 
 pytestmark = pytest.mark.slow
 
 GIT_ID = ["-c", "user.name=kagtpl test", "-c", "user.email=test@kagtpl.invalid", "-c", "commit.gpgsign=false"]
-# the v2 template change: a new machinery line in kit.py and a changed line in train.py
+# the v2 template change: a new machinery line in gpu.py and a changed line in train.py
 KIT_ANCHOR = "GB = 1024**3\n"
 KIT_V2 = "GB = 1024**3\nTEMPLATE_FEATURE_V2 = True  # added in the v2 template\n"
 TRAIN_OLD = 'p.add_argument("--seed", type=int, default=42)'
@@ -43,6 +48,16 @@ class Release:
 
     def __init__(self, root: Path):
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        git(root, "init", "-q", "-b", "main")
+        self.copy_checkout()
+
+    def copy_checkout(self) -> None:
+        """Make the source tree this checkout's (files the checkout lacks are removed)."""
+        for path in self.root.iterdir():
+            if path.name != ".git":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        root = self.root
         files = subprocess.run(
             ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
             cwd=ROOT,
@@ -54,7 +69,17 @@ class Release:
             if (ROOT / name).is_file():
                 (root / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / name, root / name)
+
+    @classmethod
+    def from_archive(cls, root: Path, archive: Path) -> Release:
+        """An earlier release's source, from a tar.gz of its tree."""
+        release = cls.__new__(cls)
+        release.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(root, filter="data")
         git(root, "init", "-q", "-b", "main")
+        return release
 
     def release(self, version: str, dist: Path) -> Path:
         init = self.root / "generator" / "kagtpl" / "__init__.py"
@@ -97,7 +122,7 @@ def releases(tmp_path_factory):
     base = tmp_path_factory.mktemp("release")
     repo = Release(base / "src")
     v1 = repo.release("1.0.0", base / "dist1")
-    repo.edit("template/kit.py", KIT_ANCHOR, KIT_V2)
+    repo.edit("template/gpu.py", KIT_ANCHOR, KIT_V2)
     repo.edit(IMAGE_TRAIN, TRAIN_OLD, TRAIN_V2)
     v2 = repo.release("2.0.0", base / "dist2")
     return v1, v2
@@ -144,7 +169,7 @@ def test_new_from_wheel_then_update_keeps_user_edits(tmp_path, env, releases):
     train = (project / "train.py").read_text()
     assert 'default=7, help="epochs without' in train  # the user's edit
     assert TRAIN_V2 in train  # the template's change
-    assert "TEMPLATE_FEATURE_V2 = True" in (project / "kit.py").read_text()
+    assert "TEMPLATE_FEATURE_V2 = True" in (project / "gpu.py").read_text()
     assert (project / "features.py").read_text() == "EXTRA = 1\n"
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v2.0.0"
     assert "Up to date: the project is on template v2.0.0" in kagtpl(environ, project, "check").stdout
@@ -214,5 +239,70 @@ def test_plain_copier_update_works_too(tmp_path, env, releases):
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    assert "TEMPLATE_FEATURE_V2 = True" in (project / "kit.py").read_text()
+    assert "TEMPLATE_FEATURE_V2 = True" in (project / "gpu.py").read_text()
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v2.0.0"
+
+
+# ----------------------------------------------------------------------------- across the engine change
+
+PRE_ENGINE = ROOT / "tests" / "data" / "kagtpl-0.1.0-source.tar.gz"
+USER_EDIT = ("A.ColorJitter(brightness=0.2", "A.ColorJitter(brightness=0.3")  # a transform: it did not move
+MOVED_EDIT = (  # the early-stopping line: 0.1.0 kept it in train.py, the engine owns it now
+    'print(f"EARLY STOP: fold {fold} epoch {epoch}, no better val loss for {cfg.patience} epochs")',
+    'print(f"EARLY STOP (mine): fold {fold} epoch {epoch}")',
+)
+
+
+@pytest.fixture(scope="module")
+def engine_releases(tmp_path_factory):
+    """Wheels of 0.1.0 (train.py + kit.py) and 0.2.0 (this checkout: train.py + engine.py ...)."""
+    base = tmp_path_factory.mktemp("engine-release")
+    repo = Release.from_archive(base / "src", PRE_ENGINE)
+    old = repo.release("0.1.0", base / "dist1")
+    repo.copy_checkout()
+    return old, repo.release("0.2.0", base / "dist2")
+
+
+def edit_and_commit(project: Path, old: str, new: str) -> None:
+    text = (project / "train.py").read_text()
+    assert old in text
+    (project / "train.py").write_text(text.replace(old, new, 1))
+    git(project, "commit", "-q", "-am", "my edit")
+
+
+def test_update_across_the_engine_change_keeps_an_edit_that_did_not_move(tmp_path, env, engine_releases):
+    old, new = engine_releases
+    site, environ = env
+    project = new_project(tmp_path, env, old)
+    assert (project / "kit.py").exists() and not (project / "engine.py").exists()
+    edit_and_commit(project, *USER_EDIT)
+    install(new, site)
+    r = kagtpl(environ, project, "update")
+    assert "from template v0.1.0 to v0.2.0" in r.stdout and "No conflicts" in r.stdout
+    train = (project / "train.py").read_text()
+    assert USER_EDIT[1] in train  # the user's edit survived...
+    assert "engine.cross_validate(" in train and "def train_fold" not in train  # ...in the new layout
+    assert not (project / "kit.py").exists()  # the old machinery is gone, the new is there
+    assert {"engine.py", "planner.py", "storage.py", "images.py"} <= {p.name for p in project.iterdir()}
+    # the updated project works: its own tests (model, loss, metric, checkpoints) pass
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=project,
+        env={**RUN_ENV, "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_update_across_the_engine_change_reports_an_edit_of_moved_code(tmp_path, env, engine_releases):
+    old, new = engine_releases
+    site, environ = env
+    project = new_project(tmp_path, env, old)
+    edit_and_commit(project, *MOVED_EDIT)
+    install(new, site)
+    r = kagtpl(environ, project, "update", check=False)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1].startswith("error: the update left conflicts in train.py")
+    assert "<<<<<<< " in (project / "train.py").read_text()

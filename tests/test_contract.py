@@ -1,0 +1,65 @@
+"""copier.yml restates a few facts of the template's own modules (the GPU names, the Kaggle
+profiles and budget, the numeric ranges, the default plan): these tests keep the two in step,
+so neither side can drift. They render copier.yml's own Jinja, as Copier does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jinja2
+import pytest
+import yaml
+
+from conftest import ROOT
+from kagtpl import new
+from kagtpl.template import hardware, planner
+
+COPIER = yaml.safe_load((ROOT / "copier.yml").read_text())
+
+
+def jinja(text, **answers) -> str:
+    return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(str(text)).render(**answers).strip()
+
+
+def test_gpu_choices_are_the_profiles():
+    assert COPIER["gpu"]["choices"] == list(hardware().PROFILES)
+
+
+def test_task_choices_are_the_generators():
+    assert tuple(COPIER["task"]["choices"]) == new.TASKS
+
+
+@pytest.mark.parametrize("gpu", list(hardware().PROFILES))
+def test_kaggle_profiles_get_the_kaggle_budget_and_input(gpu):
+    kaggle = gpu in hardware().KAGGLE_PROFILES
+    assert jinja(COPIER["budget"]["default"], gpu=gpu) == (planner().KAGGLE_BUDGET if kaggle else "")
+    data_dir = jinja(COPIER["data_dir"]["default"], gpu=gpu, competition="comp")
+    assert data_dir == ("/kaggle/input/comp" if kaggle else "data")
+
+
+@pytest.mark.parametrize("key", list(hardware().RANGES))
+def test_validators_enforce_the_ranges(key):
+    low, high = hardware().RANGES[key]
+    validator = COPIER[key]["validator"]
+    assert jinja(validator, **{key: low}) == "" and jinja(validator, **{key: high}) == ""
+    assert jinja(validator, **{key: low - 1}) != "" and jinja(validator, **{key: high + 1}) != ""
+
+
+@pytest.mark.parametrize("task", new.TASKS)
+def test_default_plan_is_the_planners(task):
+    folds, epochs = planner().DEFAULT_PLAN[task]
+    assert int(jinja(COPIER["folds"]["default"], task=task)) == folds
+    assert int(jinja(COPIER["epochs"]["default"], task=task)) == epochs
+
+
+def test_shared_modules_import_no_torch():
+    """planner.py, hardware.py, logs.py, experiments.py, submission.py and storage.py import no torch:
+    the generator loads the first two, and experiments.py must run where torch is slow to import."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "import planner, hardware, logs, experiments, errors, submission, storage; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT / "template")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -1,0 +1,123 @@
+"""Data detection at generation time (kagtpl/detect.py), on small folders written here: no
+rendering, no training. Each layout Kaggle uses, and each way detection must refuse to guess."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kagtpl import detect
+from kagtpl.errors import KagtplError
+
+
+def write(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+def images(folder: Path, names) -> None:
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(b"\xff\xd8 not decoded at generation time")
+
+
+def test_dog_breed_layout(tmp_path):
+    data = write(
+        tmp_path,
+        {"labels.csv": "id,breed\na1,beagle\nb2,pug\n", "sample_submission.csv": "id,beagle,pug\nt1,0.5,0.5\n"},
+    )
+    images(data, ["train/a1.jpg", "train/b2.jpg", "test/t1.jpg"])
+    assert detect.detect_image(data, {}) == {
+        "labels_csv": "labels.csv",
+        "id_col": "id",
+        "label_col": "breed",
+        "train_dir": "train",
+        "test_dir": "test",
+        "image_ext": ".jpg",
+        "sample_submission": "sample_submission.csv",
+    }
+
+
+def test_generic_layout_png_ids_with_extension_and_overrides(tmp_path):
+    data = write(
+        tmp_path,
+        {"train.csv": "image,label\nx.png,cat\n", "sample_submission.csv": "image,label\ny.png,cat\n"},
+    )
+    images(data, ["train_images/x.png", "test_images/y.png"])
+    found = detect.detect_image(data, {})
+    assert (found["labels_csv"], found["id_col"], found["label_col"]) == ("train.csv", "image", "label")
+    assert (found["train_dir"], found["test_dir"], found["image_ext"]) == ("train_images", "test_images", ".png")
+    assert detect.detect_image(data, {"label_col": "label", "image_ext": ".png"})["image_ext"] == ".png"
+
+
+@pytest.mark.parametrize(
+    "files,images_,message",
+    [
+        ({"labels.csv": "id,breed\na,b\n"}, ["train/a.jpg"], "no sample submission CSV"),
+        (
+            {"labels.csv": "id,breed,colour\na,b,c\n", "sample_submission.csv": "id,x,y\nt,0.5,0.5\n"},
+            ["train/a.jpg", "test/t.jpg"],
+            "cannot tell the label column among ['breed', 'colour']; pass --label-col",
+        ),
+        (
+            {"labels.csv": "id,breed\na,b\n", "sample_submission.csv": "id,b\nt,1\n"},
+            ["test/t.jpg"],
+            "no training image folder",
+        ),
+        (
+            {"labels.csv": "id,breed\na,b\n", "sample_submission.csv": "id,b\nt,1\n"},
+            ["train/other.jpg", "test/t.jpg"],
+            "no image named after the first id 'a'; pass --image-ext",
+        ),
+    ],
+)
+def test_image_detection_refuses_to_guess(tmp_path, files, images_, message):
+    data = write(tmp_path, files)
+    images(data, images_)
+    with pytest.raises(KagtplError, match=re.escape(message)):
+        detect.detect_image(data, {})
+
+
+def table(tmp_path, train: str, test: str, sample: str, sample_name="sample_submission.csv") -> Path:
+    return write(tmp_path, {"train.csv": train, "test.csv": test, sample_name: sample})
+
+
+@pytest.mark.parametrize(
+    "train,test,sample,sample_name,expected",
+    [
+        # a probability of the positive class: AUC
+        ("id,x,target\n1,0.5,0\n2,0.1,1\n", "id,x\n3,0.2\n", "id,target\n3,0.5\n", "sample_submission.csv",
+         ("target", "binary", "probs", "auc")),
+        # titanic: 0/1 labels in gender_submission.csv: accuracy
+        ("PassengerId,Sex,Survived\n1,m,0\n2,f,1\n", "PassengerId,Sex\n3,f\n", "PassengerId,Survived\n3,0\n",
+         "gender_submission.csv", ("Survived", "binary", "label", "accuracy")),
+        # one probability column per class: multiclass, log loss
+        ("id,x,species\n1,0.1,a\n2,0.2,b\n3,0.3,c\n", "id,x\n4,0.1\n", "id,a,b,c\n4,0.3,0.3,0.4\n",
+         "sample_submission.csv", ("species", "multiclass", "probs", "logloss")),
+        # string labels, one label column: multiclass accuracy
+        ("id,x,y\n1,1,cat\n2,2,dog\n3,3,cow\n", "id,x\n4,1\n", "id,y\n4,cat\n", "sample_submission.csv",
+         ("y", "multiclass", "label", "accuracy")),
+        # many distinct numbers: regression, RMSE
+        ("id,x,SalePrice\n1,1,100.5\n2,2,230.25\n3,3,170.0\n", "id,x\n4,1\n", "id,SalePrice\n4,150\n",
+         "sample_submission.csv", ("SalePrice", "regression", "label", "rmse")),
+    ],
+)  # fmt: skip
+def test_table_layouts(tmp_path, train, test, sample, sample_name, expected):
+    found = detect.detect_tabular(table(tmp_path, train, test, sample, sample_name), {})
+    assert (found["target"], found["problem"], found["submission"], found["metric"]) == expected
+    assert found["sample_submission"] == sample_name and found["train_csv"] == "train.csv"
+
+
+def test_table_overrides_and_refusals(tmp_path):
+    data = table(tmp_path, "id,a,b,c\n1,1,2,3\n", "id,a\n2,1\n", "id,p,q\n2,0.5,0.5\n")
+    with pytest.raises(KagtplError, match=r"cannot tell the target among \['b', 'c'\]; pass --target"):
+        detect.detect_tabular(data, {})
+    assert detect.detect_tabular(data, {"target": "b", "problem": "multiclass"})["target"] == "b"
+    with pytest.raises(KagtplError, match="metric 'auc' does not fit a regression problem"):
+        detect.detect_tabular(data, {"target": "b", "problem": "regression", "metric": "auc"})
+    with pytest.raises(KagtplError, match="no such folder"):
+        detect.detect_tabular(tmp_path / "nope", {})
