@@ -26,8 +26,8 @@ GIT_ID = ["-c", "user.name=kagtpl test", "-c", "user.email=test@kagtpl.invalid",
 # the v2 template change: a new machinery line in gpu.py and a changed line in train.py
 KIT_ANCHOR = "GB = 1024**3\n"
 KIT_V2 = "GB = 1024**3\nTEMPLATE_FEATURE_V2 = True  # added in the v2 template\n"
-TRAIN_OLD = 'p.add_argument("--seed", type=int, default=42)'
-TRAIN_V2 = 'p.add_argument("--seed", type=int, default=2024)'
+TRAIN_OLD = 'p.add_argument("--seed", type=int, default=42, help="the folds and the initialisation")'
+TRAIN_V2 = 'p.add_argument("--seed", type=int, default=2024, help="the folds and the initialisation")'
 
 
 def git(cwd, *args):
@@ -180,7 +180,7 @@ def test_conflict_exits_nonzero_and_names_the_file(tmp_path, env, releases):
     site, environ = env
     project = new_project(tmp_path, env, v1)
     train = (project / "train.py").read_text()
-    (project / "train.py").write_text(train.replace(TRAIN_OLD, 'p.add_argument("--seed", type=int, default=7)'))
+    (project / "train.py").write_text(train.replace(TRAIN_OLD, TRAIN_OLD.replace("default=42", "default=7")))
     git(project, "commit", "-q", "-am", "my seed")
     install(v2, site)
     r = kagtpl(environ, project, "update", check=False)
