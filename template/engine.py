@@ -45,7 +45,7 @@ import hardware
 import logs
 import planner as time_planner
 import storage
-from gpu import Amp, GpuMonitor, describe_gpu, free_gpu_memory, probe_batch, resolve_device, seed_everything
+from gpu import Amp, GpuMonitor, describe_gpu, free_gpu_memory, is_oom, probe_batch, resolve_device, seed_everything
 from planner import TimePlanner
 
 
@@ -89,7 +89,12 @@ class Machine:
 
 def add_run_flags(p, gpu_profile: str, budget: str) -> None:
     """The flags every task's train.py shares: hardware, precision, the time budget, dry runs."""
-    p.add_argument("--gpu", default=gpu_profile, choices=sorted(hardware.PROFILES), help="profile for defaults")
+    p.add_argument(
+        "--gpu",
+        default=gpu_profile,
+        choices=[*sorted(hardware.PROFILES), "auto"],
+        help="profile for the defaults; auto: this machine's card (one built from it if kagtpl does not list it)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument(
         "--amp",
@@ -111,6 +116,18 @@ def begin(args) -> torch.device:
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     seed_everything(args.seed)
     return resolve_device(args.device)
+
+
+def profile(gpu_flag: str, device: torch.device) -> hardware.Profile:
+    """The --gpu profile; `auto` reads the card (an unlisted one gets a profile built from its
+    memory and compute capability, with a warning)."""
+    if gpu_flag != "auto":
+        return hardware.PROFILES[gpu_flag]
+    name, total_gb, capability = describe_gpu(device)
+    found, warning = hardware.profile_for(name, total_gb, capability, hardware.usable_cpus())
+    if warning:
+        print(f"WARNING: {warning}")
+    return found
 
 
 def make_planner(args, machine: Machine) -> TimePlanner:
@@ -350,9 +367,10 @@ def read_targets(oof: pd.DataFrame) -> np.ndarray:
 
 
 def to_device(batch, machine: Machine):
-    """A batch (a tensor or a tuple of them) on the device; 4-D float inputs as NHWC when channels_last."""
+    """A batch (a tensor or a tuple of them) on the device; 4-D inputs (uint8 images too) as NHWC when
+    channels_last, so the model's NHWC weights meet NHWC activations."""
     if isinstance(batch, torch.Tensor):
-        if machine.channels_last and batch.dim() == 4 and batch.is_floating_point():
+        if machine.channels_last and batch.dim() == 4:
             return batch.to(machine.device, non_blocking=True, memory_format=torch.channels_last)
         return batch.to(machine.device, non_blocking=True)
     return type(batch)(to_device(b, machine) for b in batch)
@@ -360,15 +378,28 @@ def to_device(batch, machine: Machine):
 
 @torch.no_grad()
 def predict(predict_fn, model, batches, machine: Machine, max_batches=None) -> np.ndarray:
-    """predict_fn(model, batch) for every batch, in order: validation here, the test set in predict.py."""
+    """predict_fn(model, batch) for every batch, in order: validation here, the test set in predict.py.
+    Outputs stay on the device until the end (one copy back, one sync). A batch that runs out of
+    memory is predicted in halves (then quarters, ...), and the rest of the batches at that size."""
     model.eval()
-    out = []
+    out, parts = [], 1
     for i, batch in enumerate(batches):
         if max_batches is not None and i >= max_batches:
             break
-        with machine.amp.autocast():
-            out.append(predict_fn(model, to_device(batch, machine)).float().cpu())
-    return torch.cat(out).numpy()
+        batch = to_device(batch, machine)
+        while True:
+            try:
+                with machine.amp.autocast():
+                    pieces = split_batch(batch, parts) if parts > 1 else [batch]
+                    done = [predict_fn(model, piece).float() for piece in pieces]
+                out += done
+                break
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if not is_oom(e) or parts * 2 > batch_rows(batch):
+                    raise
+                free_gpu_memory()
+                parts *= 2
+    return torch.cat(out).cpu().numpy()
 
 
 def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, batching, on_first_step=None, should_stop=None):
@@ -376,47 +407,66 @@ def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, batching, on_fi
 
     `batch_loss(batch)` is the competition code: it returns (mean loss, rows) under autocast.
     Each accumulation group's loss is divided by the group's own size, so a last partial group
-    steps the optimizer too, with a correctly scaled gradient. On a CUDA out-of-memory error the
-    batch is redone as 2 (then 4, ...) micro-batches: the micro-batch halves, the accumulation
-    doubles, the effective batch stays; `batching.parts` carries that to later epochs and folds.
+    steps the optimizer too, with a correctly scaled gradient.
+
+    Out of GPU memory anywhere in a group (forward, backward, optimizer.step, or a cuDNN/cuBLAS
+    allocation failure) is one recovery: the group's gradients and the GradScaler's step state
+    are dropped, memory is freed, and the group's batches are redone as 2 (then 4, ...)
+    micro-batches each: the micro-batch halves, the accumulation doubles, the effective batch
+    stays. The halved micro-batch is made permanent (`batching.parts`, kept for later epochs
+    and folds) only once it has carried a whole group through its optimizer step.
     `on_first_step()` runs once after the first optimizer step (the GPU memory lines);
     `should_stop(i)` is asked after every batch (the time budget's deadline, SIGTERM).
     Returns (mean loss, samples seen).
     """
-    accum = batching.accum_steps
+    accum, parts = batching.accum_steps, batching.parts
     total, seen = None, 0
+    group, group_stats = [], []  # this group's batches (kept to redo it after an OOM) and their (loss x rows, rows)
     optimizer.zero_grad(set_to_none=True)
     for i, batch in enumerate(batches):
         if i >= n:
             break
-        group = min(accum, n - (i // accum) * accum)
+        group_size = min(accum, n - (i // accum) * accum)
+        closes = (i + 1) % accum == 0 or i + 1 == n
+        group.append(batch)
+        todo = [batch]
         while True:
             try:
-                loss, size = _backward(batch, batch_loss, amp, group, batching.parts)
+                stats = [_backward(b, batch_loss, amp, group_size, parts) for b in todo]
+                if closes:
+                    amp.step(optimizer)
                 break
-            except torch.OutOfMemoryError:
-                optimizer.zero_grad(set_to_none=True)  # the group's partial gradients are dropped
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if not is_oom(e):
+                    raise
+                optimizer.zero_grad(set_to_none=True)  # the group's partial gradients are dropped...
+                amp.forget_step(optimizer)  # ...and so is the scaler's record of unscaling them
                 free_gpu_memory()
-                rows, parts = batch_rows(batch), batching.parts
+                rows = batch_rows(batch)
                 if parts * 2 > rows:
                     raise
-                batching.parts = parts * 2
                 print(
                     f"OOM: batch of {rows} did not fit at step {i}: micro-batch {-(-rows // parts)} -> "
                     f"{-(-rows // (2 * parts))}, accumulation {accum * parts} -> {accum * parts * 2}, "
                     f"effective batch {rows * accum} unchanged",
                     flush=True,
                 )
-        if (i + 1) % accum == 0 or i + 1 == n:
-            amp.step(optimizer)
+                parts, todo, group_stats = parts * 2, list(group), []  # redo the whole group, halved
+        group_stats += stats
+        if closes:
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
+            batching.parts = parts  # the micro-batch that carried this group through its step
             if on_first_step is not None:
                 on_first_step()
                 on_first_step = None
-        total = loss * size if total is None else total + loss * size  # on the device: no .item() sync
-        seen += size
-        if should_stop is not None and should_stop(i):
+        stop = should_stop is not None and should_stop(i)
+        if closes or stop:
+            for loss_x_rows, rows in group_stats:  # on the device: no .item() sync
+                total = loss_x_rows if total is None else total + loss_x_rows
+                seen += rows
+            group, group_stats = [], []
+        if stop:
             break
     return (0.0 if total is None else (total / max(seen, 1)).item()), seen
 
@@ -434,7 +484,8 @@ def split_batch(batch, parts: int) -> list:
 
 
 def _backward(batch, batch_loss, amp, group: int, parts: int):
-    """Backward of one batch, as `parts` micro-batches whose gradients add up to the batch's."""
+    """Backward of one batch, as `parts` micro-batches whose gradients add up to the batch's.
+    Returns (loss x rows, rows) for the epoch's mean loss."""
     rows, loss_sum, size_sum = batch_rows(batch), None, 0
     for piece in split_batch(batch, parts) if parts > 1 else [batch]:
         with amp.autocast():
@@ -442,7 +493,7 @@ def _backward(batch, batch_loss, amp, group: int, parts: int):
         amp.backward(loss * (size / rows) / group)
         part = loss.detach().float() * size
         loss_sum, size_sum = (part if loss_sum is None else loss_sum + part), size_sum + size
-    return loss_sum / size_sum, size_sum
+    return loss_sum, size_sum
 
 
 def warmup_cosine(optimizer, steps_per_epoch: int, epochs):

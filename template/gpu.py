@@ -47,6 +47,22 @@ def free_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
+# cuDNN and cuBLAS report a failed workspace allocation as a plain RuntimeError, not as
+# torch.OutOfMemoryError; they are the same event (the GPU is full) and get the same recovery.
+OOM_MESSAGES = (
+    "out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+)
+
+
+def is_oom(error: BaseException) -> bool:
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error) for m in OOM_MESSAGES)
+
+
 # ----------------------------------------------------------------------------- precision
 
 
@@ -72,6 +88,14 @@ class Amp:
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         self.scaler.step(optimizer)
         self.scaler.update()
+
+    def forget_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """After an OOM inside step(): the scaler has already unscaled this step's gradients and
+        would skip unscaling the redone ones, applying them 65536x too large. Forget that stage
+        (GradScaler keeps it per optimizer in _per_optimizer_states; no public reset exists)."""
+        states = getattr(self.scaler, "_per_optimizer_states", None)
+        if states is not None:
+            states.pop(id(optimizer), None)
 
 
 # ----------------------------------------------------------------------------- GPU memory
@@ -136,8 +160,11 @@ def probe_batch(step, model, optimizer, amp, batch, accum, size_class, monitor, 
         monitor.reset()
         try:
             step(b)
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not is_oom(e):
+                raise
             optimizer.zero_grad(set_to_none=True)
+            amp.forget_step(optimizer)
             free_gpu_memory()
             log(f"PROBE: batch={b} -> out of memory")
             return None

@@ -8,6 +8,7 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 
@@ -46,6 +47,11 @@ PROFILES: dict[str, Profile] = {
         Profile("a100-40", "NVIDIA A100 40GB", 40, (8, 0), 12),
         Profile("a100-80", "NVIDIA A100 80GB", 80, (8, 0), 12),
         Profile("h100", "NVIDIA H100 80GB", 80, (9, 0), 26),
+        Profile("h200", "NVIDIA H200", 141, (9, 0), 26),
+        Profile("b200", "NVIDIA B200", 180, (10, 0), 28),
+        Profile("l40s", "NVIDIA L40S", 48, (8, 9), 16),
+        Profile("a40", "NVIDIA A40", 48, (8, 6), 16),
+        Profile("rtx-a6000", "NVIDIA RTX A6000", 48, (8, 6), 16),
         Profile("rtx3090", "NVIDIA RTX 3090", 24, (8, 6), 16),
         Profile("rtx4090", "NVIDIA RTX 4090", 24, (8, 9), 16),
         Profile("cpu", "CPU only", 0, None, os.cpu_count() or 2),
@@ -265,10 +271,16 @@ def recommend(
 
 
 def profile_from_gpu_name(name: str, memory_gb: float) -> str:
-    """Map a device name (nvidia-smi or torch) to a profile name; 'cpu' if unknown."""
+    """Map a device name (nvidia-smi or torch) to a profile name; 'cpu' if it is not in the table
+    (profile_for() then builds one from the card's memory and compute capability)."""
     n = name.lower()
     table = [
         ("h100", "h100"),
+        ("h200", "h200"),
+        ("b200", "b200"),
+        ("l40s", "l40s"),
+        ("a6000", "rtx-a6000"),
+        ("a40", "a40"),
         ("a100", "a100-80" if memory_gb > 45 else "a100-40"),
         ("a10g", "a10g"),
         ("a10", "a10"),
@@ -280,9 +292,34 @@ def profile_from_gpu_name(name: str, memory_gb: float) -> str:
         ("3090", "rtx3090"),
     ]
     for key, profile in table:
-        if key in n:
+        if re.search(rf"(?<![a-z0-9]){key}(?![a-z0-9])", n):  # whole model numbers: an RTX A4000 is no A40
             return profile
     return "cpu"
+
+
+def profile_for(name: str, memory_gb: float, capability: tuple[int, int] | None, cpus: int) -> tuple[Profile, str]:
+    """The profile of a detected device, and a warning ('' if none): a listed card gets its own;
+    an unlisted one gets a profile built from its memory and compute capability, so an H200-class
+    card is never treated as a CPU. CPU: the cpu profile."""
+    if capability is None:
+        return PROFILES["cpu"], ""
+    listed = profile_from_gpu_name(name, memory_gb)
+    if listed != "cpu":
+        return PROFILES[listed], ""
+    built = Profile("custom", name, round(memory_gb), capability, cpus, note="built from the detected card")
+    cc = "{}.{}".format(*capability)
+    return built, (
+        f"GPU {name!r} is not in kagtpl's table: using a profile built from it ({memory_gb:.0f} GB, "
+        f"compute capability {cc}, {amp_mode(capability)})"
+    )
+
+
+def nearest_profile(memory_gb: float, capability: tuple[int, int]) -> str:
+    """The listed GPU profile closest to an unlisted card: the same precision (AMP mode), then
+    the nearest memory (what `kagtpl new --gpu auto` records, copier.yml's choices being fixed)."""
+    same = [p for p in PROFILES.values() if p.is_gpu and p.gpus == 1 and amp_mode(p.capability) == amp_mode(capability)]
+    pool = same or [p for p in PROFILES.values() if p.is_gpu]
+    return min(pool, key=lambda p: (abs(p.memory_gb - memory_gb), -p.memory_gb)).name
 
 
 # Tables: batch 4096 on a GPU (field notes: tabular nets at 4096, >= 500 batches a minute);

@@ -7,6 +7,7 @@ replace it.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -58,3 +59,40 @@ def write_submission(sub, sample, kind: str, labels, path: Path, folds: int) -> 
         raise RunError(f"submission failed its check, not written: {e}") from None
     write_csv_atomic(sub, path)
     print(f"SUBMISSION: {path} ({len(sub)} rows, {folds} fold(s) ensembled)")
+
+
+class FoldClock:
+    """predict.py's side of the time budget. Under run.py it knows the deadline (the budget's
+    end); when the folds left will not fit, it first drops TTA (half the work per fold), then
+    stops taking folds: the folds come best validation loss first (`best_first`), so the
+    submission is made from the best folds there was time for. At least one fold always runs.
+    Seam for tests: `clock` (wall seconds, time.time by default)."""
+
+    MARGIN_S = 3.0  # ensembling, the check and the atomic write after the last fold
+
+    def __init__(self, deadline: float | None, views: int, clock=time.time):
+        self.deadline, self.views, self.clock = deadline or None, views, clock
+        self.view_s: float | None = None  # seconds one fold took per view (the last fold's)
+        self._t0 = 0.0
+
+    def best_first(self, checkpoints: list) -> list:
+        if self.deadline is None:
+            return checkpoints
+        return sorted(checkpoints, key=lambda pc: pc[1].get("val_loss", float("inf")))
+
+    def next_fold(self, done: int, total: int) -> bool:
+        """Before each fold: does it fit (TTA is dropped first)? Starts the fold's timer."""
+        if self.deadline is not None:
+            left = self.deadline - self.clock() - self.MARGIN_S
+            need = None if self.view_s is None else self.view_s * self.views * (total - done)
+            if self.views > 1 and (left <= 0 or (need is not None and need > left)):
+                self.views = 1
+                print(f"PREDICT: {max(left, 0.0):.0f}s left before the deadline: TTA off (one view per image)")
+            if done and self.view_s is not None and self.view_s * self.views > left:
+                print(f"PREDICT: deadline: {done} of {total} fold(s) used, best validation loss first")
+                return False
+        self._t0 = self.clock()
+        return True
+
+    def fold_done(self) -> None:
+        self.view_s = (self.clock() - self._t0) / self.views

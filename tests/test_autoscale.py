@@ -170,3 +170,109 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
     assert (config["batch_size"], config["accum_steps"], config["lr"]) == (16, 2, 1e-3)  # derived when saved
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k  # probing trained nothing
+
+
+# ----------------------------------------------------------------------------- OOM anywhere in a step
+
+
+def _batches(n=3, rows=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n * rows, 8, generator=g), torch.randint(0, 3, (n * rows,), generator=g)
+    return [(x[i : i + rows], y[i : i + rows]) for i in range(0, n * rows, rows)]
+
+
+def _train(m, amp_mode, batches, step_ooms=0, backward_error=None, forget=True):
+    """Three steps of SGD through the engine's run_epoch, with a real GradScaler when amp_mode is
+    fp16; `step_ooms` optimizer steps raise OOM first (after the scaler has unscaled the grads),
+    `backward_error` is raised once from inside backward for batches above 4 rows."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    amp = m.gpu.Amp(amp_mode, torch.device("cpu"))
+    if not forget:
+        amp.forget_step = lambda optimizer: None  # the bug: the scaler keeps its stale "unscaled" stage
+    real_step, left = opt.step, {"step": step_ooms, "backward": 1 if backward_error else 0}
+
+    def step(*args, **kwargs):
+        if left["step"]:
+            left["step"] -= 1
+            raise torch.OutOfMemoryError("fake: CUDA out of memory in optimizer.step")
+        return real_step(*args, **kwargs)
+
+    if step_ooms:
+        opt.step = step
+
+    class Fails(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            if left["backward"] and grad.shape[0] > 4:
+                left["backward"] -= 1
+                raise backward_error
+            return grad
+
+    def batch_loss(batch):
+        xb, yb = batch
+        return torch.nn.functional.cross_entropy(Fails.apply(model(xb)).float(), yb), len(yb)
+
+    batching = m.engine.Batching(8, 1, 0.5)
+    m.engine.run_epoch(batches, len(batches), batch_loss, opt, sched, amp, batching)
+    return model, batching, amp
+
+
+@pytest.mark.filterwarnings("ignore:Seems like .optimizer.step.. has been overridden")
+@pytest.mark.parametrize("amp_mode", ["fp16", "bf16", "off"])
+def test_oom_in_optimizer_step_redoes_the_group_with_a_real_grad_scaler(project_modules, amp_mode, capsys):
+    m, batches = project_modules, _batches()
+    ref, _, _ = _train(m, amp_mode, batches)
+    model, batching, amp = _train(m, amp_mode, batches, step_ooms=1)
+    assert batching.parts == 2 and "OOM: batch of 8 did not fit at step 0" in capsys.readouterr().out
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3)  # the same 3 steps, as 2 micro-batches each
+    if amp_mode == "fp16":
+        assert amp.scaler.is_enabled() and amp.scaler.get_scale() == 65536.0  # a real scaler, no inf seen
+
+
+@pytest.mark.filterwarnings("ignore:Seems like .optimizer.step.. has been overridden")
+def test_the_stale_scaler_bug_is_what_forget_step_prevents(project_modules):
+    """Without dropping the scaler's stage after an OOM in step(), the redone gradients are applied
+    still scaled (65536x): the test above would fail."""
+    m, batches = project_modules, _batches()
+    ref, _, _ = _train(m, "fp16", batches)
+    stale, _, _ = _train(m, "fp16", batches, step_ooms=1, forget=False)
+    assert (stale.weight - ref.weight).abs().max() > 100 * (ref.weight.abs().max())
+
+
+def test_cudnn_allocation_failure_in_backward_counts_as_oom(project_modules, capsys):
+    m, batches = project_modules, _batches()
+    ref, _, _ = _train(m, "off", batches)
+    error = RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+    model, batching, _ = _train(m, "off", batches, backward_error=error)
+    assert batching.parts == 2 and "OOM: batch of 8" in capsys.readouterr().out
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+    with pytest.raises(RuntimeError, match="device-side assert"):  # any other error is not an OOM
+        _train(m, "off", batches, backward_error=RuntimeError("CUDA error: device-side assert triggered"))
+
+
+def test_prediction_halves_a_batch_that_runs_out_of_memory(project_modules):
+    m = project_modules
+    machine = m.engine.make_machine(torch.device("cpu"), "off", {}, channels_last=False)
+    model = torch.nn.Linear(8, 3)
+    batches = _batches(n=2, rows=8)
+    tried = []
+
+    def predict_fn(model, batch):
+        tried.append(len(batch[0]))
+        if len(batch[0]) > 3:
+            raise torch.OutOfMemoryError("fake: CUDA out of memory in validation")
+        return model(batch[0]).softmax(1)
+
+    out = m.engine.predict(predict_fn, model, batches, machine)
+    expected = torch.cat([model(x).softmax(1) for x, _ in batches]).detach().numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    assert tried == [8, 4, 2, 2, 2, 2, 2, 2, 2, 2]  # halved until it fits, then kept at that size

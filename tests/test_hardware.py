@@ -89,8 +89,37 @@ def test_unknown_model_falls_back_to_parameter_count():
         ("NVIDIA H100 80GB HBM3, 81559", "h100"),
         ("NVIDIA GeForce RTX 4090, 24564", "rtx4090"),
         ("NVIDIA A10G, 23028", "a10g"),
+        ("NVIDIA H200, 143771, 9.0", "h200"),
+        ("NVIDIA B200, 183359, 10.0", "b200"),
+        ("NVIDIA L40S, 46068, 8.9", "l40s"),
+        ("NVIDIA A40, 46068, 8.6", "a40"),
+        ("NVIDIA RTX A6000, 49140, 8.6", "rtx-a6000"),
+        ("NVIDIA L4, 23034, 8.9", "l4"),
         ("", "cpu"),
     ],
 )
 def test_detect_gpu_from_nvidia_smi_text(smi, profile):
     assert detect_gpu(smi) == profile
+
+
+@pytest.mark.parametrize(
+    "smi,profile",
+    [
+        ("NVIDIA A30, 24576, 8.0", "a10"),  # bf16, 24 GB: the A10's rules, not the CPU's
+        ("NVIDIA RTX A4000, 16376, 8.6", "a10"),  # not the A40 its name contains; the nearest bf16 memory
+        ("Quadro RTX 8000, 49152, 7.5", "v100-32"),  # fp16 card: the fp16 profile nearest in memory
+    ],
+)
+def test_unlisted_gpu_gets_the_nearest_profile_and_a_warning(smi, profile, capsys):
+    assert detect_gpu(smi) == profile
+    assert "is not in kagtpl's table: using the nearest profile" in capsys.readouterr().err
+
+
+def test_unlisted_gpu_at_run_time_gets_a_profile_built_from_the_card():
+    profile, warning = hardware().profile_for("NVIDIA A30", 24.0, (8, 0), cpus=8)
+    assert profile.name == "custom" and profile.is_gpu and profile.memory_gb == 24
+    assert hardware().amp_mode(profile.capability) == "bf16" and "not in kagtpl's table" in warning
+    rec = hardware().recommend(profile, "efficientnet_b4", 224)
+    assert rec.batch_size == 128 and rec.amp == "bf16"  # a 24 GB bf16 card: the A10's batch, not the CPU's 32
+    assert hardware().profile_for("NVIDIA H200", 140.0, (9, 0), cpus=8) == (hardware().PROFILES["h200"], "")
+    assert hardware().profile_for("cpu", 0.0, None, cpus=2)[0].name == "cpu"

@@ -224,3 +224,50 @@ def test_experiments_table_appends_and_ranks_by_cv_in_the_metrics_direction(proj
     with pytest.raises(ValueError, match="not experiment columns"):
         exp.append(path, {"modle": "typo"})
     assert len(exp.read(path)) == 5  # the bad row changed nothing
+
+
+def test_fold_clock_drops_tta_first_then_folds_best_first(project_modules, capsys):
+    submission = project_modules.submission
+    now = [0.0]
+    clock = submission.FoldClock(deadline=45.0, views=2, clock=lambda: now[0])
+    checkpoints = [("f0", {"val_loss": 0.5}), ("f1", {"val_loss": 0.2}), ("f2", {}), ("f3", {"val_loss": 0.3})]
+    assert [name for name, _ in clock.best_first(checkpoints)] == ["f1", "f3", "f0", "f2"]
+    used = []
+    for k, (name, _) in enumerate(clock.best_first(checkpoints)):
+        if not clock.next_fold(k, 4):
+            break
+        now[0] += 10.0 * clock.views  # 10 s per view of the test set
+        clock.fold_done()
+        used.append((name, clock.views))
+    # after f1 (20 s with TTA): 4 folds x 20 s > 22 s left -> TTA off; f3, f0 at 10 s; f2 would end past 45 - 3
+    assert used == [("f1", 2), ("f3", 1), ("f0", 1)]
+    out = capsys.readouterr().out
+    assert "22s left before the deadline: TTA off" in out and "PREDICT: deadline: 3 of 4 fold(s) used" in out
+    unhurried = submission.FoldClock(deadline=0, views=2, clock=lambda: 1e9)
+    assert unhurried.best_first(checkpoints) == checkpoints and unhurried.next_fold(3, 4) and unhurried.views == 2
+
+
+def test_channels_last_inputs_meet_channels_last_weights_on_cpu(project_modules):
+    """The engine moves 4-D batches (uint8 images too) to NHWC when the machine is channels_last;
+    the device-side normalize keeps NHWC, and the model (made NHWC by the engine and predict.py)
+    gives what the contiguous model gives."""
+    m = project_modules
+    device = torch.device("cpu")
+    machine = m.engine.make_machine(device, "off", {}, channels_last=False)
+    machine.channels_last = True  # the CUDA setting, on CPU
+    images = torch.randint(0, 255, (4, 3, 32, 32), dtype=torch.uint8)
+    x, y = m.engine.to_device((images, torch.arange(4)), machine)
+    assert x.dtype == torch.uint8 and x.is_contiguous(memory_format=torch.channels_last)
+    assert not y.is_contiguous(memory_format=torch.channels_last) or y.dim() != 4  # targets untouched
+    xn = m.train.normalize(x)
+    assert xn.dtype == torch.float32 and xn.is_contiguous(memory_format=torch.channels_last)
+    model = m.train.build_model({"model": "resnet18"}, 3).eval()
+    reference = model(m.train.normalize(images))
+    nhwc = model.to(memory_format=torch.channels_last)
+    assert nhwc.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(nhwc(xn), reference, rtol=1e-4, atol=1e-4)
+    # the mean and std are ImageNet's: a mid-grey image normalizes to about (0.5 - mean) / std
+    grey = m.train.normalize(torch.full((1, 3, 2, 2), 128, dtype=torch.uint8))
+    torch.testing.assert_close(
+        grey[0, :, 0, 0], (128 / 255 - torch.tensor(m.train.IMAGENET_MEAN)) / torch.tensor(m.train.IMAGENET_STD)
+    )

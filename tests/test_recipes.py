@@ -49,8 +49,10 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
     tags = """    tags = train[args.label_col].fillna("").str.split()
     for i, row_tags in enumerate(tags):
         if unknown := set(row_tags) - set(classes):
-            raise errors.DataError(f"{labels_path} line {i + 2}: tag {sorted(unknown)[0]!r} is not a column of {sample_path.name}")
-"""  # noqa: E501
+            raise errors.DataError(
+                f"{labels_path} line {i + 2}: tag {sorted(unknown)[0]!r} is not a column of {sample_path.name}"
+            )
+"""
     apply(project, readme, "train.py", check, tags)
     target = '    train["target"] = train[args.label_col].map({c: k for k, c in enumerate(classes)})\n'
     multi_hot = '    train["target"] = [np.isin(classes, t).astype(np.float32) for t in tags]\n'

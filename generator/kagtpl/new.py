@@ -71,29 +71,47 @@ def validate_choices(answers: NewAnswers) -> None:
             raise KagtplError(f"--budget: {e}") from None
 
 
+SMI_QUERIES = ("name,memory.total,compute_cap", "name,memory.total")  # compute_cap: drivers from 2021 on
+
+
 def detect_gpu(smi_output: str | None = None) -> str:
-    """Profile of the local GPU from nvidia-smi ('cpu' when there is none). The seam for tests
-    is `smi_output`: the text of `nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits`."""
+    """Profile of the local GPU from nvidia-smi ('cpu' when there is none). An unlisted card gets
+    the nearest listed profile (same precision, nearest memory) and a warning on stderr. The seam
+    for tests is `smi_output`: the text of `nvidia-smi --query-gpu=name,memory.total,compute_cap
+    --format=csv,noheader,nounits` (the capability column may be missing)."""
     if smi_output is None:
-        try:
-            smi_output = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            return "cpu"
-    line = smi_output.strip().splitlines()[0] if smi_output.strip() else ""
-    if "," not in line:
+        smi_output = ""
+        for query in SMI_QUERIES:
+            try:
+                smi_output = subprocess.run(
+                    ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                    check=True,
+                ).stdout
+                break
+            except (OSError, subprocess.SubprocessError):
+                continue
+    fields = [f.strip() for f in (smi_output.strip().splitlines() or [""])[0].split(",")]
+    if len(fields) < 2:
         return "cpu"
-    name, mem_mib = line.rsplit(",", 1)
     try:
-        mem_gb = float(mem_mib) / 1024
+        mem_gb = float(fields[1]) / 1024
+        capability = tuple(int(x) for x in fields[2].split(".")) if len(fields) > 2 else None
     except ValueError:
         return "cpu"
-    return hardware().profile_from_gpu_name(name, mem_gb)
+    hw = hardware()
+    listed = hw.profile_from_gpu_name(fields[0], mem_gb)
+    if listed != "cpu":
+        return listed
+    nearest = hw.nearest_profile(mem_gb, capability or (8, 0))
+    print(
+        f"warning: GPU {fields[0]!r} ({mem_gb:.0f} GB) is not in kagtpl's table: using the nearest profile "
+        f"{nearest!r}; train.py --gpu auto builds one from the card itself",
+        file=sys.stderr,
+    )
+    return nearest
 
 
 def check_destination(answers: NewAnswers) -> None:
