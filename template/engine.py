@@ -241,7 +241,10 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=batching.lr, weight_decay=args.weight_decay)
     if first and getattr(args, "autoscale", False) and machine.device.type == "cuda":
-        autoscale(comp, fold, n_train, model, optimizer, machine, batching)
+        if args.batch_size or getattr(args, "accum_steps", 0):  # the user's numbers are kept as given
+            print(f"BATCH PROBE: skipped: --batch-size {args.batch_size} / --accum-steps {args.accum_steps} set by you")
+        else:
+            autoscale(comp, fold, n_train, model, optimizer, machine, batching)
 
     train_batches = comp.loader(fold.train, batching.size, train=True)
     valid_batches = comp.loader(fold.valid, batching.size * 2, train=False)  # no gradients: twice the rows
@@ -514,9 +517,10 @@ def warmup_cosine(optimizer, steps_per_epoch: int, epochs):
 
 
 def autoscale(comp, fold: Fold, n_train: int, model, optimizer, machine: Machine, batching: Batching) -> None:
-    """Before the first fold, on CUDA: probe real training steps at growing batch sizes
-    (gpu.probe_batch) and keep the largest whose peak memory is in the decision matrix's band
-    for this model. The result is written to `batching` (and the optimizer's LR)."""
+    """Before the first fold, on CUDA, unless --batch-size or --accum-steps were given: time real
+    training steps at growing batch sizes (gpu.probe_batch) and keep the smallest batch within 5%
+    of the best samples/s under the memory ceiling. The result is written to `batching` (and the
+    optimizer's LR)."""
 
     def step(b: int) -> None:
         model.train()
@@ -528,7 +532,7 @@ def autoscale(comp, fold: Fold, n_train: int, model, optimizer, machine: Machine
         machine.amp.step(optimizer)
 
     size_class = hardware.size_class(comp.name, sum(p.numel() for p in model.parameters()) / 1e6)
-    max_batch = max(batching.size, min(4096, n_train // 4))
+    max_batch = max(batching.size, min(4096, n_train // hardware.MIN_STEPS_PER_EPOCH))  # enough steps an epoch
     batching.size, batching.accum_steps, batching.lr = probe_batch(
         step,
         model,

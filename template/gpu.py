@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from contextlib import nullcontext
 
 import numpy as np
@@ -105,16 +106,21 @@ class GpuMonitor:
     """Peak GPU memory of a window (a step or an epoch).
 
     Seam for tests: `reader()` returns (peak_bytes_since_reset, total_bytes) and `reset()`
-    starts a new window. On CUDA they wrap torch.cuda.max_memory_allocated and
-    reset_peak_memory_stats; on CPU there is no reader and every figure prints as 'none'.
-    We report the *peak*: memory_allocated() after backward has already freed the
-    activations and under-reports the real need several-fold.
+    starts a new window. On CUDA the peak is torch.cuda.max_memory_reserved plus the memory
+    outside PyTorch's allocator (context, library handles), against mem_get_info's total; on
+    CPU there is no reader and every figure prints as 'none'. We report the *peak*:
+    memory_allocated() after backward has already freed the activations and under-reports the
+    real need several-fold, and allocated memory alone ignores what the cache holds.
     """
 
     def __init__(self, device: torch.device, reader=None, reset=None):
         if reader is None and device.type == "cuda":
-            total = torch.cuda.get_device_properties(device).total_memory
-            reader = lambda: (torch.cuda.max_memory_allocated(device), total)  # noqa: E731
+            # What the card has to give is the caching allocator's *reserved* memory (allocated plus
+            # its cached blocks) plus what is not ours to allocate: the CUDA context, cuBLAS/cuDNN
+            # handles, other processes; measured once here, against mem_get_info's total.
+            free, total = torch.cuda.mem_get_info(device)
+            outside = max(0, total - free - torch.cuda.memory_reserved(device))
+            reader = lambda: (torch.cuda.max_memory_reserved(device) + outside, total)  # noqa: E731
             reset = lambda: torch.cuda.reset_peak_memory_stats(device)  # noqa: E731
         self._reader, self._reset = reader, reset
 
@@ -138,28 +144,48 @@ class GpuMonitor:
 # ----------------------------------------------------------------------------- batch probe
 
 
-def probe_batch(step, model, optimizer, amp, batch, accum, size_class, monitor, max_batch, lr, log=print):
-    """Grow the batch before the first fold until peak GPU memory reaches the decision matrix's
-    target for the model's size class (small 50%, large 70%), never above 90% (a 10% margin:
-    a batch found right at the limit OOMs later). x2 first, then x1.5; an OOM steps back.
+PROBE_STEPS = 3  # timed steps per candidate, after one warm-up step at its shape
+WITHIN = 0.95  # keep the smallest batch within 5% of the best samples/s: more steps an epoch, same speed
 
-    `step(b)` runs one real training step at micro-batch b. The weights, the optimizer and the
-    GradScaler are restored afterwards: probing does not train the model. Returns
-    (batch, accum, lr): below the intended effective batch, accumulation rises and the micro-batch
-    is the smallest that keeps the effective batch exactly (96 fits, effective 128 -> 64 x 2);
-    at or above it, accumulation is 1 and the LR scales by sqrt(new effective / old) (square-root
-    scaling, the rule for Adam-type optimizers).
+
+def probe_batch(
+    step, model, optimizer, amp, batch, accum, size_class, monitor, max_batch, lr, log=print, clock=None, sync=None
+):
+    """Measure real training steps at growing batch sizes (multiples of 8, doubling) before the
+    first fold, and keep the smallest batch within 5% of the best samples/s that stays under the
+    90% memory ceiling. Throughput, not memory, is the objective: past the GPU's saturation a
+    bigger batch only costs optimizer steps. Growing stops at an OOM, at the ceiling, at
+    `max_batch` (which keeps enough optimizer steps an epoch), or when doubling gains < 5%.
+
+    Each candidate: one warm-up step (cuDNN autotunes each new shape, and its workspace spike
+    would be read as the need), then the peak is reset and PROBE_STEPS steps are timed, synced.
+    `step(b)` runs one real training step at micro-batch b; `clock` and `sync` are the seam
+    (time.perf_counter and torch.cuda.synchronize by default). The weights, the optimizer and the
+    GradScaler are restored afterwards: probing does not train the model. Returns (batch, accum,
+    lr): below the intended effective batch, accumulation rises and the micro-batch is the
+    smallest that keeps the effective batch (96 fits, effective 128 -> 64 x 2); at or above it,
+    accumulation is 1 and the LR scales by sqrt(new effective / old) (square-root scaling, the
+    rule for Adam-type optimizers).
     """
+    clock = clock or time.perf_counter
+    sync = sync or (torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None))
     target, ceiling = hardware.TARGET_PCT[size_class], hardware.BAND_MAX_PCT
     saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()), amp.scaler.state_dict())
     total_gb = None
 
-    def trial(b: int) -> float | None:
+    def trial(b: int) -> tuple[float, float] | None:
+        """(samples/s, peak memory %) of b, or None when it does not fit."""
         nonlocal total_gb
         free_gpu_memory()
-        monitor.reset()
         try:
-            step(b)
+            step(b)  # warm-up at this shape
+            sync()
+            monitor.reset()  # the steady need, not the first step's autotune spike
+            t0 = clock()
+            for _ in range(PROBE_STEPS):
+                step(b)
+            sync()
+            seconds = clock() - t0
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_oom(e):
                 raise
@@ -169,43 +195,56 @@ def probe_batch(step, model, optimizer, amp, batch, accum, size_class, monitor, 
             log(f"PROBE: batch={b} -> out of memory")
             return None
         used, total_gb, pct = monitor.peak()
+        rate = b * PROBE_STEPS / max(seconds, 1e-9)
         verdict = "over the 90% ceiling" if pct > ceiling else "below target" if pct < target else "in band"
-        log(f"PROBE: batch={b} -> {used:.2f} GB ({pct:.1f}%) {verdict}")
-        return pct
+        log(f"PROBE: batch={b} -> {rate:.0f} samples/s, {used:.2f} GB ({pct:.1f}%) {verdict}")
+        return (rate, pct) if pct <= ceiling else None
 
-    log(f"BATCH PROBE: {size_class} model, target >= {target:.0f}% of GPU memory, ceiling {ceiling:.0f}%")
-    start, pct = batch, trial(batch)
-    while (pct is None or pct > ceiling) and batch > 1:
-        batch = max(1, batch // 2)
-        pct = trial(batch)
-    if pct is None:
-        raise RunError("not even a batch of 1 fits in GPU memory")
-    while pct < target and batch < max_batch:
-        for factor in (2.0, 1.5):
-            candidate = min(max_batch, hardware.round_batch(batch * factor))
-            if candidate <= batch:
-                continue
-            p = trial(candidate)
-            if p is not None and p <= ceiling:
-                batch, pct = candidate, p
-                break
-        else:
+    log(
+        f"BATCH PROBE: {size_class} model, fastest batch within 5% of the best samples/s, memory ceiling "
+        f"{ceiling:.0f}% (the decision matrix's target >= {target:.0f}% is reported, not pursued)"
+    )
+    start = batch
+    b = max(8, hardware.round_to(batch, 8))
+    measured: dict[int, tuple[float, float]] = {}
+    result = trial(b)
+    while result is None and b > 8:  # the rule's batch does not fit: halve until one does
+        b = max(8, hardware.round_to(b // 2, 8))
+        result = trial(b)
+    if result is None:
+        raise RunError("not even a batch of 8 fits in GPU memory")
+    measured[b] = result
+    while b * 2 <= max_batch:
+        best_rate = max(r for r, _ in measured.values())
+        result = trial(b * 2)
+        if result is None:
+            break
+        b *= 2
+        measured[b] = result
+        if result[0] < best_rate / WITHIN:  # doubling gained < 5%: the GPU is saturated
             break
     model.load_state_dict(saved[0])
     optimizer.load_state_dict(saved[1])
-    if saved[2]:  # an enabled GradScaler (fp16) has state to restore
+    amp.forget_step(optimizer)
+    if saved[2]:  # an enabled GradScaler (fp16): back to its state before the probe, fresh
         amp.scaler.load_state_dict(saved[2])
     optimizer.zero_grad(set_to_none=True)
-    effective, best = start * accum, batch
-    if batch < effective:  # memory forces a smaller micro-batch: more accumulation, same effective batch
-        new_accum = math.ceil(effective / batch)
+
+    best_rate = max(r for r, _ in measured.values())
+    chosen = min(c for c, (r, _) in measured.items() if r >= WITHIN * best_rate)
+    rate, pct = measured[chosen]
+    effective = start * accum
+    if chosen < effective:  # a smaller micro-batch is as fast: more accumulation, same effective batch
+        new_accum = math.ceil(effective / chosen)
         batch = math.ceil(effective / new_accum)
     else:
-        new_accum = 1
+        batch, new_accum = chosen, 1
     new_lr = lr * math.sqrt(batch * new_accum / effective) if batch * new_accum > effective else lr
+    fastest = max(measured, key=lambda c: measured[c][0])
     log(
-        f"BATCH PROBE: batch {start} x {accum} -> {batch} x {new_accum} (largest in band {best}: {pct:.1f}% of "
-        f"{total_gb:.1f} GB), effective batch {effective} -> {batch * new_accum}, lr {lr:.2e} -> {new_lr:.2e}"
+        f"BATCH PROBE: batch {start} x {accum} -> {batch} x {new_accum} ({chosen}: {rate:.0f} samples/s, "
+        f"{rate / best_rate:.0%} of the best ({fastest}: {best_rate:.0f}/s), {pct:.1f}% of {total_gb:.1f} GB), "
+        f"effective batch {effective} -> {batch * new_accum}, lr {lr:.2e} -> {new_lr:.2e}"
         + (" (sqrt scaling)" if new_lr != lr else "")
     )
     return batch, new_accum, new_lr

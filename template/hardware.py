@@ -183,6 +183,14 @@ def amp_mode(capability: tuple[int, int] | None) -> str:
     return "fp32"  # P100 and older: no tensor cores, fp16 saves memory but adds risk
 
 
+def round_to(x: float, multiple: int) -> int:
+    """Down to a multiple of `multiple` (tensor cores want multiples of 8), at least `multiple`."""
+    return max(multiple, int(x // multiple) * multiple)
+
+
+MIN_STEPS_PER_EPOCH = 30  # the batch probe never grows the batch past len(train) / 30: enough optimizer steps
+
+
 def round_batch(x: float) -> int:
     """Down to a multiple of 32 from 64 up (tensor-core and warp friendly), else of 8."""
     step = 32 if x >= 64 else 8

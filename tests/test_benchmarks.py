@@ -67,3 +67,19 @@ def test_generator_latency_smoke():
 def test_time_budget_smoke():
     out = bench("time_budget.py", "--budget", "45")
     assert "total wall / budget" in out and "valid submission: True" in out
+
+
+def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
+    """benchmarks/gpu_smoke.sh is for a GPU machine; SMOKE_DEVICE=cpu runs its CPU-safe steps, so
+    the script itself (rendering, flags, the checks on its logs) cannot rot between GPU days."""
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_smoke.sh"), str(tmp_path / "smoke")],
+        env={**RUN_ENV, "SMOKE_DEVICE": "cpu", "SMOKE_BUDGET": "45s", "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "GPU SMOKE: all steps passed on cpu"
+    assert "== dry-run-off:" in r.stdout and "== run-budget:" in r.stdout
+    assert (tmp_path / "smoke" / "digits" / "output" / "submission.csv").is_file()
