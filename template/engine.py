@@ -160,6 +160,20 @@ def print_start(machine: Machine, batching: Batching, why: str) -> None:
     )
 
 
+def fit_steps(batching: Batching, rows: int, base_lr: float) -> None:
+    """Small data: shrink accumulation, then the batch, so an epoch of `rows` keeps at least
+    hardware.MIN_STEPS_PER_EPOCH optimizer steps (3 steps an epoch do not train); the LR follows
+    the one rule (hardware.scaled_lr)."""
+    batch, accum = hardware.fit_to_steps(batching.size, batching.accum_steps, rows)
+    if (batch, accum) == (batching.size, batching.accum_steps):
+        return
+    batching.size, batching.accum_steps, batching.lr = batch, accum, hardware.scaled_lr(base_lr, batch * accum)
+    print(
+        f"BATCH: {batch} x {accum} accumulation = effective batch {batching.effective} (small data: {rows} training "
+        f"rows, at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch; lr {batching.lr:.2e})"
+    )
+
+
 def checkpoint_config(args, machine: Machine, batching: Batching) -> dict:
     """The resolved config saved in every checkpoint: the flags, with the batch, accumulation and
     LR actually used (after the probe) and the precision; predict.py rebuilds the model from it."""
@@ -244,7 +258,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         if args.batch_size or getattr(args, "accum_steps", 0):  # the user's numbers are kept as given
             print(f"BATCH PROBE: skipped: --batch-size {args.batch_size} / --accum-steps {args.accum_steps} set by you")
         else:
-            autoscale(comp, fold, n_train, model, optimizer, machine, batching)
+            autoscale(comp, fold, n_train, model, optimizer, machine, batching, args.lr)
 
     train_batches = comp.loader(fold.train, batching.size, train=True)
     valid_batches = comp.loader(fold.valid, batching.size * 2, train=False)  # no gradients: twice the rows
@@ -516,7 +530,7 @@ def warmup_cosine(optimizer, steps_per_epoch: int, epochs):
 # ----------------------------------------------------------------------------- the batch probe hook
 
 
-def autoscale(comp, fold: Fold, n_train: int, model, optimizer, machine: Machine, batching: Batching) -> None:
+def autoscale(comp, fold: Fold, n_train: int, model, optimizer, machine: Machine, batching: Batching, base_lr) -> None:
     """Before the first fold, on CUDA, unless --batch-size or --accum-steps were given: time real
     training steps at growing batch sizes (gpu.probe_batch) and keep the smallest batch within 5%
     of the best samples/s under the memory ceiling. The result is written to `batching` (and the
@@ -543,7 +557,7 @@ def autoscale(comp, fold: Fold, n_train: int, model, optimizer, machine: Machine
         size_class,
         machine.monitor,
         max_batch,
-        batching.lr,
+        lambda effective: hardware.scaled_lr(base_lr, effective),
     )
     for group in optimizer.param_groups:
         group["lr"] = batching.lr

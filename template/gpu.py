@@ -149,7 +149,7 @@ WITHIN = 0.95  # keep the smallest batch within 5% of the best samples/s: more s
 
 
 def probe_batch(
-    step, model, optimizer, amp, batch, accum, size_class, monitor, max_batch, lr, log=print, clock=None, sync=None
+    step, model, optimizer, amp, batch, accum, size_class, monitor, max_batch, lr_for, log=print, clock=None, sync=None
 ):
     """Measure real training steps at growing batch sizes (multiples of 8, doubling) before the
     first fold, and keep the smallest batch within 5% of the best samples/s that stays under the
@@ -164,8 +164,7 @@ def probe_batch(
     GradScaler are restored afterwards: probing does not train the model. Returns (batch, accum,
     lr): below the intended effective batch, accumulation rises and the micro-batch is the
     smallest that keeps the effective batch (96 fits, effective 128 -> 64 x 2); at or above it,
-    accumulation is 1 and the LR scales by sqrt(new effective / old) (square-root scaling, the
-    rule for Adam-type optimizers).
+    accumulation is 1. `lr_for(effective)` is the run's LR rule (hardware.scaled_lr on --lr).
     """
     clock = clock or time.perf_counter
     sync = sync or (torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None))
@@ -239,7 +238,7 @@ def probe_batch(
         batch = math.ceil(effective / new_accum)
     else:
         batch, new_accum = chosen, 1
-    new_lr = lr * math.sqrt(batch * new_accum / effective) if batch * new_accum > effective else lr
+    lr, new_lr = lr_for(effective), lr_for(batch * new_accum)
     fastest = max(measured, key=lambda c: measured[c][0])
     log(
         f"BATCH PROBE: batch {start} x {accum} -> {batch} x {new_accum} ({chosen}: {rate:.0f} samples/s, "

@@ -85,6 +85,7 @@ class TimePlanner:
 
     RESERVE_FRACTION, FIRST_FOLD_FRACTION = 0.15, 0.20
     PLAN_FRACTION, REPLAN_FRACTION = 0.80, 0.95  # an estimate gets 20% slack; measured epochs 5%
+    GIVE_BACK_FRACTION = 0.85  # epochs come back only with 15% slack: no cut / give-back see-saw
     WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
     PREDICT_MARGIN = 1.25  # +25% on the measured prediction estimate
 
@@ -101,6 +102,7 @@ class TimePlanner:
         log=print,
     ):
         self.budget, self.folds, self.epochs = budget_s, folds, epochs
+        self.planned_epochs = epochs  # the configured plan: epochs given back never go past it
         self.min_epochs = min(min_epochs, epochs)
         self.clock, self.sync, self.log = clock, sync or (lambda: None), log
         self.t0 = clock() - elapsed_s
@@ -232,21 +234,41 @@ class TimePlanner:
         this_fold = 0 if self._fold_finished else max(0, epochs - self._epoch)
         return (this_fold + (folds - self._fold - 1) * epochs) * epoch_s
 
-    def _fit_epochs(self, epoch_s: float, folds: int, limit: float) -> int:
-        """The most epochs (up to the plan's) whose rest of the plan fits `limit`; at least 1."""
-        return next((e for e in range(self.epochs, 0, -1) if self._need(epoch_s, folds, e) <= limit), 1)
+    def _fit_epochs(self, epoch_s: float, folds: int, limit: float, most: int | None = None) -> int:
+        """The most epochs (up to `most`, by default the current plan's) whose rest of the plan
+        fits `limit`; at least 1."""
+        top = most or self.epochs
+        return next((e for e in range(top, 0, -1) if self._need(epoch_s, folds, e) <= limit), 1)
+
+    def _give_back(self, epoch_s: float, limit: float) -> bool:
+        """Measured epochs faster than the estimate that cut them: give epochs back, as many as
+        fit 85% of the time left (cuts start above 95%: no see-saw), never past the configured plan
+        (folds once cut stay cut)."""
+        if self.epochs >= self.planned_epochs or len(self.epoch_s) < 2:  # measured: an epoch after the first
+            return False
+        limit = min(limit, self.GIVE_BACK_FRACTION * self.training_left())
+        epochs = self._fit_epochs(epoch_s, self.folds, limit, most=self.planned_epochs)
+        if epochs < min(self.planned_epochs, self.epochs + max(2, self.epochs // 5)):  # worth a change: +20%
+            return False
+        self.log(
+            f"TIME PLAN: measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, self.training_left()))} "
+            f"left -> epochs {self.epochs}->{epochs} (given back)"
+        )
+        self.epochs = epochs
+        return True
 
     def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:
         """Cut folds to 3, then epochs, then folds towards 1 until the rest of the plan fits.
 
         The first plan (an estimate from a few timed steps) must fit 80% of the training time
         left and cuts epochs by 30%, then 50%; later re-plans use measured epochs, must fit 95%,
-        and cut no more epochs than needed. Epochs never go below the floor before folds go."""
+        and cut no more epochs than needed, and give epochs back (up to the configured plan) when
+        measured epochs show more fit. Epochs never go below the floor before folds go."""
         fraction = self.PLAN_FRACTION if first else self.REPLAN_FRACTION
         limit = fraction * self.training_left()
         need = self._need(epoch_s, self.folds, self.epochs)
         if need <= limit:
-            return False
+            return False if first else self._give_back(epoch_s, limit)
 
         def fits(f, e):
             return self._need(epoch_s, f, e) <= limit

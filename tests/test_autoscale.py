@@ -89,8 +89,9 @@ def setup(project_modules, gpu, amp_mode="off"):
 def probe(project_modules, gpu, start=128, accum=1, max_batch=4096, amp_mode="off", size_class="small"):
     kit, model, opt, amp, monitor, step = setup(project_modules, gpu, amp_mode)
     lines = []
+    lr_for = lambda e: project_modules.hardware.scaled_lr(1e-3, e)  # noqa: E731
     result = kit.probe_batch(
-        step, model, opt, amp, start, accum, size_class, monitor, max_batch, 1e-3, log=lines.append,
+        step, model, opt, amp, start, accum, size_class, monitor, max_batch, lr_for, log=lines.append,
         clock=gpu.clock, sync=lambda: None,
     )  # fmt: skip
     return result, lines
@@ -119,8 +120,8 @@ def test_probe_keeps_the_smallest_batch_within_5_percent_of_the_best_speed(
     (batch, new_accum, lr), lines = probe(project_modules, gpu, start, accum, max_batch)
     assert (batch, new_accum) == expected, lines
     assert all(b % 8 == 0 for b in set(gpu.steps)), gpu.steps  # every candidate a multiple of 8
-    effective = start * accum
-    assert lr == pytest.approx(1e-3 * max(1.0, batch * new_accum / effective) ** 0.5)
+    # the one LR rule: --lr (1e-3) up to an effective batch of 128, x sqrt(effective / 128) above
+    assert lr == pytest.approx(1e-3 * max(1.0, batch * new_accum / 128) ** 0.5)
     assert lines[0].startswith("BATCH PROBE: small model, fastest batch within 5% of the best samples/s")
     rates = {int(b): float(r) for b, r in re.findall(r"^PROBE: batch=(\d+) -> (\d+) samples/s", "\n".join(lines), re.M)}
     chosen = batch if new_accum == 1 else next(b for b in rates if b >= batch)
@@ -149,7 +150,7 @@ def test_probing_does_not_train_the_model_and_leaves_a_fresh_fp16_scaler(project
     before = {k: v.clone() for k, v in model.state_dict().items()}
     scale = amp.scaler.get_scale()
     kit.probe_batch(
-        step, model, opt, amp, 128, 1, "large", monitor, 4096, 1e-3, log=lambda _: None, clock=gpu.clock,
+        step, model, opt, amp, 128, 1, "large", monitor, 4096, lambda e: 1e-3, log=lambda _: None, clock=gpu.clock,
         sync=lambda: None,
     )  # fmt: skip
     assert len(gpu.steps) >= 8  # real optimizer steps were taken while probing (a real GradScaler)...
@@ -230,7 +231,7 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
     batching = m.engine.Batching(8, 4, 1e-3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     capsys.readouterr()
-    m.engine.autoscale(comp, fold, 64 * 30, model, opt, dataclasses.replace(machine, monitor=fake), batching)
+    m.engine.autoscale(comp, fold, 64 * 30, model, opt, dataclasses.replace(machine, monitor=fake), batching, 1e-3)
     lines = capsys.readouterr().out.splitlines()
     # the real loader's batches: 8, then doublings, each one warm-up + 3 timed steps, never past 64
     # (len(train) / 30 = 64: enough optimizer steps an epoch)
@@ -241,6 +242,7 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
     assert final, lines
     assert (batching.size, batching.accum_steps) == (int(final.group(1)), int(final.group(2)))
     assert batching.effective >= 32 and opt.param_groups[0]["lr"] == batching.lr
+    assert batching.lr == m.hardware.scaled_lr(1e-3, batching.effective)  # the one LR rule, from --lr
     config = m.engine.checkpoint_config(args, machine, batching)
     assert (config["batch_size"], config["accum_steps"], config["lr"]) == (
         batching.size,

@@ -22,7 +22,9 @@ def test_new_with_data_detects_dog_breed_layout(tmp_path, digits_dir):
     r = kagtpl("new", "dog-breed", "--task", "image", "--gpu", "a10", "--data", str(digits_dir), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     answers = yaml.safe_load((tmp_path / "dog-breed" / ".copier-answers.yml").read_text())
-    assert answers["gpu"] == "a10" and answers["model"] == "efficientnet_b4" and answers["image_size"] == 224
+    # the digits are 32 px: the a10's 224 px would be 49x the compute for nothing
+    assert answers["gpu"] == "a10" and answers["model"] == "efficientnet_b4" and answers["image_size"] == 32
+    assert "Image size: 32 px (the training images' median side is 32 px -> 32 px" in r.stdout
     assert answers["data_dir"] == str(digits_dir)
     assert (answers["labels_csv"], answers["id_col"], answers["label_col"]) == ("labels.csv", "id", "breed")
     assert (answers["train_dir"], answers["test_dir"], answers["image_ext"]) == ("train", "test", ".jpg")

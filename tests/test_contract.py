@@ -24,6 +24,13 @@ def jinja(text, **answers) -> str:
 
 def test_gpu_choices_are_the_profiles():
     assert COPIER["gpu"]["choices"] == list(hardware().PROFILES)
+    assert COPIER["gpu"]["default"] == hardware().DEFAULT_PROFILE
+
+
+@pytest.mark.parametrize("gpu", list(hardware().PROFILES))
+def test_default_image_size_is_the_profiles(gpu):
+    expected = hardware().image_size_for(hardware().PROFILES[gpu], None)[0]
+    assert int(jinja(COPIER["image_size"]["default"], gpu=gpu)) == expected
 
 
 def test_task_choices_are_the_generators():

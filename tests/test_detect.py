@@ -121,3 +121,23 @@ def test_table_overrides_and_refusals(tmp_path):
         detect.detect_tabular(data, {"target": "b", "problem": "regression", "metric": "auc"})
     with pytest.raises(KagtplError, match="no such folder"):
         detect.detect_tabular(tmp_path / "nope", {})
+
+
+def test_image_size_from_the_images_median_side(tmp_path):
+    """The profile's size is the ceiling; smaller images pull it down to their median side,
+    rounded up to a multiple of 32. Real image files, sizes read from their headers."""
+    from PIL import Image
+
+    from kagtpl.template import hardware
+
+    for i, (w, h) in enumerate([(28, 28), (30, 26), (500, 375), (28, 28), (29, 31)]):
+        Image.new("RGB", (w, h)).save(tmp_path / f"{i}.png")
+    side = detect.median_side(tmp_path, ".png")
+    assert side == 28.5  # widths and heights together: 26 28 28 28 28 | 29 30 31 375 500
+    hw = hardware()
+    assert hw.image_size_for(hw.PROFILES["a10"], side)[0] == 32
+    assert hw.image_size_for(hw.PROFILES["cpu"], 100)[0] == 128  # 100 -> 128, the CPU ceiling
+    assert hw.image_size_for(hw.PROFILES["a10"], 600)[0] == 224  # large photos: the profile's size
+    assert hw.image_size_for(hw.PROFILES["a10"], 161)[0] == 192
+    assert hw.image_size_for(hw.PROFILES["t4"], None) == (224, "the t4 profile's default")
+    assert detect.median_side(tmp_path, ".jpg") is None  # no such images

@@ -150,3 +150,25 @@ def test_parse_duration(project_modules, text, seconds):
 def test_parse_duration_rejects(project_modules, text):
     with pytest.raises(ValueError, match="cannot read budget"):
         project_modules.planner.parse_duration(text)
+
+
+def test_measured_epochs_faster_than_the_estimate_get_epochs_back(project_modules):
+    """A pessimistic first estimate (slow first steps) cuts to 2 folds x 17 epochs; the measured
+    epochs are 3x faster, so the next re-plan gives epochs back, up to the plan's 30, not past it."""
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=600)
+    first_epoch(planner, clock, 0.25)
+    assert (planner.folds, planner.epochs) == (2, 17), lines
+    planner.begin_epoch(40, 10)
+    clock.t += 4.0  # a measured epoch: 4 s, not the estimate's 11.7 s
+    planner.end_epoch(2)
+    assert planner.epochs > 17 and planner.epochs <= 30 and planner.folds == 2, lines
+    assert lines[-1].startswith("TIME PLAN: measured 4.0s/epoch") and lines[-1].endswith("(given back)")
+    given = planner.epochs
+    for epoch in range(3, 6):  # more fast epochs: never past the configured 30, never another line
+        planner.begin_epoch(40, 10)
+        clock.t += 4.0
+        planner.end_epoch(epoch)
+    assert given <= planner.epochs <= 30
+    # the rest of the plan fits 95% of the training time left
+    assert planner._need(4.0, planner.folds, planner.epochs) <= 0.95 * planner.training_left()

@@ -85,7 +85,7 @@ def test_dry_run_then_predict(project, digits_dir):
     assert len(rows) == 1
     row = rows.iloc[0]
     assert row["git"] == sha.strip() and row["task"] == "image" and row["model"] == "resnet18"
-    assert (row["input"], row["batch"], row["folds_done"], row["epochs_done"]) == ("32px", "32x1", "2", "1 1")
+    assert (row["input"], row["batch"], row["folds_done"], row["epochs_done"]) == ("32px", "8x1", "2", "1 1")
     oof = float(re.search(r"^OOF: logloss=[\d.]+, Acc=([\d.]+)", log, re.M).group(1))
     assert abs(float(row["cv"]) - oof) < 1e-4 and row["metric"] == "Acc" and row["stop"] == "dry run"
     assert len(row["fold_scores"].split()) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import statistics
 from pathlib import Path
 
 from kagtpl.errors import KagtplError
@@ -45,6 +46,23 @@ def _pick_submission(data: Path, given: str | None, what: str, task: str) -> str
     """sample_submission.csv, else the first *submission*.csv (titanic ships gender_submission.csv)."""
     found = sorted(p.name for p in data.glob("*submission*.csv"))
     return _pick(data, given, ["sample_submission.csv", *found], what, Path.is_file, task)
+
+
+def median_side(folder: Path, ext: str, limit: int = 200) -> float | None:
+    """The median side (widths and heights together) of up to `limit` training images, from
+    their headers (PIL reads sizes without decoding); None without PIL or without a readable image."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return None
+    sides: list[int] = []
+    for path in sorted(folder.glob(f"*{ext}"))[:limit]:
+        try:
+            with Image.open(path) as img:
+                sides += list(img.size)
+        except OSError:
+            continue
+    return statistics.median(sides) if sides else None
 
 
 def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
