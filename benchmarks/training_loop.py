@@ -53,7 +53,7 @@ def main() -> None:
 
         def batch_loss(batch):  # what cross_validate gives run_epoch: the Competition's loss, on the device
             x, y = engine.to_device(batch, machine)
-            return train.loss_fn(model(x), y), len(y)
+            return train.loss_fn(model(train.normalize(x)), y), len(y)
 
         times = []
         for _ in range(2):
@@ -73,7 +73,7 @@ def main() -> None:
             model.train()
             for x, y in loader:
                 opt.zero_grad(set_to_none=True)
-                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss = torch.nn.functional.cross_entropy(model(train.normalize(x)), y)
                 loss.backward()
                 opt.step()
                 sched.step()
@@ -95,7 +95,7 @@ def main() -> None:
 
             def training_step(self, batch, i):
                 x, y = batch
-                return torch.nn.functional.cross_entropy(self.model(x), y)
+                return torch.nn.functional.cross_entropy(self.model(train.normalize(x)), y)
 
             def configure_optimizers(self):
                 return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -70,8 +70,8 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
         project,
         readme,
         "train.py",
-        "        return model(batch[0]).float().softmax(1)",
-        "        return model(batch[0]).float().sigmoid()",
+        "        return model(normalize(batch[0])).float().softmax(1)",
+        "        return model(normalize(batch[0])).float().sigmoid()",
     )
     score_old = """    p = np.clip(probs, 1e-15, 1 - 1e-15)
     logloss = log_loss(y, p / p.sum(1, keepdims=True), labels=range(n_classes))
@@ -91,7 +91,7 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
     apply(project, readme, "train.py", "import StratifiedKFold", "import KFold", documented="import `KFold`")
     for activation in (
         "model(x).float().softmax(1) + model(x.flip(3)).float().softmax(1)",
-        "model(batch[0]).float().softmax(1)",
+        "model(normalize(batch[0])).float().softmax(1)",
     ):
         apply(project, readme, "predict.py", activation, activation.replace("softmax(1)", "sigmoid()"), ".sigmoid()")
     apply(project, readme, "predict.py", "probs = submission.ensemble(all_probs)", "probs = np.mean(all_probs, axis=0)")
