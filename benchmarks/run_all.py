@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["training_loop.py", "tabular_batching.py", "image_pipeline.py", "time_budget.py", "generator_latency.py"]
+SCRIPTS = [
+    "training_loop.py",
+    "tabular_batching.py",
+    "image_pipeline.py",
+    "time_budget.py",
+    "generator_latency.py",
+    "batch_probe.py",
+]
 
 if __name__ == "__main__":
     failed = []

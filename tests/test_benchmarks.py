@@ -83,3 +83,13 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
     assert r.stdout.strip().splitlines()[-1] == "GPU SMOKE: all steps passed on cpu"
     assert "== dry-run-off:" in r.stdout and "== run-budget:" in r.stdout
     assert (tmp_path / "smoke" / "digits" / "output" / "submission.csv").is_file()
+
+
+def test_batch_probe_choice_meets_its_goals():
+    """Simulated GPUs and a fake clock: deterministic, so the goals themselves are asserted."""
+    out = bench("batch_probe.py")
+    rows = re.findall(r"^(.+?GB.*?images)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)$", out, re.M)
+    assert len(rows) == 4, out
+    for _, chosen, share, steps, fill, _ in rows:
+        assert float(share) >= 0.95 and int(steps) >= 30, out
+        assert int(chosen) <= int(fill)  # never more than filling memory would take

@@ -1,0 +1,66 @@
+"""Batch probe choice on simulated GPUs: the generated project's gpu.probe_batch, run against
+tests/fake_gpu.py's model of a card (context, reserved vs allocated memory, first-step spike,
+optimizer state, a saturating samples/s curve on a fake clock). For each card and data size it
+prints the chosen batch's samples/s as a share of the best measured (goal >= 0.95) and the
+optimizer steps an epoch it leaves (goal >= 30), beside what the former memory-filling rule
+(the largest batch under the 90% ceiling) would have left.
+
+    python benchmarks/batch_probe.py
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import torch
+from _project import ROOT, rendered
+
+sys.path.insert(0, str(ROOT / "tests"))
+from fake_gpu import FakeGpu  # noqa: E402
+
+CASES = [
+    # name, fake GPU, training rows
+    ("resnet18-like on an H100 (80 GB), 40k images", dict(gb_per_sample=0.012, total_gb=80, peak_rate=9000), 40_000),
+    ("efficientnet_b4-like on an A10 (24 GB), 10k images", dict(gb_per_sample=0.09, peak_rate=900), 10_000),
+    ("resnet18-like on a T4 (16 GB), 2k images", dict(gb_per_sample=0.02, total_gb=16, peak_rate=1500), 2_000),
+    ("fast small model, 80 GB, 3k images", dict(gb_per_sample=0.004, total_gb=80, peak_rate=20000), 3_000),
+]
+
+
+def main() -> None:
+    project = rendered("image", model="resnet18", image_size=64)
+    gpu_mod, hardware = project.gpu, project.hardware
+    print(f"batch probe on simulated GPUs (gpu.probe_batch, {gpu_mod.PROBE_STEPS} timed steps per candidate)")
+    print(f"{'case':52}{'chosen':>8}{'share of best':>15}{'steps/epoch':>13}{'fill-memory batch':>19}{'its steps':>11}")
+    for name, card, rows in CASES:
+        gpu = FakeGpu(**card)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 3)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        amp = gpu_mod.Amp("off", torch.device("cpu"))
+        monitor = gpu_mod.GpuMonitor(torch.device("cpu"), reader=gpu.reader, reset=gpu.reset)
+
+        def real_step(b, model=model, opt=opt):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(torch.randn(b, 8)), torch.randint(0, 3, (b,))).backward()
+            opt.step()
+
+        lines = []
+        start, start_accum = hardware.fit_to_steps(128, 1, rows)  # as train.py does before the probe
+        max_batch = max(start, min(4096, rows // hardware.MIN_STEPS_PER_EPOCH))  # as engine.autoscale does
+        batch, accum, _ = gpu_mod.probe_batch(
+            gpu.step(real_step), model, opt, amp, start, start_accum, "large", monitor, max_batch,
+            lambda e: hardware.scaled_lr(1e-3, e), log=lines.append, clock=gpu.clock, sync=lambda: None,
+        )  # fmt: skip
+        rates = {int(b): float(r) for b, r in re.findall(r"PROBE: batch=(\d+) -> (\d+) samples/s", "\n".join(lines))}
+        chosen = batch if accum == 1 else min(b for b in rates if b >= batch)
+        fill = max(b for b in range(8, 65536, 8) if gpu.use(b) - gpu.spike <= 0.9 * gpu.total)
+        print(
+            f"{name:52}{batch * accum:>8}{rates[chosen] / max(rates.values()):>15.3f}"
+            f"{rows // (batch * accum):>13}{fill:>19}{rows // fill:>11}"
+        )
+
+
+if __name__ == "__main__":
+    main()
