@@ -1,4 +1,4 @@
-"""Run every benchmark, one after the other (about 8-10 minutes on a 2-core machine):
+"""Run every benchmark, one after the other (about 12-15 minutes on a 2-core machine):
 
 python benchmarks/run_all.py
 """
@@ -15,6 +15,8 @@ SCRIPTS = [
     "time_budget.py",
     "generator_latency.py",
     "batch_probe.py",
+    "small_data_recipe.py",
+    "input_headroom.py",
 ]
 
 if __name__ == "__main__":

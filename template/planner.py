@@ -85,7 +85,7 @@ class TimePlanner:
 
     RESERVE_FRACTION, FIRST_FOLD_FRACTION = 0.15, 0.20
     PLAN_FRACTION, REPLAN_FRACTION = 0.80, 0.95  # an estimate gets 20% slack; measured epochs 5%
-    GIVE_BACK_FRACTION = 0.85  # epochs come back only with 15% slack: no cut / give-back see-saw
+    GIVE_BACK_FRACTION = 0.75  # epochs come back only with 25% slack: no cut / give-back see-saw
     WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
     PREDICT_MARGIN = 1.25  # +25% on the measured prediction estimate
 
@@ -242,10 +242,12 @@ class TimePlanner:
 
     def _give_back(self, epoch_s: float, limit: float) -> bool:
         """Measured epochs faster than the estimate that cut them: give epochs back, as many as
-        fit 85% of the time left (cuts start above 95%: no see-saw), never past the configured plan
+        fit 75% of the time left (cuts start above 95%: no see-saw), never past the configured plan
         (folds once cut stay cut)."""
         if self.epochs >= self.planned_epochs or len(self.epoch_s) < 2:  # measured: an epoch after the first
             return False
+        if self._need(epoch_s, self.folds, self.planned_epochs) <= self._need(epoch_s, self.folds, self.epochs):
+            return False  # no epoch left in the plan that more epochs would add to (the last fold has ended)
         limit = min(limit, self.GIVE_BACK_FRACTION * self.training_left())
         epochs = self._fit_epochs(epoch_s, self.folds, limit, most=self.planned_epochs)
         if epochs < min(self.planned_epochs, self.epochs + max(2, self.epochs // 5)):  # worth a change: +20%

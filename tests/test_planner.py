@@ -172,3 +172,17 @@ def test_measured_epochs_faster_than_the_estimate_get_epochs_back(project_module
     assert given <= planner.epochs <= 30
     # the rest of the plan fits 95% of the training time left
     assert planner._need(4.0, planner.folds, planner.epochs) <= 0.95 * planner.training_left()
+
+
+def test_no_epochs_given_back_once_the_last_fold_has_ended(project_modules):
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=600, folds=1)
+    first_epoch(planner, clock, 1.0)  # 1 fold, epochs cut to fit
+    cut = planner.epochs
+    assert cut < 30, lines
+    planner.begin_epoch(40, 10)
+    clock.t += 200  # a slow epoch that takes the fold past 20% of the budget...
+    planner.end_epoch(2)
+    before = list(lines)
+    planner.end_fold(0, first=True)  # ...re-planned after the only fold has ended: nothing to give back
+    assert planner.epochs <= cut and not any("given back" in x for x in lines[len(before) :]), lines
