@@ -155,9 +155,12 @@ def print_start(machine: Machine, batching: Batching, why: str) -> None:
     name, total_gb, _ = describe_gpu(machine.device)
     lines = logs.resource_lines(machine.cpus, batching.size, name, machine.amp.enabled, total_gb, machine.loader)
     print(*lines, sep="\n")
-    print(
-        f"BATCH: {batching.size} x {batching.accum_steps} accumulation = effective batch {batching.effective} ({why})"
-    )
+    print(logs.batch_line(batching.size, batching.accum_steps, why))
+
+
+def batch_set_by_user(args) -> bool:
+    """--batch-size or --accum-steps given: neither the small-data shrink nor the probe touches them."""
+    return bool(args.batch_size or getattr(args, "accum_steps", 0))
 
 
 def fit_steps(batching: Batching, rows: int, base_lr: float) -> None:
@@ -168,10 +171,8 @@ def fit_steps(batching: Batching, rows: int, base_lr: float) -> None:
     if (batch, accum) == (batching.size, batching.accum_steps):
         return
     batching.size, batching.accum_steps, batching.lr = batch, accum, hardware.scaled_lr(base_lr, batch * accum)
-    print(
-        f"BATCH: {batch} x {accum} accumulation = effective batch {batching.effective} (small data: {rows} training "
-        f"rows, at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch; lr {batching.lr:.2e})"
-    )
+    why = f"small data: {rows} training rows, at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch"
+    print(logs.batch_line(batch, accum, f"{why}; lr {batching.lr:.2e}"))
 
 
 def checkpoint_config(args, machine: Machine, batching: Batching) -> dict:
@@ -255,7 +256,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=batching.lr, weight_decay=args.weight_decay)
     if first and getattr(args, "autoscale", False) and machine.device.type == "cuda":
-        if args.batch_size or getattr(args, "accum_steps", 0):  # the user's numbers are kept as given
+        if batch_set_by_user(args):  # the user's numbers are kept as given
             print(f"BATCH PROBE: skipped: --batch-size {args.batch_size} / --accum-steps {args.accum_steps} set by you")
         else:
             autoscale(comp, fold, n_train, model, optimizer, machine, batching, args.lr)

@@ -22,6 +22,10 @@ def resource_lines(cpus: int, batch: int, gpu_name: str, amp_on: bool, total_gb:
     ]
 
 
+def batch_line(batch: int, accum: int, why: str) -> str:
+    return f"BATCH: {batch} x {accum} accumulation = effective batch {batch * accum} ({why})"
+
+
 def model_line(name: str, params_m: float) -> str:
     return f"Model: {name} ({params_m:.1f}M params, {hardware.size_class(name, params_m)} model)"
 

@@ -240,7 +240,7 @@ class TimePlanner:
         top = most or self.epochs
         return next((e for e in range(top, 0, -1) if self._need(epoch_s, folds, e) <= limit), 1)
 
-    def _give_back(self, epoch_s: float, limit: float) -> bool:
+    def _give_back(self, epoch_s: float) -> bool:
         """Measured epochs faster than the estimate that cut them: give epochs back, as many as
         fit 75% of the time left (cuts start above 95%: no see-saw), never past the configured plan
         (folds once cut stay cut)."""
@@ -248,7 +248,7 @@ class TimePlanner:
             return False
         if self._need(epoch_s, self.folds, self.planned_epochs) <= self._need(epoch_s, self.folds, self.epochs):
             return False  # no epoch left in the plan that more epochs would add to (the last fold has ended)
-        limit = min(limit, self.GIVE_BACK_FRACTION * self.training_left())
+        limit = self.GIVE_BACK_FRACTION * self.training_left()
         epochs = self._fit_epochs(epoch_s, self.folds, limit, most=self.planned_epochs)
         if epochs < min(self.planned_epochs, self.epochs + max(2, self.epochs // 5)):  # worth a change: +20%
             return False
@@ -270,7 +270,7 @@ class TimePlanner:
         limit = fraction * self.training_left()
         need = self._need(epoch_s, self.folds, self.epochs)
         if need <= limit:
-            return False if first else self._give_back(epoch_s, limit)
+            return False if first else self._give_back(epoch_s)
 
         def fits(f, e):
             return self._need(epoch_s, f, e) <= limit

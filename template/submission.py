@@ -80,6 +80,16 @@ class FoldClock:
             return checkpoints
         return sorted(checkpoints, key=lambda pc: pc[1].get("val_loss", float("inf")))
 
+    def folds(self, checkpoints: list):
+        """The (path, checkpoint) pairs to predict with, best first under a deadline, as long as
+        they fit; each fold is timed from its yield to the request for the next."""
+        ordered = self.best_first(checkpoints)
+        for k, item in enumerate(ordered):
+            if not self.next_fold(k, len(ordered)):
+                return
+            yield item
+            self.fold_done()
+
     def next_fold(self, done: int, total: int) -> bool:
         """Before each fold: does it fit (TTA is dropped first)? Starts the fold's timer."""
         if self.deadline is not None:

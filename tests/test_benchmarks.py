@@ -30,6 +30,11 @@ def bench(script, *args):
 NUMBER = r"(\d+(?:\.\d+)?)"
 
 
+def figures(out: str, *labels: str) -> list[float]:
+    """The first number printed after each label (a regex), e.g. two rates and the ratio of them."""
+    return [float(re.search(rf"{label}\s*{NUMBER}", out).group(1)) for label in labels]
+
+
 def test_tabular_batching_smoke():
     out = bench("tabular_batching.py", "--rows", "20000")
     ours, loader, ratio = map(
@@ -53,9 +58,7 @@ def test_training_loop_smoke():
 
 def test_image_pipeline_smoke():
     out = bench("image_pipeline.py", "--images", "40", "--jpeg-size", "64", "--size", "32", "--batch", "8")
-    cache = float(re.search(rf"decode cache \(kagtpl\)\s+{NUMBER}", out).group(1))
-    pil = float(re.search(rf"PIL decode every epoch\s+{NUMBER}", out).group(1))
-    ratio = float(re.search(rf"ratio: {NUMBER}x", out).group(1))
+    cache, pil, ratio = figures(out, r"decode cache \(kagtpl\)", "PIL decode every epoch", "ratio:")
     assert cache > 0 and pil > 0 and ratio == pytest.approx(cache / pil, rel=0.05), out
 
 
@@ -97,16 +100,19 @@ def test_batch_probe_choice_meets_its_goals():
 
 def test_small_data_recipe_smoke():
     out = bench("small_data_recipe.py", "--train", "120", "--budget", "60s")
-    ours = float(re.search(rf"kagtpl project \(defaults\)\s+{NUMBER}\s+{NUMBER}", out).group(1))
-    base = float(re.search(rf"LogisticRegression \(C=[\d.]+, grid-searched\)\s+{NUMBER}", out).group(1))
-    ratio = float(re.search(rf"ratio baseline / kagtpl log loss: {NUMBER}x", out).group(1))
+    ours, base, ratio = figures(
+        out,
+        r"kagtpl project \(defaults\)",
+        r"LogisticRegression \(C=[\d.]+, grid-searched\)",
+        "ratio baseline / kagtpl log loss:",
+    )
     assert ours > 0 and base > 0 and ratio == pytest.approx(base / ours, abs=0.01), out
 
 
 def test_input_headroom_smoke():
     out = bench("input_headroom.py", "--images", "64", "--batch", "16", "--size", "64", "--workers", "1")
-    uint8 = float(re.search(rf"uint8 batches \(kagtpl\)\s+{NUMBER}", out).group(1))
-    f32 = float(re.search(rf"float32 batches \(normalised on CPU\)\s+{NUMBER}", out).group(1))
-    ratio = float(re.search(rf"ratio uint8 / float32: {NUMBER}x", out).group(1))
+    uint8, f32, ratio = figures(
+        out, r"uint8 batches \(kagtpl\)", r"float32 batches \(normalised on CPU\)", "ratio uint8 / float32:"
+    )
     assert uint8 > 0 and f32 > 0 and ratio == pytest.approx(uint8 / f32, rel=0.05), out
     assert "vs resnet50 training on an RTX 3090 (timm, AMP): 826/s" in out

@@ -233,11 +233,8 @@ def test_fold_clock_drops_tta_first_then_folds_best_first(project_modules, capsy
     checkpoints = [("f0", {"val_loss": 0.5}), ("f1", {"val_loss": 0.2}), ("f2", {}), ("f3", {"val_loss": 0.3})]
     assert [name for name, _ in clock.best_first(checkpoints)] == ["f1", "f3", "f0", "f2"]
     used = []
-    for k, (name, _) in enumerate(clock.best_first(checkpoints)):
-        if not clock.next_fold(k, 4):
-            break
+    for name, _ in clock.folds(checkpoints):  # as predict.py drives it
         now[0] += 10.0 * clock.views  # 10 s per view of the test set
-        clock.fold_done()
         used.append((name, clock.views))
     # after f1 (20 s with TTA): 4 folds x 20 s > 22 s left -> TTA off; f3, f0 at 10 s; f2 would end past 45 - 3
     assert used == [("f1", 2), ("f3", 1), ("f0", 1)]
