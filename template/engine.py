@@ -277,7 +277,10 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
 
     def save(epoch: int, **meta) -> None:
         config = checkpoint_config(args, machine, batching)
-        storage.save_checkpoint(ckpt_path, model, config, comp.classes, fold=k, epoch=epoch, **meta, **fold.extras)
+        run = {key: config.get(key) for key in comp.resume_keys}  # what makes folds of one ensemble
+        storage.save_checkpoint(
+            ckpt_path, model, config, comp.classes, fold=k, epoch=epoch, run=run, **meta, **fold.extras
+        )
 
     for epoch in range(1, args.epochs + 1):
         if epoch > planner.epochs or not planner.can_start_epoch():

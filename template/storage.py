@@ -90,11 +90,34 @@ def fold_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:
     return found
 
 
+def same_run(found: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+    """The checkpoints made with the newest one's configuration (its `run`: the split and the
+    model); a fold left over from an earlier run with other folds, model or image size is
+    skipped with a warning, never ensembled silently."""
+    newest = max(found, key=lambda pc: pc[0].stat().st_mtime)[1].get("run")
+    kept = []
+    for path, ckpt in found:
+        run = ckpt.get("run")
+        if run == newest:
+            kept.append((path, ckpt))
+            continue
+        if run is None or newest is None:
+            diff = "no record of its configuration"
+        else:
+            diff = ", ".join(
+                f"{k}={run.get(k)!r}, newest {newest.get(k)!r}" for k in newest if run.get(k) != newest.get(k)
+            )
+        print(f"WARNING: skipping {path}: trained with another configuration than the newest checkpoint ({diff})")
+    return kept
+
+
 def ensemble_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:
-    """predict.py's start: every loadable fold checkpoint, announced; none at all is an error."""
+    """predict.py's start: every loadable fold checkpoint of the newest run, announced; none at
+    all is an error."""
     found = fold_checkpoints(out_dir)
     if not found:
         raise RunError(f"no loadable model_fold*.pth in {out_dir}: run train.py first (nothing was written)")
+    found = same_run(found)
     names = ", ".join(p.name for p, _ in found)
     print(f"ENSEMBLE: {len(found)} checkpoint(s), folds {[c.get('fold') for _, c in found]}: {names}")
     if any(c["config"].get("dry_run") for _, c in found):

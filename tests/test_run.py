@@ -130,6 +130,16 @@ def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(
     assert "FOLD 1 DONE" in log and "FOLD 2 DONE" in log
     assert "FOLD 0 DONE" not in log
 
+    # a new run with another split leaves fold 2 of the 3-fold run behind: it is not ensembled
+    run_script(project, "train.py", *CPU, "--epochs", "1", "--folds", "2")
+    pred = run_script(project, "predict.py", *CPU).stdout
+    assert "ENSEMBLE: 2 checkpoint(s), folds [0, 1]" in pred
+    assert (
+        "WARNING: skipping output/model_fold2.pth: trained with another configuration than the newest checkpoint "
+        "(folds=3, newest 2)" in pred
+    )
+    assert_valid_submission(project, digits_dir)
+
 
 def test_predict_without_checkpoints_fails_clearly(project):
     r = run_script(project, "predict.py", *CPU, check=False)
