@@ -89,6 +89,14 @@ def test_gpus_and_recommend(tmp_path):
     assert ">= 1.6 min" in r.stdout and "<= 9.3 min" in r.stdout
 
 
+def test_recommend_explains_the_image_size_from_the_data(tmp_path, digits_dir):
+    r = kagtpl("recommend", "--task", "image", "--gpu", "a10", "--data", str(digits_dir), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "32 px" in r.stdout and "median side is 32 px" in r.stdout  # the digits are 32 px JPEGs
+    r = kagtpl("recommend", "--task", "image", "--gpu", "a10", cwd=tmp_path)
+    assert "a10 profile's default" in r.stdout and "224 px" in r.stdout
+
+
 def test_new_stores_the_budget(tmp_path):
     r = kagtpl("new", "timed", "--task", "image", "--gpu", "a10", "--budget", "45m", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

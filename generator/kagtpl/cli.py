@@ -134,11 +134,14 @@ def recommend_cmd(
     task: Annotated[str, typer.Option(help="Competition type: image or tabular.")] = "image",
     gpu: Annotated[str, typer.Option(help="GPU profile (kagtpl gpus).")] = "t4",
     model: Annotated[Optional[str], typer.Option(help="timm model name.")] = None,
-    image_size: Annotated[int, typer.Option(help="Square input size in pixels.")] = 224,
+    image_size: Annotated[
+        Optional[int], typer.Option(help="Square input size in pixels (default: the profile's, or from --data).")
+    ] = None,
     budget: Annotated[Optional[str], typer.Option(help="Time budget: 9h, 45m, 600s (Kaggle GPUs: 9h).")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="Competition data: the image size from its images.")] = None,
 ) -> None:
     """Print the settings kagtpl would choose, and why."""
-    show(recommend.recommend_table(task, gpu, model, image_size, budget))
+    show(recommend.recommend_table(task, gpu, model, image_size, budget, data))
 
 
 @app.command("table")

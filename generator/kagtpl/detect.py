@@ -65,6 +65,15 @@ def median_side(folder: Path, ext: str, limit: int = 200) -> float | None:
     return statistics.median(sides) if sides else None
 
 
+def image_size(data: Path, layout: dict, profile) -> tuple[int, str]:
+    """The image size for a profile from the training images of a detected layout, and why
+    (`kagtpl new` records it, `kagtpl recommend --data` shows it)."""
+    from kagtpl.template import hardware
+
+    side = median_side(data / layout["train_dir"], layout["image_ext"])
+    return hardware().image_size_for(profile, side)
+
+
 def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for the layout keys; `overrides` (flags) win over what is found."""
     if not data.is_dir():

@@ -141,9 +141,8 @@ def copier_data(answers: NewAnswers) -> dict:
         detector = detect.detect_tabular if tabular else detect.detect_image
         data.update(detector(answers.data.resolve(), overrides))
         if not tabular and answers.image_size is None:  # small images: do not upscale them 16x
-            side = detect.median_side(answers.data.resolve() / data["train_dir"], data["image_ext"])
             profile = hardware().PROFILES[data.get("gpu", hardware().DEFAULT_PROFILE)]
-            data["image_size"], why = hardware().image_size_for(profile, side)
+            data["image_size"], why = detect.image_size(answers.data.resolve(), data, profile)
             print(f"Image size: {data['image_size']} px ({why}; --image-size overrides)")
     else:
         keys = detect.TABULAR_KEYS if tabular else detect.LAYOUT_KEYS

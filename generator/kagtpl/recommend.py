@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.table import Table
 
+from kagtpl import detect
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, planner
 
 
-def recommend_table(task: str, gpu: str, model: str | None, image_size: int, budget: str | None = None) -> Table:
+def recommend_table(
+    task: str, gpu: str, model: str | None, image_size: int | None, budget: str | None = None, data: Path | None = None
+) -> Table:
     hw = hardware()
     if task not in ("image", "tabular"):
         raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular")
@@ -18,6 +23,12 @@ def recommend_table(task: str, gpu: str, model: str | None, image_size: int, bud
     if task == "tabular":
         return tabular_table(profile, gpu, budget)
     model = model or ("resnet18" if gpu == "cpu" else "efficientnet_b4")
+    if image_size is not None:
+        size_why = "set by you"
+    elif data is not None:
+        image_size, size_why = detect.image_size(data, detect.detect_image(data, {}), profile)
+    else:
+        image_size, size_why = hw.image_size_for(profile, None)
     rec = hw.recommend(profile, model, image_size)
     title = f"{task} on {profile.label} ({gpu}), {model} ({rec.model_class} model), {image_size} px"
     table = Table(title=title)
@@ -25,6 +36,7 @@ def recommend_table(task: str, gpu: str, model: str | None, image_size: int, bud
     table.add_column("value")
     table.add_column("why")
     rows = [
+        ("image_size", image_size, size_why),
         ("batch_size", rec.batch_size, rec.why["batch_size"]),
         ("accum_steps", rec.accum_steps, rec.why["accum_steps"]),
         ("num_workers", rec.loader["num_workers"], rec.why["num_workers"]),
