@@ -31,6 +31,7 @@ The competition is a plain object (train.py's `Competition`) with:
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ import hardware
 import logs
 import planner as time_planner
 import storage
+from errors import DataError, RunError, one_line_errors
 from gpu import Amp, GpuMonitor, describe_gpu, free_gpu_memory, is_oom, probe_batch, resolve_device, seed_everything
 from planner import TimePlanner
 
@@ -88,7 +90,9 @@ class Machine:
 
 
 def add_run_flags(p, gpu_profile: str, budget: str) -> None:
-    """The flags every task's train.py shares: hardware, precision, the time budget, dry runs."""
+    """The flags every task's train.py shares: hardware, precision, the time budget, dry runs.
+    argparse's own errors become one ERROR line too (errors.one_line_errors)."""
+    one_line_errors(p)
     p.add_argument(
         "--gpu",
         default=gpu_profile,
@@ -109,11 +113,63 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
     p.add_argument("--dry-run", action="store_true", help="3 batches, 1 epoch, 2 folds: checks the whole path")
 
 
-def begin(args) -> torch.device:
-    """A run's first step: --dry-run's small plan, the output folder, the seed, the device."""
+# Every numeric flag both tasks share, with its range: a value outside is one ERROR line before
+# anything is read or written (--accum-steps -1 trained by gradient ascent; --folds 1 has no
+# validation fold). train.py adds its own flags' ranges to these.
+FLAG_RANGES = {
+    "folds": (2, 100),
+    "epochs": (1, 100_000),
+    "patience": (1, 100_000),
+    "lr": (0.0, 10.0),  # 0 freezes the weights (a check); below 0 is gradient ascent
+    "weight_decay": (0.0, 10.0),
+    "batch_size": (0, 65_536),  # 0 = the rule for the GPU
+    "accum_steps": (0, 4096),  # 0 = the rule (tables: 1)
+    "seed": (0, 2**32 - 1),  # numpy's seed range
+}
+
+
+def check_flags(args, ranges: dict) -> None:
+    """Each flag in `ranges` ({dest: (low, high)}) within its range (NaN and inf are not); else
+    a RunError naming the flag, the value and the range. predict.py checks its flags with it too."""
+    for name, (low, high) in ranges.items():
+        value = getattr(args, name)
+        if not low <= value <= high:
+            raise RunError(f"--{name.replace('_', '-')} {value}: must be from {low} to {high}")
+
+
+def check_folds(folds: int, path, rows: int, class_counts: dict | None = None) -> None:
+    """Enough rows, and enough of every class, for `folds` stratified folds: the DataError names
+    the class and the largest --folds the data allows (instead of sklearn's traceback)."""
+    if rows < folds:
+        raise DataError(f"{path}: {rows} rows cannot make --folds {folds}; use --folds {max(2, rows)} or fewer")
+    if class_counts:
+        label, n = min(class_counts.items(), key=lambda kv: kv[1])
+        if n < folds:
+            way_out = f"use --folds {n} or fewer, or" if n >= 2 else "2 folds need 2 rows of it:"
+            raise DataError(
+                f"{path}: class {label!r} has {n} row(s), fewer than --folds {folds}: every fold needs one to "
+                f"validate it; {way_out} merge or drop that class's rows"
+            )
+
+
+def begin(args, ranges: dict | None = None) -> torch.device:
+    """A run's first step: the flags checked (FLAG_RANGES plus the task's `ranges`), --dry-run's
+    small plan, the output folder (locked against a second train.py, stale temp files of killed
+    runs swept), the seed, the device."""
+    check_flags(args, {**FLAG_RANGES, **(ranges or {})})
+    try:
+        time_planner.parse_duration(args.budget)
+    except ValueError as e:
+        raise RunError(f"--budget: {e}") from None
     if args.dry_run:
         args.epochs, args.folds = 1, 2
-    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    out = Path(args.out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"--out-dir {out}: cannot create it ({e.strerror})") from None
+    storage.lock_output(out)
+    storage.sweep_stale_tmp(out)
     seed_everything(args.seed)
     return resolve_device(args.device)
 
@@ -121,6 +177,9 @@ def begin(args) -> torch.device:
 def profile(gpu_flag: str, device: torch.device) -> hardware.Profile:
     """The --gpu profile; `auto` reads the card (an unlisted one gets a profile built from its
     memory and compute capability, with a warning)."""
+    if gpu_flag not in ("auto", "cpu") and device.type != "cuda":  # the a10 batch on a CPU: 23 GB, killed
+        print(f"WARNING: --gpu {gpu_flag} but training on {device.type}: batch and workers follow the CPU profile")
+        return hardware.PROFILES["cpu"]
     if gpu_flag != "auto":
         return hardware.PROFILES[gpu_flag]
     name, total_gb, capability = describe_gpu(device)
@@ -193,7 +252,8 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
     compile, autoscale (CUDA only), dry_run and the config saved with each checkpoint.
     """
     out = Path(args.out_dir)
-    jlog = logs.JsonLog(out / "train_log.jsonl")
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    jlog = logs.JsonLog(out / "train_log.jsonl", run_id, bool(args.dry_run))
     trained = []
     for k, (trn_idx, val_idx) in enumerate(splits):
         if k >= planner.folds or planner.stop_reason:
@@ -279,7 +339,16 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         config = checkpoint_config(args, machine, batching)
         run = {key: config.get(key) for key in comp.resume_keys}  # what makes folds of one ensemble
         storage.save_checkpoint(
-            ckpt_path, model, config, comp.classes, fold=k, epoch=epoch, run=run, **meta, **fold.extras
+            ckpt_path,
+            model,
+            config,
+            comp.classes,
+            fold=k,
+            epoch=epoch,
+            run=run,
+            saved_at=time.time(),
+            **meta,
+            **fold.extras,
         )
 
     for epoch in range(1, args.epochs + 1):
@@ -313,11 +382,11 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             planner.note_inference(valid_s, len(pred), comp.test_rows, comp.test_views, comp.decode_s, model_s)
         planner.end_epoch(epoch)
         y = fold.y_valid[: len(pred)]
-        val_loss = comp.val_loss(y, pred)
+        val_loss, metric = evaluate(comp, y, pred, f"fold {k} epoch {epoch}")
         stats = {
             "train_loss": train_loss,
             "val_loss": val_loss,
-            "metric": list(comp.score(y, pred).values())[-1],
+            "metric": metric,
             "lr": scheduler.get_last_lr()[0],
             "time_s": time.time() - t0,
             "samples_per_s": seen / max(train_time, 1e-9),
@@ -356,6 +425,16 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
     if planner.stop_reason is None and not storage.mark_complete(ckpt_path):
         print(f"WARNING: fold {k} never produced a finite val loss; no checkpoint written")
     return best
+
+
+def evaluate(comp, y: np.ndarray, pred: np.ndarray, where: str) -> tuple[float, float]:
+    """(val loss, metric) of one validation pass. Non-finite predictions (a diverged model: NaN
+    weights) score inf / NaN with a warning instead of crashing the metric: that epoch is never
+    the best one, so it is never saved."""
+    if not np.isfinite(pred).all():
+        print(f"WARNING: {where}: the model's predictions are not finite (training diverged: lower --lr)")
+        return math.inf, math.nan
+    return comp.val_loss(y, pred), list(comp.score(y, pred).values())[-1]
 
 
 def oof_scores(comp, out: Path, folds: list[int]) -> tuple[dict, list[float]]:

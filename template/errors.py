@@ -26,6 +26,16 @@ class WeightsUnavailable(RunError):
     """Pretrained weights asked for but not to be had (internet off, no --weights file)."""
 
 
+def one_line_errors(parser) -> None:
+    """argparse's own errors (a word for a number, an unknown flag) as one ERROR line and exit 1,
+    like every other failure, instead of the usage block and exit 2."""
+
+    def error(message: str):
+        raise RunError(f"{message} (python {parser.prog} --help)")
+
+    parser.error = error
+
+
 def main(fn, argv=None) -> None:
     """Run a script's main(); a RunError becomes its one line on stderr and exit code 1."""
     try:

@@ -7,6 +7,7 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -405,7 +406,12 @@ def memory_decision(pct: float, size_class: str) -> Decision:
     """The row of the matrix for a GPU memory percentage and a 'small' / 'large' model."""
     small = size_class == "small"
     if pct < 50:
-        return Decision("< 50%", "double the batch", 2.0, True)
+        # memory is mostly fixed cost (weights, optimizer, CUDA context) at a few %: doubling from
+        # 1% takes six tries; the power of two toward 70% takes one (at most x16, then look again)
+        factor = max(2, min(16, 2 ** math.floor(math.log2(70 / max(pct, 0.1)))))
+        if factor == 2:
+            return Decision("< 50%", "double the batch", 2.0, True)
+        return Decision("< 50%", f"grow the batch x{factor} toward 70% (then check again)", float(factor), True)
     if pct < 60:
         if small:
             return Decision("50-60%, small model", "proceed (acceptable for a small model)", 1.0, False)
@@ -420,10 +426,10 @@ def memory_decision(pct: float, size_class: str) -> Decision:
 
 
 def memory_drop_warning(before_pct: float, after_pct: float) -> str | None:
-    """A sharp fall between epochs (76% -> 45%): a leak being freed, or the batch changed."""
+    """A sharp fall between epochs (76% -> 45%): the batch changed, or one-time buffers were freed."""
     if before_pct - after_pct >= DROP_WARNING_POINTS:
         return (
-            f"GPU memory fell from {before_pct:.1f}% to {after_pct:.1f}% between epochs: "
-            "a possible leak, or the batch size changed"
+            f"GPU memory fell from {before_pct:.1f}% to {after_pct:.1f}% between epochs: the batch changed "
+            "(an OOM halves the micro-batch) or the first epoch's peak held one-time buffers; not a leak (that rises)"
         )
     return None

@@ -62,13 +62,15 @@ def oof_line(scores: dict[str, float], rows: int, folds: list[int]) -> str:
 
 
 class JsonLog:
-    """One JSON object per line in out_dir/train_log.jsonl, for agents and plots; this run's
-    records are also kept in `records` (the report picture is drawn from them)."""
+    """One JSON object per line in out_dir/train_log.jsonl, for agents and plots. Reruns append,
+    so every record carries its run: `run` (start time and pid, e.g. "20261122-0712-4242") and
+    `dry_run`. This run's records are also kept in `records` (the report picture is drawn from them)."""
 
-    def __init__(self, path: Path):
-        self.path, self.records = path, []
+    def __init__(self, path: Path, run: str, dry_run: bool):
+        self.path, self.records, self.run, self.dry_run = path, [], run, dry_run
 
     def write(self, **record) -> None:
+        record = {"run": self.run, "dry_run": self.dry_run, **record}
         self.records.append(record)
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")

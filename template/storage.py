@@ -8,25 +8,137 @@ not run code. torch is imported only where a checkpoint is read or written, so t
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 
-from errors import RunError
+from errors import DataError, RunError
+
+# A temporary file's name carries its writer's pid (".model_fold0.pth.4242.k3j_x9a1.tmp"), so a
+# later run can tell a killed run's leftovers from a live writer's file.
+TMP_PID = re.compile(r"\.(\d+)\.(?:[a-z0-9_]+\.)?tmp$")
+
+
+def tmp_name(path: Path) -> Path:
+    """The temporary file `path` is written to before its rename (for writers that need a fixed name)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
 def atomic_write(path: Path, write_fn) -> None:
     """write_fn(tmp_path) writes the file; it only replaces `path` once complete, so a
-    kill at any moment leaves either the old file or the new one, never half of one."""
+    kill at any moment leaves either the old file or the new one, never half of one.
+    A full disk is a RunError saying so; the old file is kept."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     os.close(fd)
     try:
         write_fn(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise RunError(disk_full(path)) from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def disk_full(path: Path) -> str:
+    free = shutil.disk_usage(Path(path).parent).free / 2**20
+    return f"{path}: the disk is full ({free:.0f} MB free); nothing was replaced, the previous file is intact"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def sweep_stale_tmp(out_dir: Path) -> None:
+    """Delete the temporary files killed runs left in out_dir and its cache (a kill mid-write
+    leaves one, up to the size of a checkpoint or a decode cache); a live writer's are kept."""
+    stale = [
+        f
+        for folder in (Path(out_dir), Path(out_dir) / "cache")
+        if folder.is_dir()
+        for f in folder.iterdir()
+        if (m := TMP_PID.search(f.name)) and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1)))
+    ]
+    mb = sum(f.stat().st_size for f in stale) / 2**20
+    for f in stale:
+        f.unlink(missing_ok=True)
+    if stale:
+        print(f"CLEANUP: removed {len(stale)} temporary file(s) ({mb:.0f} MB) left by killed runs in {out_dir}")
+
+
+_LOCKS = []  # the open lock files: the OS releases a lock when its process ends, however it ends
+
+
+def lock_output(out_dir: Path) -> None:
+    """One train.py per output folder: a second one would overwrite the first's checkpoints.
+    A POSIX lock (lockf) on out_dir/.train.lock: the OS releases it when the process ends,
+    however it ends, so it is never stale; unlike flock, forked DataLoader workers do not
+    inherit it (a killed run's workers, still exiting, would hold it for seconds)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock
+        return
+    f = open(Path(out_dir) / ".train.lock", "a+")
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise RunError(
+            f"{out_dir} is in use by another train.py (pid {holder}): wait for it, stop it, or pass another --out-dir"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    _LOCKS.append(f)
+
+
+def first_non_utf8_line(path: Path) -> int:
+    for n, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return n
+    return 1
+
+
+def read_csv(path: Path, **kwargs):
+    """pandas.read_csv with the ways a competition CSV goes wrong as DataErrors naming the file
+    (and the line): missing, empty (0 bytes), header only, not UTF-8, a row with too many fields."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found (check --data-dir)")
+    try:
+        df = pd.read_csv(path, **kwargs)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: the file is empty (0 bytes or blank lines only)") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path} line {first_non_utf8_line(path)}: not UTF-8 text; re-save the file as UTF-8") from None
+    except pd.errors.ParserError as e:
+        found = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(e))
+        if found:
+            want, line, saw = found.groups()
+            raise DataError(f"{path} line {line}: {saw} fields, the header has {want} (a stray comma?)") from None
+        raise DataError(f"{path}: cannot be parsed as CSV ({str(e).strip()[:160]})") from None
+    if df.empty:
+        raise DataError(f"{path}: no rows (only a header)")
+    return df
 
 
 def write_csv_atomic(df, path: Path) -> None:
@@ -67,6 +179,9 @@ def load_checkpoint(path: Path) -> dict | None:
     if not isinstance(ckpt, dict) or not {"model", "config", "classes"} <= ckpt.keys():
         print(f"WARNING: skipping {path}: not a kagtpl checkpoint (no model/config/classes)")
         return None
+    if not isinstance(ckpt["config"], dict) or not isinstance(ckpt["classes"], list) or not ckpt["model"]:
+        print(f"WARNING: skipping {path}: its config, classes or weights are empty or malformed")
+        return None
     return ckpt
 
 
@@ -94,14 +209,17 @@ def same_run(found: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
     """The checkpoints made with the newest one's configuration (its `run`: the split and the
     model); a fold left over from an earlier run with other folds, model or image size is
     skipped with a warning, never ensembled silently."""
-    newest = max(found, key=lambda pc: pc[0].stat().st_mtime)[1].get("run")
+    newest_ckpt = max(found, key=lambda pc: pc[0].stat().st_mtime)[1]
+    newest, classes = newest_ckpt.get("run"), newest_ckpt["classes"]
     kept = []
     for path, ckpt in found:
         run = ckpt.get("run")
-        if run == newest:
+        if run == newest and ckpt["classes"] == classes:
             kept.append((path, ckpt))
             continue
-        if run is None or newest is None:
+        if run == newest:
+            diff = f"classes {ckpt['classes'][:5]}..., newest {classes[:5]}..."
+        elif run is None or newest is None:
             diff = "no record of its configuration"
         else:
             diff = ", ".join(
@@ -122,4 +240,21 @@ def ensemble_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:
     print(f"ENSEMBLE: {len(found)} checkpoint(s), folds {[c.get('fold') for _, c in found]}: {names}")
     if any(c["config"].get("dry_run") for _, c in found):
         print("WARNING: dry-run checkpoints (3 batches of training): fine for a smoke test, not for a score")
+    for path, c in found:
+        if not c.get("complete"):
+            how = "never validated" if "val_loss" not in c else f"its best epoch so far, {c.get('epoch')}"
+            print(f"WARNING: {path.name} is from an incomplete fold (stopped early: {how}); it is used")
     return found
+
+
+def restore(path: Path, build, state: dict, device):
+    """build() -> model with the checkpoint's weights on `device`, or None with a warning when
+    they do not fit (another head, missing or extra keys, an empty state): predict.py skips it
+    like an unreadable file and ensembles the rest."""
+    try:
+        model = build()
+        model.load_state_dict(state)
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+        print(f"WARNING: skipping {path}: its weights do not fit the model ({str(e).splitlines()[0][:160]})")
+        return None
+    return model.to(device)

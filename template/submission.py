@@ -16,11 +16,27 @@ from errors import RunError
 from storage import write_csv_atomic
 
 
-def ensemble(probs: list[np.ndarray]) -> np.ndarray:
-    """Mean of the folds' class probabilities, renormalised so every row sums to 1 (each fold's
-    rows already do; float32 softmax sums drift by ~1e-7, and the check allows 1e-4)."""
-    mean = np.mean(np.stack(probs), axis=0).astype(np.float64)
-    return mean / mean.sum(axis=1, keepdims=True)
+def ensemble(preds: list[np.ndarray], ids, normalize: bool = True) -> tuple[np.ndarray, int]:
+    """Mean of the folds' predictions (class probabilities: renormalised so every row sums to 1;
+    float32 softmax sums drift by ~1e-7, and the check allows 1e-4). A fold with a non-finite
+    prediction (a diverged model) is left out with a warning naming the test row; NaN is never
+    written, nor turned into class 0 by an argmax. No usable fold at all is a RunError.
+    Returns (the ensemble, how many folds it holds)."""
+    finite = []
+    for k, pred in enumerate(preds):
+        bad = np.flatnonzero(~np.isfinite(pred).all(axis=tuple(range(1, pred.ndim))))
+        if len(bad):
+            first = list(ids)[bad[0]]
+            print(
+                f"WARNING: model {k + 1} of {len(preds)} predicts non-finite values ({len(bad)} rows, first id "
+                f"{first!r}); left out of the ensemble"
+            )
+            continue
+        finite.append(pred)
+    if not finite:
+        raise RunError("no checkpoint gave usable predictions (see the warnings above); no submission written")
+    mean = np.mean(np.stack(finite), axis=0).astype(np.float64)
+    return (mean / mean.sum(axis=1, keepdims=True) if normalize else mean), len(finite)
 
 
 def check_submission(sub, sample, kind: str, labels=None) -> None:

@@ -52,6 +52,26 @@ def run_script(project: Path, *args: str, timeout: int = 600, check: bool = True
     return proc
 
 
+def start_until(project: Path, args: list[str], line_prefix: str) -> tuple[subprocess.Popen, list[str]]:
+    """Start a generated script in a process group of its own (as a container runs it) and read
+    its log until a line starts with `line_prefix`; returns the process and the lines so far."""
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=project,
+        env=RUN_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(line_prefix):
+            break
+    return proc, seen
+
+
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory) -> Path:
     """A small real dataset (UCI digits) in the dog-breed layout: 240 train, 40 test images."""

@@ -96,7 +96,8 @@ def test_field_notes_b4_at_51_percent_is_an_optional_1_5x():
 def test_batch_32_on_an_a100_gets_the_batch_and_the_loader_fixed():
     r = doctor(LOGS / "field_notes_batch32_a100.log", "--model", "tf_efficientnet_b4_ns")
     assert r.returncode == 1
-    assert "large model" in r.stdout and "double the batch: batch 32 -> 64" in r.stdout
+    # 1% of memory: one step of x16 toward 70%, not six doublings
+    assert "large model" in r.stdout and "grow the batch x16 toward 70% (then check again): batch 32 -> 512" in r.stdout
     assert "LOADER: num_workers=4 with 30 CPUs: use 12" in r.stdout
     assert "LOADER: prefetch_factor=2: use 3-4" in r.stdout and "persistent_workers=False" in r.stdout
 
@@ -158,3 +159,16 @@ def test_memory_drop_warning_edge():
     hw = hardware()
     assert hw.memory_drop_warning(76.0, 56.0)  # a fall of exactly 20 points warns
     assert hw.memory_drop_warning(76.0, 56.1) is None
+
+
+def test_a_cpu_log_is_read_and_said_to_have_no_gpu(tmp_path):
+    log = tmp_path / "cpu.log"
+    log.write_text(
+        "RESOURCES: 2 CPU cores, batch=32, GPU=none, Mixed Precision=OFF\nGPU Memory: none\n"
+        "DataLoader: num_workers=1, prefetch_factor=4, persistent_workers=True\n"
+        "Model: resnet18 (11.2M params, small model)\nGPU Memory Used: none (CPU run)\n"
+        "Epoch 1: Loss=2.3943, ValLoss=2.3102, Acc=0.0938, LR=1.00e-03, Time=1.6s, Throughput=18 samples/s, GPU=none\n"
+    )
+    r = doctor(log)
+    assert r.returncode == 0, r.stderr
+    assert "MEMORY: CPU run: no GPU memory to check" in r.stdout and "STATUS: OK" in r.stdout

@@ -183,10 +183,25 @@ def test_ensemble_and_corrupt_checkpoint(project_modules, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "skipping" in out and "model_fold0.pth" in out and "model_fold1.pth" in out
     # the mean of the folds' probabilities, as float64; rows that drift from 1 (float32 softmax) are renormalised
-    probs = m.submission.ensemble([np.array([[0.2, 0.8]]), np.array([[0.6, 0.4]]), np.array([[0.1, 0.9]])])
+    ids = ["a"]
+    probs, folds = m.submission.ensemble([np.array([[0.2, 0.8]]), np.array([[0.6, 0.4]]), np.array([[0.1, 0.9]])], ids)
     np.testing.assert_allclose(probs, [[0.3, 0.7]])
-    drift = m.submission.ensemble([np.array([[0.3, 0.7002]], np.float32)])
+    assert folds == 3
+    drift, _ = m.submission.ensemble([np.array([[0.3, 0.7002]], np.float32)], ids)
     assert drift.dtype == np.float64 and drift.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_ensemble_leaves_out_a_diverged_fold_and_never_writes_nan(project_modules, capsys):
+    ensemble, errors = project_modules.submission.ensemble, project_modules.errors
+    good, diverged = np.array([[0.2, 0.8], [0.5, 0.5]]), np.array([[0.2, 0.8], [np.nan, np.nan]])
+    mean, folds = ensemble([good, diverged], ["a", "b"])
+    np.testing.assert_allclose(mean, good)
+    assert folds == 1
+    assert "model 2 of 2 predicts non-finite values (1 rows, first id 'b')" in capsys.readouterr().out
+    values = np.array([[1.5], [np.inf]])
+    with pytest.raises(errors.RunError, match="no checkpoint gave usable predictions"):
+        ensemble([values], ["a", "b"], normalize=False)
+    np.testing.assert_allclose(ensemble([np.array([[2.0]]), np.array([[4.0]])], ["a"], normalize=False)[0], [[3.0]])
 
 
 def test_image_cache_names_the_bad_file_and_reuses_the_cache(project_modules, tmp_path, digits_dir):

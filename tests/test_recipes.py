@@ -57,8 +57,12 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
     target = '    train["target"] = train[args.label_col].map({c: k for k, c in enumerate(classes)})\n'
     multi_hot = '    train["target"] = [np.isin(classes, t).astype(np.float32) for t in tags]\n'
     apply(project, readme, "train.py", target, multi_hot)
-    counts = '    counts = train["target"].value_counts()\n    if counts.min() < args.folds:\n'
-    apply(project, readme, "train.py", counts, "    if False:\n", documented="counts = ...")
+    counts = (
+        "    counts = train[args.label_col].value_counts().to_dict()  # images per class: every fold needs some\n"
+        "    engine.check_folds(args.folds, labels_path, len(train), counts)\n"
+    )
+    rows_only = "    engine.check_folds(args.folds, labels_path, len(train))\n"
+    apply(project, readme, "train.py", counts, rows_only)
     apply(
         project,
         readme,
@@ -94,7 +98,14 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
         "model(normalize(batch[0])).float().softmax(1)",
     ):
         apply(project, readme, "predict.py", activation, activation.replace("softmax(1)", "sigmoid()"), ".sigmoid()")
-    apply(project, readme, "predict.py", "probs = submission.ensemble(all_probs)", "probs = np.mean(all_probs, axis=0)")
+    apply(
+        project,
+        readme,
+        "predict.py",
+        "probs, folds = submission.ensemble(all_probs, sample[id_col])",
+        "probs, folds = submission.ensemble(all_probs, sample[id_col], normalize=False)",
+        documented="`normalize=False` in `submission.ensemble(...)`",
+    )
     apply(
         project,
         readme,

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import RUN_ENV, render, run_script
+from conftest import RUN_ENV, render, run_script, start_until
 
 pytestmark = pytest.mark.slow
 
@@ -94,21 +94,8 @@ def test_dry_run_then_predict(project, digits_dir):
 
 
 def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(project, digits_dir):
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *CPU, "--epochs", "2"],
-        cwd=project,
-        env=RUN_ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("FOLD 1 ("):
-            os.killpg(proc.pid, signal.SIGKILL)  # the container's time limit, mid-run
-            break
+    proc, seen = start_until(project, ["train.py", *CPU, "--epochs", "2"], "FOLD 1 (")
+    os.killpg(proc.pid, signal.SIGKILL)  # the container's time limit, mid-run
     proc.wait(timeout=60)
     assert any(x.startswith("FOLD 0 DONE") for x in seen), "".join(seen)
     out = project / "output"

@@ -172,9 +172,9 @@ def _break(data, how):
     "how,message",
     [
         ("no_target", r"train\.csv: target column 'target' missing"),
-        ("all_nan", r"train\.csv: column 'mean_radius' is all NaN"),
+        ("all_nan", r"train\.csv: column 'mean_radius' is all empty; pass --drop mean_radius"),
         ("test_missing_column", r"test\.csv: column 'site' of train\.csv is missing"),
-        ("test_extra_column", r"test\.csv: column 'leak' is not a feature of train\.csv"),
+        ("test_extra_column", r"test\.csv: column 'leak' is not a column of train\.csv"),
         ("unknown_id", r"sample_submission\.csv line 5: id 'r-nope' is not in test\.csv"),
     ],
 )

@@ -1,3 +1,3 @@
-from kagtpl.cli import app
+from kagtpl.cli import run
 
-app(prog_name="kagtpl")
+run()

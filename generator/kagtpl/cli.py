@@ -3,6 +3,7 @@ becomes one red line on stderr and exit code 1."""
 
 from __future__ import annotations
 
+import sys
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Optional
@@ -13,17 +14,23 @@ from rich.console import Console
 from kagtpl import __version__, check, demo, doctor, gpus, new, recommend, table, update
 from kagtpl.errors import KagtplError
 
+try:  # Typer >= 0.20 carries its own copy of Click
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # older Typer runs on Click itself
+    from click.exceptions import NoArgsIsHelpError, UsageError
+
 app = typer.Typer(
     help="Kaggle competition projects that keep the GPU busy and always hand in a submission.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain Click help: NAME and TEXT, wrapped to the terminal (no <str> / {name} boxes)
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def show(table) -> None:
-    Console(width=160).print(table)
+    Console().print(table)  # the terminal's width (COLUMNS); 80 when the output is not a terminal
 
 
 def boundary(fn):
@@ -38,6 +45,26 @@ def boundary(fn):
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def run() -> None:
+    """The `kagtpl` command. Click's usage errors (a bad option value, a missing argument, an
+    unknown option) become one red line and exit 1 like every other error, not a box and exit 2."""
+    try:
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as e:  # plain `kagtpl`: the help, as before
+        print(e.ctx.get_help() if e.ctx else "kagtpl --help")
+        code = 0
+    except UsageError as e:
+        err.print(
+            f"error: {e.format_message()} (kagtpl {e.ctx.command_path.split(' ', 1)[-1] if e.ctx else ''} --help)",
+            style="red",
+            markup=False,
+        )
+        code = 1
+    except typer.Abort:  # Ctrl-C
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _version(value: bool) -> None:
@@ -58,33 +85,65 @@ def main(
 @app.command("new")
 @boundary
 def new_cmd(
-    name: Annotated[str, typer.Argument(help="Project folder name, e.g. dog-breed.")],
-    task: Annotated[Optional[str], typer.Option(help="Competition type: image or tabular.")] = None,
-    gpu: Annotated[Optional[str], typer.Option(help="GPU profile (kagtpl gpus), or auto to detect.")] = None,
-    data: Annotated[Optional[Path], typer.Option(help="Competition data folder; its layout is detected.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="timm model name.")] = None,
-    image_size: Annotated[Optional[int], typer.Option(help="Square input size in pixels.")] = None,
-    folds: Annotated[Optional[int], typer.Option(help="Cross-validation folds.")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Max epochs per fold.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Batch size; default: the rule for the GPU.")] = None,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Project folder name, e.g. dog-breed.")],
+    task: Annotated[Optional[str], typer.Option(metavar="TASK", help="Competition type: image or tabular.")] = None,
+    gpu: Annotated[
+        Optional[str], typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus), or auto to detect.")
+    ] = None,
+    data: Annotated[
+        Optional[Path], typer.Option(metavar="DIR", help="Competition data folder; its layout is detected.")
+    ] = None,
+    model: Annotated[Optional[str], typer.Option(metavar="MODEL", help="timm model name.")] = None,
+    image_size: Annotated[
+        Optional[int], typer.Option(metavar="IMAGE_SIZE", help="Square input size in pixels.")
+    ] = None,
+    folds: Annotated[Optional[int], typer.Option(metavar="FOLDS", help="Cross-validation folds.")] = None,
+    epochs: Annotated[Optional[int], typer.Option(metavar="EPOCHS", help="Max epochs per fold.")] = None,
+    batch_size: Annotated[
+        Optional[int], typer.Option(metavar="BATCH_SIZE", help="Batch size; default: the rule for the GPU.")
+    ] = None,
     budget: Annotated[
-        Optional[str], typer.Option(help="Wall time for train + predict: 9h, 45m, 600s (default 9h on Kaggle GPUs).")
+        Optional[str],
+        typer.Option(
+            metavar="BUDGET", help="Wall time for train + predict: 9h, 45m, 600s (default 9h on Kaggle GPUs)."
+        ),
     ] = None,
-    labels_csv: Annotated[Optional[str], typer.Option(help="Override the detected labels CSV.")] = None,
-    id_col: Annotated[Optional[str], typer.Option(help="Override the detected id column.")] = None,
-    label_col: Annotated[Optional[str], typer.Option(help="Override the detected label column.")] = None,
-    train_dir: Annotated[Optional[str], typer.Option(help="Override the detected training image folder.")] = None,
-    test_dir: Annotated[Optional[str], typer.Option(help="Override the detected test image folder.")] = None,
-    image_ext: Annotated[Optional[str], typer.Option(help="Override the detected image extension.")] = None,
-    sample_submission: Annotated[Optional[str], typer.Option(help="Override the sample submission CSV.")] = None,
-    train_csv: Annotated[Optional[str], typer.Option(help="Tables: override the training table.")] = None,
-    test_csv: Annotated[Optional[str], typer.Option(help="Tables: override the test table.")] = None,
-    target: Annotated[Optional[str], typer.Option(help="Tables: override the detected target column.")] = None,
-    problem: Annotated[Optional[str], typer.Option(help="Tables: binary, multiclass or regression.")] = None,
+    labels_csv: Annotated[
+        Optional[str], typer.Option(metavar="LABELS_CSV", help="Override the detected labels CSV.")
+    ] = None,
+    id_col: Annotated[Optional[str], typer.Option(metavar="ID_COL", help="Override the detected id column.")] = None,
+    label_col: Annotated[
+        Optional[str], typer.Option(metavar="LABEL_COL", help="Override the detected label column.")
+    ] = None,
+    train_dir: Annotated[
+        Optional[str], typer.Option(metavar="TRAIN_DIR", help="Override the detected training image folder.")
+    ] = None,
+    test_dir: Annotated[
+        Optional[str], typer.Option(metavar="TEST_DIR", help="Override the detected test image folder.")
+    ] = None,
+    image_ext: Annotated[
+        Optional[str], typer.Option(metavar="IMAGE_EXT", help="Override the detected image extension.")
+    ] = None,
+    sample_submission: Annotated[
+        Optional[str], typer.Option(metavar="SAMPLE_SUBMISSION", help="Override the sample submission CSV.")
+    ] = None,
+    train_csv: Annotated[
+        Optional[str], typer.Option(metavar="TRAIN_CSV", help="Tables: override the training table.")
+    ] = None,
+    test_csv: Annotated[
+        Optional[str], typer.Option(metavar="TEST_CSV", help="Tables: override the test table.")
+    ] = None,
+    target: Annotated[
+        Optional[str], typer.Option(metavar="TARGET", help="Tables: override the detected target column.")
+    ] = None,
+    problem: Annotated[
+        Optional[str], typer.Option(metavar="PROBLEM", help="Tables: binary, multiclass or regression.")
+    ] = None,
     metric: Annotated[
-        Optional[str], typer.Option(help="Tables: logloss, accuracy, auc, rmse or rmsle (default: inferred).")
+        Optional[str],
+        typer.Option(metavar="METRIC", help="Tables: logloss, accuracy, auc, rmse or rmsle (default: inferred)."),
     ] = None,
-    dest: Annotated[Path, typer.Option(help="Parent folder of the new project.")] = Path("."),
+    dest: Annotated[Path, typer.Option(metavar="DEST", help="Parent folder of the new project.")] = Path("."),
     force: Annotated[bool, typer.Option(help="Render into an existing non-empty folder.")] = False,
 ) -> None:
     """Render a new competition project (non-interactive when flags are given)."""
@@ -131,14 +190,21 @@ def gpus_cmd() -> None:
 @app.command("recommend")
 @boundary
 def recommend_cmd(
-    task: Annotated[str, typer.Option(help="Competition type: image or tabular.")] = "image",
-    gpu: Annotated[str, typer.Option(help="GPU profile (kagtpl gpus).")] = "t4",
-    model: Annotated[Optional[str], typer.Option(help="timm model name.")] = None,
+    task: Annotated[str, typer.Option(metavar="TASK", help="Competition type: image or tabular.")] = "image",
+    gpu: Annotated[str, typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus).")] = "t4",
+    model: Annotated[Optional[str], typer.Option(metavar="MODEL", help="timm model name.")] = None,
     image_size: Annotated[
-        Optional[int], typer.Option(help="Square input size in pixels (default: the profile's, or from --data).")
+        Optional[int],
+        typer.Option(
+            metavar="IMAGE_SIZE", help="Square input size in pixels (default: the profile's, or from --data)."
+        ),
     ] = None,
-    budget: Annotated[Optional[str], typer.Option(help="Time budget: 9h, 45m, 600s (Kaggle GPUs: 9h).")] = None,
-    data: Annotated[Optional[Path], typer.Option(help="Competition data: the image size from its images.")] = None,
+    budget: Annotated[
+        Optional[str], typer.Option(metavar="BUDGET", help="Time budget: 9h, 45m, 600s (Kaggle GPUs: 9h).")
+    ] = None,
+    data: Annotated[
+        Optional[Path], typer.Option(metavar="DIR", help="Competition data: the image size from its images.")
+    ] = None,
 ) -> None:
     """Print the settings kagtpl would choose, and why."""
     show(recommend.recommend_table(task, gpu, model, image_size, budget, data))
@@ -147,9 +213,11 @@ def recommend_cmd(
 @app.command("table")
 @boundary
 def table_cmd(
-    dest: Annotated[Path, typer.Argument(help="Folder to write train.csv, test.csv and the submission template.")],
+    dest: Annotated[
+        Path, typer.Argument(metavar="DEST", help="Folder to write train.csv, test.csv and the submission template.")
+    ],
     kind: Annotated[
-        str, typer.Option(help="binary, binary-label, multiclass, multiclass-label or regression.")
+        str, typer.Option(metavar="KIND", help="binary, binary-label, multiclass, multiclass-label or regression.")
     ] = "binary",
 ) -> None:
     """Write a small real table competition (from scikit-learn's datasets) to try --task tabular on."""
@@ -159,7 +227,9 @@ def table_cmd(
 @app.command("demo")
 @boundary
 def demo_cmd(
-    dest: Annotated[Path, typer.Argument(help="Folder for the demo data and project.")] = Path("kagtpl-demo"),
+    dest: Annotated[Path, typer.Argument(metavar="DEST", help="Folder for the demo data and project.")] = Path(
+        "kagtpl-demo"
+    ),
     force: Annotated[bool, typer.Option(help="Reuse an existing non-empty folder.")] = False,
 ) -> None:
     """End to end on CPU: write the built-in digits dataset, render, train, predict, score."""
@@ -169,12 +239,15 @@ def demo_cmd(
 @app.command("update")
 @boundary
 def update_cmd(
-    path: Annotated[Path, typer.Argument(help="The project (a git repository with no uncommitted changes).")] = Path(
-        "."
-    ),
-    to: Annotated[Optional[str], typer.Option(help="Template version, e.g. 0.2.0 (default: this kagtpl's).")] = None,
+    path: Annotated[
+        Path, typer.Argument(metavar="PATH", help="The project (a git repository with no uncommitted changes).")
+    ] = Path("."),
+    to: Annotated[
+        Optional[str], typer.Option(metavar="VERSION", help="Template version, e.g. 0.2.0 (default: this kagtpl's).")
+    ] = None,
     data: Annotated[
-        Optional[list[str]], typer.Option(help="Change an answer, e.g. --data gpu=a100-80 (repeatable).")
+        Optional[list[str]],
+        typer.Option(metavar="KEY=VALUE", help="Change an answer, e.g. --data gpu=a100-80 (repeatable)."),
     ] = None,
 ) -> None:
     """Merge a newer template into an existing project, keeping your edits; exit 1 on conflicts."""
@@ -191,7 +264,7 @@ def update_cmd(
 @app.command("check")
 @boundary
 def check_cmd(
-    path: Annotated[Path, typer.Argument(help="The project.")] = Path("."),
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="The project.")] = Path("."),
 ) -> None:
     """Say whether a newer template version than the project's exists."""
     current, newer = check.check_project(path)
@@ -204,10 +277,16 @@ def check_cmd(
 @app.command("doctor")
 @boundary
 def doctor_cmd(
-    log: Annotated[Path, typer.Argument(help="A training log (ours, or any with the field notes' print formats).")],
-    model: Annotated[Optional[str], typer.Option(help="Model name, for logs without a Model: line.")] = None,
+    log: Annotated[
+        Path, typer.Argument(metavar="LOG", help="A training log (ours, or any with the field notes' print formats).")
+    ],
+    model: Annotated[
+        Optional[str], typer.Option(metavar="MODEL", help="Model name, for logs without a Model: line.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report for agents.")] = False,
-    plot: Annotated[Optional[Path], typer.Option(help="Also draw loss, metric and GPU memory % to this PNG.")] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option(metavar="PNG", help="Also draw loss, metric and GPU memory % to this PNG.")
+    ] = None,
 ) -> None:
     """Apply the GPU decision matrix to a log: exit 0 if OK, 1 if action is needed."""
     raise typer.Exit(doctor.run(log, model, json_out, plot))

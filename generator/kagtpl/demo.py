@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kagtpl import new
+from kagtpl import new, paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import PACKAGE_DIR
 
@@ -75,6 +75,9 @@ def demo_train_flags() -> list[str]:
 
 
 def run_demo(dest: Path, force: bool) -> None:
+    if dest.exists() and not dest.is_dir():
+        raise KagtplError(f"{dest} exists and is not a folder; pick another folder")
+    paths.check_writable_folder(dest, "demo")
     if dest.exists() and any(dest.iterdir()) and not force:
         raise KagtplError(f"{dest} exists and is not empty; pass --force or pick another folder")
     data = write_digits(dest / "data")

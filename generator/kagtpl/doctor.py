@@ -42,6 +42,7 @@ class Log:
     first_step_pct: float | None = None
     epochs: list[dict] = field(default_factory=list)
     tabular: bool = False
+    cpu_run: bool = False  # "GPU Memory Used: none (CPU run)"
 
 
 def parse(text: str) -> Log:
@@ -58,6 +59,8 @@ def parse(text: str) -> Log:
             log.tabular = "in-memory batching" in line
         elif m := MODEL.match(line):
             log.model, log.size_class = model_class(m[1])
+        elif line.startswith("GPU Memory Used: none"):
+            log.cpu_run = True
         elif m := USED.search(line):
             log.first_step_pct = float(m[3])
             log.total_gb = log.total_gb or float(m[2])
@@ -127,6 +130,8 @@ def diagnose(log: Log, model: str | None = None) -> Report:
     cls = cls or "large"  # unknown: hold it to the stricter target
     points = [e["gpu_pct"] for e in log.epochs]
     pct = points[-1] if points else log.first_step_pct
+    if pct is None and (log.gpu == "none" or log.cpu_run):
+        return cpu_report(log, name, cls)
     if pct is None:
         raise KagtplError("the log has no GPU memory line (GPU Memory Used: ... or Epoch N: ... GPU=xGB (y%))")
     decision = hw.memory_decision(pct, cls)
@@ -150,6 +155,26 @@ def diagnose(log: Log, model: str | None = None) -> Report:
         loader_advice(log),
         warnings,
         "action" if decision.needed or loader_advice(log) else "ok",
+    )
+
+
+def cpu_report(log: Log, name: str | None, cls: str) -> Report:
+    """A CPU run (GPU=none, `GPU Memory Used: none (CPU run)`): nothing to size; said, exit 0."""
+    return Report(
+        name,
+        cls,
+        "none (CPU run)",
+        None,
+        log.batch,
+        None,
+        "CPU run: no GPU memory to check",
+        "CPU run",
+        "nothing to size here; on a GPU, kagtpl recommend --gpu <profile> gives the batch, then run doctor on that log",
+        None,
+        False,
+        [],
+        [],
+        "ok",
     )
 
 

@@ -3,6 +3,7 @@ anything is written; rendering goes to a temporary folder that is moved into pla
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kagtpl import detect
+from kagtpl import detect, paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, planner, source
 
@@ -47,11 +48,16 @@ class NewAnswers:
         return self.task is None and self.gpu is None and sys.stdin.isatty()
 
 
+MAX_NAME = 100  # file names stop at 255 bytes; the staging folder's name adds the pid and a suffix
+
+
 def validate_name(answers: NewAnswers) -> None:
     if not answers.name or ".." in answers.name or not NAME_RE.match(answers.name):
         raise KagtplError(
             f"invalid project name {answers.name!r}: use letters, digits, '-', '_' and '.', no path separators or '..'"
         )
+    if len(answers.name) > MAX_NAME:
+        raise KagtplError(f"project name of {len(answers.name)} characters: at most {MAX_NAME}")
 
 
 def validate_choices(answers: NewAnswers) -> None:
@@ -120,6 +126,7 @@ def check_destination(answers: NewAnswers) -> None:
         raise KagtplError(f"destination {target} exists and is not a folder")
     if target.is_dir() and any(target.iterdir()) and not answers.force:
         raise KagtplError(f"destination {target} exists and is not empty; pass --force to render into it")
+    paths.check_writable_folder(target.parent, "--dest")
 
 
 def copier_data(answers: NewAnswers) -> dict:
@@ -157,10 +164,12 @@ def render(answers: NewAnswers, data: dict) -> Path:
 
     src = source()
     target = answers.target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{answers.name}.") as tmp:
-        staging = Path(tmp) / answers.name
-        try:
+    created = paths.made_parents(target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        paths.sweep_staging(target.parent, answers.name)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{answers.name}.{os.getpid()}.") as tmp:
+            staging = Path(tmp) / answers.name
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DirtyLocalWarning)  # a source checkout with uncommitted changes
                 copier.run_copy(
@@ -172,12 +181,19 @@ def render(answers: NewAnswers, data: dict) -> Path:
                     quiet=True,
                     vcs_ref=src.ref,
                 )
-        except (CopierError, ValueError) as e:
-            raise KagtplError(f"copier could not render the template: {str(e).splitlines()[0]}") from e
-        if target.exists():
-            shutil.copytree(staging, target, dirs_exist_ok=True)
-        else:
-            staging.rename(target)
+            if target.exists():
+                shutil.copytree(staging, target, dirs_exist_ok=True)
+            else:
+                staging.rename(target)
+    except (CopierError, ValueError) as e:
+        paths.remove_empty(created)
+        raise KagtplError(f"copier could not render the template: {str(e).splitlines()[0]}") from e
+    except OSError as e:
+        paths.remove_empty(created)
+        raise KagtplError(f"cannot write {target}: {e.strerror or e}") from e
+    except BaseException:  # Ctrl-C: the staging folder is gone with its context; leave no empty parents
+        paths.remove_empty(created)
+        raise
     return target
 
 

@@ -19,6 +19,9 @@ def recommend_table(
         raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular")
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
+    low, high = hw.RANGES["image_size"]
+    if image_size is not None and not low <= image_size <= high:
+        raise KagtplError(f"--image-size {image_size}: must be between {low} and {high}")
     profile = hw.PROFILES[gpu]
     if task == "tabular":
         return tabular_table(profile, gpu, budget)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kagtpl import paths
 from kagtpl.errors import KagtplError
 
 TABLES = ("binary", "binary-label", "multiclass", "multiclass-label", "regression")
@@ -21,6 +22,13 @@ def write_table(dest: Path, kind: str = "binary", seed: int = 0, test_frac: floa
     diabetes progression (RMSE)."""
     if kind not in TABLES:
         raise KagtplError(f"unknown kind {kind!r}; valid kinds: {', '.join(TABLES)}")
+    if dest.exists() and not dest.is_dir():
+        raise KagtplError(f"{dest} exists and is not a folder")
+    written = [dest / n for n in ("train.csv", "test.csv", "sample_submission.csv", "gender_submission.csv")]
+    for path in [*written, dest.parent / f"{dest.name}_solution.csv"]:
+        if path.exists():
+            raise KagtplError(f"{path} exists; kagtpl table never overwrites: pick another folder")
+    paths.check_writable_folder(dest, "table")
     try:
         import numpy as np
         import pandas as pd

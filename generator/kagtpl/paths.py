@@ -1,0 +1,56 @@
+"""Folders the CLI writes to: checked before anything is written, and left as found on failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from kagtpl.errors import KagtplError
+
+
+def check_writable_folder(folder: Path, flag: str) -> None:
+    """`folder` is, or can be made as, a writable folder: its nearest existing ancestor is a
+    writable folder (a file or a read-only place on the way is an error before anything is written)."""
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise KagtplError(f"{flag} {folder}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise KagtplError(f"{flag} {folder}: {existing} is not writable")
+
+
+def made_parents(folder: Path) -> list[Path]:
+    """The folders `folder.mkdir(parents=True)` would create, deepest first (removed again on failure)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (someone else's) or already gone
+            return
+
+
+def sweep_staging(parent: Path, name: str) -> None:
+    """Staging folders (.<name>.<pid>.*) left by a kagtpl that was killed mid-render."""
+    for tmp in parent.glob(f".{name}.*"):
+        pid = tmp.name[len(name) + 2 :].split(".")[0]
+        if tmp.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

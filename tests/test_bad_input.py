@@ -1,0 +1,704 @@
+"""Hostile input, case by case: every bad command line, bad file and fault ends in one clear
+line naming the file and row where there is one, loses nothing, and leaves a submission
+wherever one could be made.
+
+The case lists below are the inventory docs/bad-input.md counts (test_the_docs_count_these_cases
+holds the two together). Generated scripts run as subprocesses on small real data on CPU;
+kagtpl runs as `python -m kagtpl`. Fast tier: the kagtpl and flag cases. Slow tier: the rest.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import ROOT, RUN_ENV, render, run_script, start_until
+from kagtpl import table
+
+CASES: Counter = Counter()  # category -> cases tried by the single tests below (the lists count themselves)
+
+
+def case(category: str):
+    """Count a single-case test in a category of docs/bad-input.md's table."""
+
+    def register(test):
+        CASES[category] += 1
+        return test
+
+    return register
+
+
+# ----------------------------------------------------------------------------- kagtpl's command line
+
+
+def kagtpl(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "kagtpl", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def snapshot(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def _not_a_competition(t: Path) -> str:
+    data = t / "not-a-comp"
+    data.mkdir()
+    (data / "notes.txt").write_text("hello")
+    return str(data)
+
+
+def _a_file(t: Path) -> str:
+    (t / "afile").write_text("mine")
+    return str(t / "afile")
+
+
+def _conflicted_project(t: Path) -> str:
+    project = render(t / "proj")
+    text = (project / "engine.py").read_text()
+    (project / "engine.py").write_text("<<<<<<< before updating\n" + text + ">>>>>>> after updating\n")
+    return str(project)
+
+
+# (arguments given the test's folder, the message's words). Security cases are marked: they try
+# to write outside the destination.
+CLI_CASES = [
+    (lambda t: ["new", "p", "--task", "audio", "--gpu", "t4"], "unknown task 'audio'; valid tasks: image, tabular"),
+    (
+        lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--data", _not_a_competition(t)],
+        "does not look like a table competition",
+    ),
+    (
+        lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--image-size", "224"],
+        "--image-size is for image competitions",
+    ),
+    (lambda t: ["table", str(t / "x"), "--kind", "graph"], "unknown kind 'graph'; valid kinds: binary"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "tpu"], "unknown GPU 'tpu'; valid GPUs: t4, t4x2"),
+    (lambda t: ["new", "", "--task", "image", "--gpu", "t4"], "invalid project name ''"),
+    (
+        lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", _not_a_competition(t)],
+        "does not look like an image competition",
+    ),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", str(t / "missing")], "no such folder"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--folds", "1"], "--folds 1: must be between 2 and 20"),
+    (lambda t: ["recommend", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--budget", "nine hours"], "--budget: cannot read"),
+    (lambda t: ["recommend", "--gpu", "a10", "--budget", "soon"], "--budget: cannot read budget 'soon'"),
+    (lambda t: ["new", "a" * 300, "--task", "image", "--gpu", "cpu"], "project name of 300 characters: at most 100"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "cpu", "--dest", _a_file(t)], "is a file, not a folder"),
+    (lambda t: ["new", "p", "--task", "image", "--gpu", "cpu", "--dest", "/proc/kagtpl/x"], "cannot write"),
+    (lambda t: ["table", _a_file(t)], "exists and is not a folder"),
+    (lambda t: ["demo", _a_file(t)], "exists and is not a folder"),
+    (lambda t: ["new", "p", "--folds", "abc"], "Invalid value for '--folds'"),
+    (lambda t: ["new"], "Missing argument 'NAME'"),
+    (lambda t: ["recommend", "--bogus"], "No such option: --bogus"),
+    (lambda t: ["recommend", "--image-size", "0"], "--image-size 0: must be between 16 and 2048"),
+    (
+        lambda t: ["new", "p", "--task", "image", "--gpu", "cpu", "--batch-size", "100000000"],
+        "--batch-size 100000000: must be between 0 and 65536",
+    ),
+    (
+        lambda t: ["new", "p", "--task", "image", "--gpu", "cpu", "--dest", str(t / "a/b/c"), "--data", str(t / "no")],
+        "no such folder",
+    ),
+    (lambda t: ["doctor", str(t / "missing.log")], "no such log file"),
+]
+SECURITY_CLI_CASES = [
+    (lambda t: ["new", "../evil", "--task", "image", "--gpu", "t4"], "invalid project name '../evil'"),
+    (lambda t: ["new", "a/b", "--task", "image", "--gpu", "t4"], "invalid project name 'a/b'"),
+    (lambda t: ["new", "/tmp/evil", "--task", "image", "--gpu", "t4"], "invalid project name '/tmp/evil'"),
+]
+
+
+@pytest.mark.parametrize(
+    "args,message", CLI_CASES + SECURITY_CLI_CASES, ids=lambda v: v[:40] if isinstance(v, str) else ""
+)
+def test_kagtpl_bad_input_is_one_red_line_exit_1_and_nothing_written(tmp_path, args, message):
+    argv = args(tmp_path)
+    before = snapshot(tmp_path)
+    r = kagtpl(*argv, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert snapshot(tmp_path) == before  # not even the empty parents of a --dest
+
+
+@case("kagtpl command line")
+def test_kagtpl_check_names_unresolved_conflicts(tmp_path):
+    project = _conflicted_project(tmp_path)
+    r = kagtpl("check", project, cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip() == (
+        "error: unresolved update conflicts in engine.py: resolve the <<<<<<< / >>>>>>> blocks (and *.rej) first"
+    )
+
+
+@case("kagtpl command line")
+def test_kagtpl_new_sweeps_the_staging_folder_of_a_killed_render(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f".p.{dead.stdout.strip()}.abc123" / "p"
+    left.mkdir(parents=True)
+    (left / "train.py").write_text("half")
+    r = kagtpl("new", "p", "--task", "image", "--gpu", "cpu", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(tmp_path)[0] == "p" and not list(tmp_path.glob(".p.*"))
+
+
+@case("kagtpl command line")
+def test_help_names_values_and_tables_fit_the_terminal(tmp_path):
+    env = {**os.environ, "COLUMNS": "90"}
+    run = [sys.executable, "-m", "kagtpl"]
+    help_text = subprocess.run([*run, "new", "--help"], env=env, capture_output=True, text=True).stdout
+    assert "--folds FOLDS" in help_text and "--data DIR" in help_text and "<int>" not in help_text
+    for command in (["gpus"], ["recommend", "--gpu", "a10"]):
+        out = subprocess.run([*run, *command], env=env, capture_output=True, text=True).stdout
+        assert max(len(line) for line in out.splitlines()) <= 90, out
+
+
+# ----------------------------------------------------------------------------- generated scripts: flags
+
+# (train.py flags, words of the one ERROR line). Checked before anything is read or trained.
+FLAG_CASES = [
+    (["--accum-steps", "-1"], "--accum-steps -1: must be from 0 to 4096"),
+    (["--folds", "1"], "--folds 1: must be from 2 to 100"),
+    (["--epochs", "0"], "--epochs 0: must be from 1 to 100000"),
+    (["--batch-size", "-5"], "--batch-size -5: must be from 0 to 65536"),
+    (["--image-size", "0"], "--image-size 0: must be from 16 to 4096"),
+    (["--workers", "-2"], "--workers -2: must be from -1 to 64"),
+    (["--lr=-0.001"], "--lr -0.001: must be from 0.0 to 10.0"),
+    (["--lr", "nan"], "--lr nan: must be from 0.0 to 10.0"),
+    (["--weight-decay", "-1"], "--weight-decay -1.0: must be from 0.0 to 10.0"),
+    (["--patience", "0"], "--patience 0: must be from 1 to 100000"),
+    (["--seed", "-3"], "--seed -3: must be from 0 to 4294967295"),
+    (["--budget=-5m"], "--budget: cannot read budget '-5m'"),
+    (["--folds", "three"], "argument --folds: invalid int value: 'three' (python train.py --help)"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--model", "resnet_eighteen"], "--model 'resnet_eighteen' is not a timm model"),
+]
+TABULAR_FLAG_CASES = [
+    (["--accum-steps", "0"], "--accum-steps 0: must be from 1 to 4096"),
+    (["--dropout", "1.5"], "--dropout 1.5: must be from 0.0 to 0.95"),
+    (["--hidden", "512,abc"], "--hidden '512,abc': give layer widths like 512,256"),
+    (["--drop", "no_such_column"], "--drop no_such_column: not a feature column"),
+]
+PREDICT_FLAG_CASES = [
+    (["--batch-size", "-1"], "--batch-size -1: must be from 0 to 65536"),
+    (["--workers", "99"], "--workers 99: must be from -1 to 64"),
+]
+
+
+@pytest.fixture(scope="module")
+def image_project(tmp_path_factory, digits_dir):
+    return render(tmp_path_factory.mktemp("bad") / "img", data_dir=str(digits_dir))
+
+
+@pytest.fixture(scope="module")
+def table_data(tmp_path_factory):
+    return table.write_table(tmp_path_factory.mktemp("tab") / "data", "binary")
+
+
+@pytest.fixture(scope="module")
+def tabular_project(tmp_path_factory, table_data):
+    answers = {"task": "tabular", "id_col": "row_id", "target": "target", "problem": "binary", "metric": "auc"}
+    return render(tmp_path_factory.mktemp("bad") / "tab", data_dir=str(table_data), submission="probs", **answers)
+
+
+LIBJPEG = ("Premature end of JPEG file", "Corrupt JPEG data")
+
+
+def one_error(r: subprocess.CompletedProcess, prefix: str, words: str) -> None:
+    """Exit 1 and one line of ours on stderr: PREFIX: ... words ... (no traceback). libjpeg may
+    have printed its own line first ("Premature end of JPEG file"): C code writes to fd 2."""
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = [line for line in r.stderr.strip().splitlines() if not line.startswith(LIBJPEG)]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert lines[0].startswith(prefix + ": ") and words in lines[0], lines[0]
+
+
+def train(project: Path, out: Path, *args: str, data: Path | None = None) -> subprocess.CompletedProcess:
+    data_flag = [f"--data-dir={data}"] if data else []
+    return run_script(
+        project, "train.py", "--dry-run", "--device", "cpu", f"--out-dir={out}", *data_flag, *args, check=False
+    )
+
+
+def no_checkpoints(out: Path) -> bool:
+    return not list(out.glob("model_fold*.pth")) if out.exists() else True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,words", FLAG_CASES, ids=[" ".join(f) for f, _ in FLAG_CASES])
+def test_train_flag_out_of_range_is_one_error_line(image_project, tmp_path, flags, words):
+    r = train(image_project, tmp_path / "out", *flags)
+    one_error(r, "ERROR", words)
+    assert no_checkpoints(tmp_path / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,words", TABULAR_FLAG_CASES, ids=[" ".join(f) for f, _ in TABULAR_FLAG_CASES])
+def test_tabular_flag_out_of_range_is_one_error_line(tabular_project, tmp_path, flags, words):
+    r = train(tabular_project, tmp_path / "out", *flags)
+    prefix = "PREFLIGHT ERROR" if flags[0] == "--drop" else "ERROR"
+    one_error(r, prefix, words)
+    assert no_checkpoints(tmp_path / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,words", PREDICT_FLAG_CASES, ids=[" ".join(f) for f, _ in PREDICT_FLAG_CASES])
+def test_predict_flag_out_of_range_is_one_error_line(image_project, tmp_path, flags, words):
+    r = run_script(image_project, "predict.py", f"--out-dir={tmp_path}", *flags, check=False)
+    one_error(r, "ERROR", words)
+
+
+# ----------------------------------------------------------------------------- bad data
+
+
+def rewrite_csv(path: Path, fn) -> None:
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    fn(df)
+    df.to_csv(path, index=False)
+
+
+def first_test_image(data: Path) -> Path:
+    sample = pd.read_csv(data / "sample_submission.csv", dtype=str)
+    return data / "test" / f"{sample['id'][0]}.jpg"
+
+
+def first_train_image(data: Path) -> Path:
+    labels = pd.read_csv(data / "labels.csv", dtype=str)
+    return data / "train" / f"{labels['id'][0]}.jpg"
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(line)
+
+
+# (how to spoil a copy of the digits data, train.py flags, the words of the PREFLIGHT ERROR line)
+IMAGE_DATA_CASES = {
+    "corrupt test image": (
+        lambda d: first_test_image(d).write_bytes(b"not a jpeg at all"),
+        [],
+        "cannot be decoded as an image (sample_submission.csv line 2)",
+    ),
+    "truncated test image": (
+        lambda d: first_test_image(d).write_bytes(first_test_image(d).read_bytes()[:60]),
+        [],
+        "cannot be decoded as an image (sample_submission.csv line 2)",
+    ),
+    "missing test image": (
+        lambda d: first_test_image(d).unlink(),
+        [],
+        "image not found (sample_submission.csv line 2)",
+    ),
+    "corrupt train image": (
+        lambda d: first_train_image(d).write_bytes(b"\xff\xd8garbage"),
+        [],
+        "cannot be decoded as an image (labels.csv line 2)",
+    ),
+    "duplicate id in sample_submission": (
+        lambda d: rewrite_csv(d / "sample_submission.csv", lambda df: df.loc.__setitem__((1, "id"), df["id"][0])),
+        [],
+        "sample_submission.csv line 3: duplicate id",
+    ),
+    "duplicate id in labels.csv": (
+        lambda d: rewrite_csv(d / "labels.csv", lambda df: df.loc.__setitem__((4, "id"), df["id"][0])),
+        [],
+        "labels.csv line 6: duplicate id",
+    ),
+    "label not a class": (
+        lambda d: rewrite_csv(d / "labels.csv", lambda df: df.loc.__setitem__((2, "breed"), "eleven")),
+        [],
+        "labels.csv line 4 (id",
+    ),
+    "empty labels.csv (0 bytes)": (lambda d: (d / "labels.csv").write_bytes(b""), [], "the file is empty"),
+    "header-only labels.csv": (lambda d: (d / "labels.csv").write_text("id,breed\n"), [], "labels.csv: no rows"),
+    "labels.csv not UTF-8": (
+        lambda d: _append_line(d / "labels.csv", b"caf\xe9,one\n"),
+        [],
+        "line 242: not UTF-8 text",
+    ),
+    "ragged row in labels.csv": (
+        lambda d: _append_line(d / "labels.csv", b"x1,one,extra\n"),
+        [],
+        "labels.csv line 242: 3 fields, the header has 2",
+    ),
+    "fewer images of a class than folds": (
+        lambda d: rewrite_csv(d / "labels.csv", lambda df: df.drop(df.index[df["breed"] == "one"][1:], inplace=True)),
+        [],
+        "class 'one' has 1 row(s), fewer than --folds 2",
+    ),
+}
+SECURITY_DATA_CASES = {
+    "id with ../ in labels.csv": (
+        lambda d: rewrite_csv(d / "labels.csv", lambda df: df.loc.__setitem__((0, "id"), "../../../etc/passwd")),
+        [],
+        "labels.csv line 2: id '../../../etc/passwd' points outside",
+    ),
+    "absolute id in sample_submission": (
+        lambda d: rewrite_csv(d / "sample_submission.csv", lambda df: df.loc.__setitem__((0, "id"), "/etc/hostname")),
+        [],
+        "sample_submission.csv line 2: id '/etc/hostname' points outside",
+    ),
+}
+
+
+def spoiled(digits_dir: Path, tmp_path: Path, spoil) -> Path:
+    data = tmp_path / "data"
+    shutil.copytree(digits_dir, data)
+    spoil(data)
+    return data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(IMAGE_DATA_CASES) + list(SECURITY_DATA_CASES))
+def test_bad_image_data_stops_preflight_naming_file_and_line(image_project, digits_dir, tmp_path, case):
+    spoil, flags, words = {**IMAGE_DATA_CASES, **SECURITY_DATA_CASES}[case]
+    data = spoiled(digits_dir, tmp_path, spoil)
+    r = train(image_project, tmp_path / "out", *flags, data=data)
+    one_error(r, "PREFLIGHT ERROR", words)
+    assert no_checkpoints(tmp_path / "out")
+    assert "Epoch" not in r.stdout  # before training, not after
+
+
+def set_cell(path: Path, row: int, col: str, value: str) -> None:
+    rewrite_csv(path, lambda df: df.loc.__setitem__((row, col), value))
+
+
+TABULAR_DATA_CASES = {
+    "inf in test.csv": (
+        lambda d: set_cell(d / "test.csv", 3, "mean_area", "inf"),
+        [],
+        "test.csv line 5, column 'mean_area'",
+    ),
+    "-inf in train.csv": (
+        lambda d: set_cell(d / "train.csv", 0, "mean_radius", "-inf"),
+        [],
+        "train.csv line 2, column 'mean_radius': -inf is not a finite number",
+    ),
+    "overflow to inf in train.csv": (
+        lambda d: set_cell(d / "train.csv", 6, "mean_texture", "1e999"),
+        [],
+        "train.csv line 8, column 'mean_texture': inf is not a finite number",
+    ),
+    "word in a numeric test column": (
+        lambda d: set_cell(d / "test.csv", 1, "mean_area", "n/a?"),
+        [],
+        "test.csv line 3, column 'mean_area': 'n/a?' is not a finite number",
+    ),
+    "duplicate id in train.csv": (
+        lambda d: rewrite_csv(d / "train.csv", lambda df: df.loc.__setitem__((3, "row_id"), df["row_id"][0])),
+        [],
+        "train.csv line 5: duplicate id",
+    ),
+    "duplicate id in sample_submission": (
+        lambda d: rewrite_csv(
+            d / "sample_submission.csv", lambda df: df.loc.__setitem__((2, "row_id"), df["row_id"][0])
+        ),
+        [],
+        "sample_submission.csv line 4: duplicate id",
+    ),
+    "0-byte test.csv": (lambda d: (d / "test.csv").write_bytes(b""), [], "test.csv: the file is empty"),
+    "header-only train.csv": (
+        lambda d: (d / "train.csv").write_text((d / "train.csv").read_text().splitlines()[0] + "\n"),
+        [],
+        "train.csv: no rows (only a header)",
+    ),
+    "ragged row in train.csv": (
+        lambda d: _append_line(d / "train.csv", b"r1,1,2\n" + b"1," * 40 + b"\n"),
+        [],
+        "fields, the header has",
+    ),
+    "test.csv not UTF-8": (lambda d: _append_line(d / "test.csv", b"r\xe9\xe9,1\n"), [], "not UTF-8 text"),
+    "word in a regression target": (
+        lambda d: set_cell(d / "train.csv", 9, "target", "lots"),
+        ["--problem", "regression", "--metric", "rmse"],
+        "train.csv line 11, column 'target': 'lots' is not a finite number",
+    ),
+    "empty target": (
+        lambda d: set_cell(d / "train.csv", 4, "target", ""),
+        [],
+        "train.csv line 6: target 'target' is empty",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(TABULAR_DATA_CASES))
+def test_bad_table_stops_preflight_naming_column_and_line(tabular_project, table_data, tmp_path, case):
+    spoil, flags, words = TABULAR_DATA_CASES[case]
+    data = spoiled(table_data, tmp_path, spoil)
+    r = train(tabular_project, tmp_path / "out", *flags, data=data)
+    one_error(r, "PREFLIGHT ERROR", words)
+    assert no_checkpoints(tmp_path / "out")
+
+
+@pytest.mark.slow
+@case("bad data")
+def test_what_passes_preflight_gives_a_finite_submission(tabular_project, table_data, tmp_path):
+    """Extreme finite values, an id-like text column, a numeric column with a typo: the run goes
+    on, says what it did with each, and writes a checked, finite submission."""
+
+    def spoil(d: Path) -> None:
+        set_cell(d / "test.csv", 0, "mean_area", "1e300")
+        set_cell(d / "train.csv", 1, "mean_perimeter", "-1e200")
+        for name in ("train.csv", "test.csv"):
+            rewrite_csv(d / name, lambda df: df.insert(1, "Name", [f"Passenger {i}" for i in range(len(df))]))
+        set_cell(d / "train.csv", 2, "grade", "3")  # a number in a category column: fine
+        rewrite_csv(d / "train.csv", lambda df: df.insert(2, "fare", [str(i % 50) for i in range(len(df))]))
+        rewrite_csv(d / "test.csv", lambda df: df.insert(2, "fare", [str(i % 50) for i in range(len(df))]))
+        set_cell(d / "train.csv", 5, "fare", "12,5")
+
+    data = spoiled(table_data, tmp_path, spoil)
+    out = tmp_path / "out"
+    log = train(tabular_project, out, data=data).stdout
+    assert re.search(r"^DROP: column 'Name': \d+ distinct values in \d+ rows, id-like or free text", log, re.M), log
+    assert "WARNING: column 'fare' is numbers except train.csv line 7 ('12,5'): it is treated as a category" in log
+    r = run_script(tabular_project, "predict.py", f"--data-dir={data}", f"--out-dir={out}")
+    assert "SUBMISSION:" in r.stdout
+    sub = pd.read_csv(out / "submission.csv")
+    assert np.isfinite(sub["target"]).all() and sub["target"].between(0, 1).all()
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+@pytest.fixture(scope="module")
+def trained(image_project, tmp_path_factory):
+    """A dry run's output folder (2 folds): the starting point of the checkpoint faults."""
+    out = tmp_path_factory.mktemp("trained") / "output"
+    run_script(image_project, "train.py", "--dry-run", "--device", "cpu", f"--out-dir={out}")
+    return out
+
+
+def copy_of(trained: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "output"
+    shutil.copytree(trained, out, ignore=shutil.ignore_patterns(".train.lock"))
+    return out
+
+
+def predict(project: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_script(project, "predict.py", "--device", "cpu", f"--out-dir={out}", *args, check=False)
+
+
+def tamper(path: Path, change) -> None:
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    change(ckpt)
+    torch.save(ckpt, path)
+
+
+def _wrong_head(ckpt):
+    ckpt["model"]["fc.weight"] = torch.zeros(3, 512)
+    ckpt["model"]["fc.bias"] = torch.zeros(3)
+
+
+def _nan_weights(ckpt):
+    ckpt["model"]["fc.bias"] = torch.full_like(ckpt["model"]["fc.bias"], float("nan"))
+
+
+CHECKPOINT_FAULTS = {
+    "weights of another head shape": (_wrong_head, "model_fold1.pth: its weights do not fit the model (Error"),
+    "an empty state": (
+        lambda c: c.__setitem__("model", {}),
+        "model_fold1.pth: its config, classes or weights are empty",
+    ),
+    "missing keys": (lambda c: c["model"].pop("fc.bias"), "model_fold1.pth: its weights do not fit the model"),
+    "other classes": (
+        lambda c: c.__setitem__("classes", list(reversed(c["classes"]))),
+        "model_fold1.pth: trained with another configuration than the newest checkpoint (classes",
+    ),
+    "diverged (NaN) weights": (_nan_weights, "model 2 of 2 predicts non-finite values (40 rows"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CHECKPOINT_FAULTS))
+def test_a_checkpoint_that_loads_but_does_not_fit_is_skipped(image_project, trained, tmp_path, case):
+    change, words = CHECKPOINT_FAULTS[case]
+    out = copy_of(trained, tmp_path)
+    tamper(out / "model_fold1.pth", change)
+    os.utime(out / "model_fold0.pth")  # fold 0 is the newest: the configuration the ensemble follows
+    r = predict(image_project, out)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "WARNING: " in r.stdout and words in r.stdout, r.stdout
+    assert re.search(r"^SUBMISSION: .* \(40 rows, 1 fold\(s\) ensembled\)$", r.stdout, re.M), r.stdout
+    sub = pd.read_csv(out / "submission.csv")
+    assert np.isfinite(sub.iloc[:, 1:].to_numpy()).all()
+
+
+@pytest.mark.slow
+@case("faults")
+def test_predict_names_the_incomplete_folds_it_uses(image_project, trained, tmp_path):
+    out = copy_of(trained, tmp_path)
+    tamper(out / "model_fold0.pth", lambda c: c.__setitem__("complete", False))
+    r = predict(image_project, out)
+    assert (
+        "WARNING: model_fold0.pth is from an incomplete fold (stopped early: its best epoch so far, 1); it is used"
+        in r.stdout
+    )
+    assert "model_fold1.pth is from an incomplete fold" not in r.stdout
+
+
+@pytest.mark.slow
+@case("security")
+def test_a_malicious_pickle_checkpoint_is_refused_and_never_run(image_project, trained, tmp_path):
+    out = copy_of(trained, tmp_path)
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"model": Payload(), "config": {}, "classes": []}, out / "model_fold1.pth")
+    r = predict(image_project, out)
+    assert r.returncode == 0 and not marker.exists()
+    assert "WARNING: skipping " in r.stdout and "model_fold1.pth: cannot load" in r.stdout
+
+
+@pytest.mark.slow
+@case("faults")
+def test_sigterm_to_the_process_group_with_loader_workers_saves_and_exits_0(image_project, digits_dir, tmp_path):
+    """Kaggle signals the whole group: the loader workers get SIGTERM too. They sit in their own
+    group (images.worker_init), so the main process saves and exits 0 instead of crashing."""
+    out = tmp_path / "out"
+    args = ["train.py", "--device", "cpu", "--epochs", "50", "--workers", "2", f"--out-dir={out}"]
+    proc, seen = start_until(image_project, args, "Epoch 1:")
+    time.sleep(0.5)  # mid-epoch 2, the workers busy
+    os.killpg(proc.pid, signal.SIGTERM)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 0, "".join(seen[-5:]) + rest[-3000:]
+    assert "STOPPED: " in rest and "SIGTERM" in rest and "killed by signal" not in rest
+    assert (out / "model_fold0.pth").exists()
+
+
+def _dead_pid() -> int:
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(p.stdout)
+
+
+@pytest.mark.slow
+@case("faults")
+def test_a_killed_runs_temp_files_are_swept_and_a_live_writers_kept(image_project, tmp_path):
+    out = tmp_path / "out"
+    (out / "cache").mkdir(parents=True)
+    dead = _dead_pid()
+    stale = [out / f".model_fold0.pth.{dead}.k3j_x9a1.tmp", out / "cache" / f".train_32px.u8.{dead}.tmp"]
+    for f in stale:
+        f.write_bytes(b"\0" * 1_000_000)
+    live = out / f".submission.csv.{os.getpid()}.abcdefgh.tmp"  # this test process is alive
+    live.write_text("being written")
+    r = train(image_project, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "CLEANUP: removed 2 temporary file(s) (2 MB) left by killed runs" in r.stdout
+    assert not any(f.exists() for f in stale) and live.exists()
+
+
+@pytest.mark.slow
+@case("faults")
+def test_a_second_train_py_on_one_output_folder_refuses_and_a_dead_ones_lock_is_free(image_project, tmp_path):
+    out = tmp_path / "out"
+    first, _ = start_until(
+        image_project, ["train.py", "--device", "cpu", "--epochs", "50", f"--out-dir={out}"], "FOLD 0"
+    )
+    try:
+        second = train(image_project, out)
+        one_error(second, "ERROR", f"{out} is in use by another train.py (pid {first.pid})")
+    finally:
+        first.kill()  # SIGKILL: no chance to clean up; the OS releases its lock
+        first.wait()
+    r = train(image_project, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@case("faults")
+def test_disk_full_while_saving_says_so_and_keeps_the_old_file(project_modules, tmp_path):
+    """The seam: a write_fn that fills the disk (OSError ENOSPC mid-write, as write(2) raises it)."""
+    storage, errors = project_modules.storage, project_modules.errors
+    path = tmp_path / "model_fold0.pth"
+    path.write_bytes(b"the previous checkpoint")
+
+    def fill_the_disk(tmp):
+        Path(tmp).write_bytes(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(
+        errors.RunError, match=r"model_fold0.pth: the disk is full \(\d+ MB free\); nothing was replaced"
+    ):
+        storage.atomic_write(path, fill_the_disk)
+    assert path.read_bytes() == b"the previous checkpoint" and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+@pytest.mark.slow
+@case("faults")
+def test_a_replaced_train_image_is_decoded_again_and_found(image_project, digits_dir, tmp_path):
+    data = spoiled(digits_dir, tmp_path, lambda d: None)
+    out = tmp_path / "out"
+    assert train(image_project, out, data=data).returncode == 0
+    bad = first_train_image(data)
+    bad.write_bytes(b"garbage now")
+    r = train(image_project, out, data=data)
+    one_error(r, "PREFLIGHT ERROR", f"{bad}: missing or cannot be decoded as an image (labels.csv line 2)")
+
+
+@pytest.mark.slow
+@case("faults")
+def test_run_py_reports_a_failed_training_even_when_older_checkpoints_submit(image_project, trained, tmp_path):
+    out = copy_of(trained, tmp_path)
+    r = subprocess.run(
+        [sys.executable, "run.py", "--device", "cpu", f"--out-dir={out}", "--model", "no_such_model"],
+        cwd=image_project,
+        env=RUN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "RUN: train.py FAILED (exit 1); predicting from the checkpoints there are" in r.stdout
+    assert "RUN FAILED: train.py exited 1" in r.stderr and "may be an earlier run's" in r.stderr
+    assert (out / "submission.csv").exists()  # still a submission: from the earlier run's folds
+
+
+@pytest.mark.slow
+@case("faults")
+def test_a_gpu_projects_dry_run_on_cpu_follows_the_cpu(tmp_path, digits_dir):
+    project = render(tmp_path / "a10", data_dir=str(digits_dir), gpu="a10", image_size=64)
+    r = train(project, tmp_path / "out", "--workers", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "WARNING: --gpu a10 but training on cpu: batch and workers follow the CPU profile" in r.stdout
+    assert re.search(r"^RESOURCES: \d+ CPU cores, batch=32,", r.stdout, re.M), r.stdout[:600]
+
+
+@pytest.mark.slow
+@case("faults")
+def test_the_json_log_carries_the_run_and_whether_it_was_a_dry_run(image_project, trained):
+    records = pd.read_json(trained / "train_log.jsonl", lines=True)
+    assert records["dry_run"].all() and records["run"].nunique() == 1
+    assert re.fullmatch(r"\d{8}-\d{6}-\d+", records["run"][0])
+
+
+# ----------------------------------------------------------------------------- the counts in docs/
+
+COUNTS = {
+    "kagtpl command line": len(CLI_CASES) + CASES["kagtpl command line"],
+    "generated scripts' flags": len(FLAG_CASES) + len(TABULAR_FLAG_CASES) + len(PREDICT_FLAG_CASES),
+    "bad data": len(IMAGE_DATA_CASES) + len(TABULAR_DATA_CASES) + CASES["bad data"],
+    "faults": len(CHECKPOINT_FAULTS) + CASES["faults"],
+    "security": len(SECURITY_CLI_CASES) + len(SECURITY_DATA_CASES) + CASES["security"],
+}
+
+
+def test_the_docs_count_these_cases():
+    doc = (ROOT / "docs" / "bad-input.md").read_text()
+    found = {k: int(v) for k, v in re.findall(r"^\| ([a-z' ]+) \| (\d+) \|", doc, re.M)}
+    assert found == COUNTS, f"docs/bad-input.md's table says {found}; the tests try {COUNTS}"
+    assert f"{sum(COUNTS.values())} cases, each a test" in (ROOT / "README.md").read_text()
