@@ -71,11 +71,24 @@ def on_kaggle() -> bool:
     return "KAGGLE_KERNEL_RUN_TYPE" in os.environ
 
 
+def kaggle_root() -> str:
+    """/kaggle, or $KAGGLE_ROOT: the whole tree moves with it (tests simulate Kaggle under a temp dir)."""
+    return os.environ.get("KAGGLE_ROOT", "/kaggle")
+
+
+def competition_dir(slug: str) -> str:
+    """The competition's data on Kaggle: /kaggle/input/<slug>, or /kaggle/input/competitions/<slug>
+    (newer notebooks mount it there), whichever exists; the first when neither does (the error then
+    names it)."""
+    places = [os.path.join(kaggle_root(), "input", *where, slug) for where in ((), ("competitions",))]
+    return next((p for p in places if os.path.isdir(p)), places[0])
+
+
 def data_and_output_dirs(competition: str, data_dir: str) -> tuple[str, str]:
     """Where the data is read and everything is written: `data_dir` and output/ here; on Kaggle
-    /kaggle/input/<slug> (mounted read-only) and /kaggle/working (the only folder kept)."""
+    the competition's folder (mounted read-only) and /kaggle/working (the only folder kept)."""
     if on_kaggle():
-        return f"/kaggle/input/{competition}", "/kaggle/working"
+        return competition_dir(competition), os.path.join(kaggle_root(), "working")
     return data_dir, "output"
 
 

@@ -8,7 +8,7 @@ from kagtpl.errors import KagtplError
 from kagtpl.template import tags
 from kagtpl.update import MARKERS, read_answers, template_source, version_key
 
-SKIP = {".git", "output", ".venv", "__pycache__"}
+SKIP = {".git", "output", ".venv", "__pycache__", "kaggle"}
 
 
 def unresolved(path: Path) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from kagtpl import __version__, check, demo, doctor, gpus, new, recommend, table, update
+from kagtpl import __version__, check, demo, doctor, gpus, kaggle, new, recommend, table, update
 from kagtpl.errors import KagtplError
 
 try:  # Typer >= 0.20 carries its own copy of Click
@@ -108,6 +108,10 @@ def new_cmd(
             metavar="BUDGET", help="Wall time for train + predict: 9h, 45m, 600s (default 9h on Kaggle GPUs)."
         ),
     ] = None,
+    competition: Annotated[
+        Optional[str],
+        typer.Option(metavar="SLUG", help="Kaggle competition slug, as in its URL (default: NAME); read on Kaggle."),
+    ] = None,
     labels_csv: Annotated[
         Optional[str], typer.Option(metavar="LABELS_CSV", help="Override the detected labels CSV.")
     ] = None,
@@ -163,6 +167,7 @@ def new_cmd(
     answers = new.NewAnswers(
         name=name,
         task=task,
+        competition=competition,
         gpu=gpu,
         data=data,
         model=model,
@@ -234,6 +239,42 @@ def demo_cmd(
 ) -> None:
     """End to end on CPU: write the built-in digits dataset, render, train, predict, score."""
     demo.run_demo(dest.resolve(), force)
+
+
+@app.command("kaggle")
+@boundary
+def kaggle_cmd(
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="The project.")] = Path("."),
+    user: Annotated[str, typer.Option(metavar="USERNAME", help="Your Kaggle username (dataset and kernel ids).")] = "",
+    competition: Annotated[
+        Optional[str], typer.Option(metavar="SLUG", help="Competition slug (default: the project's).")
+    ] = None,
+    weights: Annotated[
+        Optional[Path], typer.Option(metavar="FILE", help="Pretrained weights to upload as a dataset.")
+    ] = None,
+    model_dir: Annotated[
+        Optional[Path], typer.Option(metavar="DIR", help="A model folder (text) to upload as a dataset.")
+    ] = None,
+    budget: Annotated[
+        Optional[str],
+        typer.Option(metavar="BUDGET", help="run.py's budget in the notebook (default: the project's, else 9h)."),
+    ] = None,
+    pretrained: Annotated[
+        bool, typer.Option(help="Train from the --weights (default); --no-pretrained: from scratch.")
+    ] = True,
+    wheels: Annotated[bool, typer.Option(help="pip download wheels of what Kaggle's image lacks.")] = True,
+) -> None:
+    """Package the project as an offline Kaggle kernel: datasets, notebook, metadata, commands."""
+    if not user:
+        raise KagtplError("--user USERNAME is needed: the datasets and the kernel are ids USERNAME/slug")
+    pkg = kaggle.build(kaggle.KaggleRequest(path, user, competition, weights, model_dir, budget, pretrained, wheels))
+    print(f"Wrote {pkg.project / 'kaggle'}; upload and run, in this order:")
+    for command in pkg.commands:
+        print(f"  {command}")
+    if pkg.missing and not wheels:
+        print(
+            f"Note: Kaggle's image lacks {', '.join(pkg.missing)}; without --wheels the notebook will not install them"
+        )
 
 
 @app.command("update")

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kagtpl import detect, paths
+from kagtpl import detect, kaggle, paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, planner, source
 
@@ -25,6 +25,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class NewAnswers:
     name: str
     task: str | None = None
+    competition: str | None = None  # the Kaggle slug; default: the project name
     gpu: str | None = None
     data: Path | None = None
     model: str | None = None
@@ -70,6 +71,8 @@ def validate_choices(answers: NewAnswers) -> None:
         value = getattr(answers, key)
         if value is not None and not low <= value <= high:
             raise KagtplError(f"--{key.replace('_', '-')} {value}: must be between {low} and {high}")
+    if answers.competition is not None:
+        kaggle.check_slug("--competition", answers.competition)
     if answers.budget is not None:
         try:
             planner().parse_duration(answers.budget)
@@ -132,6 +135,8 @@ def check_destination(answers: NewAnswers) -> None:
 def copier_data(answers: NewAnswers) -> dict:
     """Answers for Copier: flags given, plus the data layout detected from --data."""
     data: dict = {"project_name": answers.name}
+    if answers.competition is not None:
+        data["competition"] = answers.competition
     if answers.task is not None:
         data["task"] = answers.task
     if answers.gpu is not None:

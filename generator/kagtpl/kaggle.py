@@ -1,0 +1,318 @@
+"""`kagtpl kaggle`: a project packaged as an offline Kaggle code-competition kernel.
+
+Plain steps over one dataclass. Everything is checked first, then built in a temporary folder
+inside the project and moved into place as `kaggle/` whole: a failure leaves nothing behind.
+The only network call is `pip download`, and only when the project needs packages Kaggle's
+image lacks (`--no-wheels` skips it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kagtpl.errors import KagtplError
+
+# Kaggle slugs (competitions, datasets, kernels): lowercase letters, digits and hyphens, 3 to 50
+# characters, no hyphen at either end; anything else is rejected or rewritten by Kaggle.
+SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,48}[a-z0-9]$")
+USER_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
+
+# What Kaggle's Python image already has, of what generated projects import (the GPU image of
+# 2026: torch 2.x with torchvision, timm, albumentations, OpenCV, scikit-learn, pandas, numpy,
+# matplotlib, transformers, the boosters, optuna). A requirement not listed gets a wheel.
+KAGGLE_IMAGE = frozenset(
+    {
+        "torch",
+        "torchvision",
+        "timm",
+        "albumentations",
+        "opencv-python",
+        "opencv-python-headless",
+        "scikit-learn",
+        "pandas",
+        "numpy",
+        "scipy",
+        "matplotlib",
+        "pillow",
+        "tqdm",
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "lightgbm",
+        "xgboost",
+        "catboost",
+        "optuna",
+    }
+)
+# Kaggle's accelerators by GPU profile; other profiles are not on Kaggle and get its T4 x2
+MACHINE_SHAPES = {"t4": "NvidiaTeslaT4", "t4x2": "NvidiaTeslaT4", "p100": "NvidiaTeslaP100"}
+KAGGLE_PYTHON, KAGGLE_PLATFORM = "3.11", "manylinux2014_x86_64"  # the wheels pip downloads are for these
+CODE_FILES = ("*.py", "requirements.txt", ".copier-answers.yml", "README.md")
+
+
+@dataclass
+class KaggleRequest:
+    path: Path
+    user: str
+    competition: str | None = None  # default: the project's answer
+    weights: Path | None = None  # a weights file (timm), uploaded as a dataset
+    model_dir: Path | None = None  # a model folder (Hugging Face), uploaded as a dataset
+    budget: str | None = None  # default: the project's answer, else 9h
+    pretrained: bool = True  # False: run.py gets --no-pretrained (from scratch, no weights needed)
+    wheels: bool = True
+    image_has: frozenset = KAGGLE_IMAGE  # the seam for tests: what the image already has
+
+
+@dataclass
+class Package:
+    """What is built: the slugs, the packages to ship as wheels, and the commands to run."""
+
+    project: Path
+    answers: dict
+    competition: str
+    slugs: dict[str, str]  # code, wheels, weights, kernel -> slug
+    missing: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+
+
+def check_slug(flag: str, value: str) -> str:
+    if not SLUG_RE.match(value):
+        raise KagtplError(
+            f"{flag} {value!r}: a Kaggle slug is 3-50 lowercase letters, digits and hyphens (as in the URL), "
+            "e.g. dog-breed-identification"
+        )
+    return value
+
+
+def slugify(text: str) -> str:
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", text.lower())).strip("-")
+
+
+def requirement_names(requirements: Path) -> list[str]:
+    """Package names of a requirements.txt (versions, extras and markers dropped), normalised."""
+    names = []
+    for line in requirements.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line and not line.startswith("-"):
+            names.append(re.split(r"[<>=!~\[ ;@]", line)[0].lower().replace("_", "-"))
+    return names
+
+
+def missing_packages(requirements: Path, image_has: frozenset) -> list[str]:
+    """The requirements Kaggle's image does not have: they travel as wheels."""
+    return [name for name in requirement_names(requirements) if name not in image_has]
+
+
+def plan(req: KaggleRequest) -> Package:
+    """Every check, before anything is written."""
+    from kagtpl.update import read_answers
+
+    project = req.path.resolve()
+    if not project.is_dir():
+        raise KagtplError(f"{project}: no such project folder")
+    answers = read_answers(project)
+    competition = check_slug("--competition", req.competition or str(answers.get("competition", "")))
+    if not USER_RE.match(req.user):
+        raise KagtplError(f"--user {req.user!r}: a Kaggle username is lowercase letters, digits and hyphens")
+    if req.weights is not None and not req.weights.is_file():
+        raise KagtplError(f"--weights {req.weights}: no such file")
+    if req.model_dir is not None and not req.model_dir.is_dir():
+        raise KagtplError(f"--model-dir {req.model_dir}: no such folder")
+    wants_weights = answers.get("task") == "image" and answers.get("pretrained") and req.pretrained
+    if wants_weights and req.weights is None:
+        raise KagtplError(
+            f"{project.name} trains from pretrained {answers.get('model')} weights and Kaggle kernels run offline: "
+            "pass --weights FILE (they travel as a dataset), or --no-pretrained to train from scratch"
+        )
+    base = slugify(str(answers.get("project_name", project.name)))[:40].strip("-")
+    slugs = {kind: check_slug(f"the {kind} slug", f"{base}-{kind}") for kind in ("code", "wheels", "weights")}
+    slugs["kernel"] = check_slug("the kernel slug", f"{base}-submission")
+    if req.budget is not None:
+        from kagtpl.template import planner
+
+        try:
+            planner().parse_duration(req.budget)
+        except ValueError as e:
+            raise KagtplError(f"--budget: {e}") from None
+    requirements = project / "requirements.txt"
+    missing = missing_packages(requirements, req.image_has) if requirements.is_file() else []
+    return Package(project, answers, competition, slugs, missing)
+
+
+def dataset_metadata(folder: Path, user: str, slug: str, title: str) -> None:
+    meta = {"title": title, "id": f"{user}/{slug}", "licenses": [{"name": "CC0-1.0"}]}
+    (folder / "dataset-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def write_code(pkg: Package, out: Path, user: str) -> None:
+    code = out / "code"
+    code.mkdir()
+    for pattern in CODE_FILES:
+        for f in sorted(pkg.project.glob(pattern)):
+            if f.is_file():
+                shutil.copy2(f, code / f.name)
+    dataset_metadata(code, user, pkg.slugs["code"], f"{pkg.slugs['code']}")
+    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'code'}")
+
+
+def write_wheels(pkg: Package, out: Path, user: str, download: bool) -> None:
+    """Wheels for Kaggle's Python and platform of the packages its image lacks; none, no folder."""
+    if not pkg.missing or not download:
+        return
+    wheels = out / "wheels"
+    wheels.mkdir()
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--python-version", KAGGLE_PYTHON, "--platform", KAGGLE_PLATFORM, "-d", str(wheels), *pkg.missing]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        raise KagtplError(f"pip download {' '.join(pkg.missing)} failed: {last} (--no-wheels skips the wheels)")
+    dataset_metadata(wheels, user, pkg.slugs["wheels"], pkg.slugs["wheels"])
+    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'wheels'}")
+
+
+def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
+    """The weights file or model folder as a dataset; returns the path inside it the run reads."""
+    if req.weights is None and req.model_dir is None:
+        return None
+    weights = out / "weights"
+    weights.mkdir()
+    if req.weights is not None:
+        shutil.copy2(req.weights, weights / req.weights.name)
+        inside = req.weights.name
+    else:
+        shutil.copytree(req.model_dir, weights / req.model_dir.name)
+        inside = req.model_dir.name
+    dataset_metadata(weights, req.user, pkg.slugs["weights"], pkg.slugs["weights"])
+    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
+    return inside
+
+
+def kernel_metadata(pkg: Package, user: str, datasets: list[str]) -> dict:
+    gpu = str(pkg.answers.get("gpu", "t4x2"))
+    meta = {
+        "id": f"{user}/{pkg.slugs['kernel']}",
+        "title": pkg.slugs["kernel"],
+        "code_file": "notebook.ipynb",
+        "language": "python",
+        "kernel_type": "notebook",
+        "is_private": True,
+        "enable_gpu": gpu != "cpu",
+        "enable_tpu": False,
+        "enable_internet": False,
+        "dataset_sources": [f"{user}/{slug}" for slug in datasets],
+        "competition_sources": [pkg.competition],
+        "kernel_sources": [],
+        "model_sources": [],
+    }
+    if gpu != "cpu":
+        meta["machine_shape"] = MACHINE_SHAPES.get(gpu, "NvidiaTeslaT4")
+    return meta
+
+
+NOTEBOOK_SETUP = '''import os, shutil, subprocess, sys
+from pathlib import Path
+
+ROOT = Path(os.environ.get("KAGGLE_ROOT", "/kaggle"))  # tests move the whole tree
+INPUT, WORK = ROOT / "input", ROOT / "working"
+
+
+def dataset(name):
+    """An attached dataset's folder, by name: /kaggle/input/<name> or one level or two deeper."""
+    for pattern in (name, f"*/{name}", f"*/*/{name}"):
+        for found in sorted(INPUT.glob(pattern)):
+            if found.is_dir():
+                return found
+    raise FileNotFoundError(f"dataset {name!r} is not attached: add it in the notebook's Data panel")
+'''
+
+
+def notebook(pkg: Package, budget: str, weights_inside: str | None, wheels: bool, run_flags: list[str]) -> dict:
+    import nbformat
+
+    cells = [
+        nbformat.v4.new_markdown_cell(
+            f"# {pkg.answers.get('project_name', pkg.project.name)}: train and submit, offline\n\n"
+            f"Made by `kagtpl kaggle`. Competition `{pkg.competition}`; the code is the dataset "
+            f"`{pkg.slugs['code']}`. `run.py` trains under a {budget} budget and always leaves "
+            "`/kaggle/working/submission.csv`."
+        ),
+        nbformat.v4.new_code_cell(NOTEBOOK_SETUP + f'CODE = dataset("{pkg.slugs["code"]}")\nprint("code:", CODE)'),
+    ]
+    if wheels:
+        cells.append(
+            nbformat.v4.new_code_cell(
+                "# the packages Kaggle's image lacks, from the wheels dataset (internet is off)\n"
+                f'wheels = dataset("{pkg.slugs["wheels"]}")\n'
+                'subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels), '
+                f"*{pkg.missing!r}], check=True)"
+            )
+        )
+    weights_flag = "[]"
+    if weights_inside is not None:
+        flag = "--model-dir" if str(pkg.answers.get("task")) == "text" else "--weights"
+        weights_flag = f"[f\"{flag}={{dataset('{pkg.slugs['weights']}') / '{weights_inside}'}}\"]"
+    cells += [
+        nbformat.v4.new_code_cell(
+            "# the project's code next to its outputs: /kaggle/working is the one folder kept\n"
+            "WORK.mkdir(parents=True, exist_ok=True)\n"
+            "for f in CODE.iterdir():\n"
+            "    if f.is_file() and f.name != 'dataset-metadata.json':\n"
+            "        shutil.copy(f, WORK / f.name)\n"
+            "os.chdir(WORK)"
+        ),
+        nbformat.v4.new_code_cell(
+            f"# train, then predict, under one budget: always a submission (run.py's docstring)\n"
+            f"weights = {weights_flag} + {run_flags!r}\n"
+            'with open(WORK / "run.log", "w") as log:\n'
+            f'    code = subprocess.run([sys.executable, "run.py", "--budget={budget}", *weights], cwd=WORK, '
+            "stdout=log, stderr=subprocess.STDOUT).returncode\n"
+            'print(*(WORK / "run.log").read_text().splitlines()[-30:], sep="\\n")\n'
+            'print(f"run.py exited {code}")'
+        ),
+        nbformat.v4.new_code_cell(
+            "import pandas as pd\n\n"
+            'sub = pd.read_csv(WORK / "submission.csv")\n'
+            'print(f"submission.csv: {len(sub)} rows, columns {list(sub.columns)[:6]}")\n'
+            "sub.head()"
+        ),
+    ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def build(req: KaggleRequest) -> Package:
+    """Check, then write kaggle/ in a temporary folder and move it into place whole."""
+    import nbformat
+
+    pkg = plan(req)
+    staging = Path(tempfile.mkdtemp(dir=pkg.project, prefix=".kaggle."))
+    try:
+        write_code(pkg, staging, req.user)
+        write_wheels(pkg, staging, req.user, req.wheels)
+        weights_inside = write_weights(pkg, staging, req)
+        datasets = [pkg.slugs[k] for k in ("code", "wheels", "weights") if (staging / k).is_dir()]
+        meta = kernel_metadata(pkg, req.user, datasets)
+        (staging / "kernel-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+        budget = req.budget or str(pkg.answers.get("budget") or "9h")
+        flags = [] if req.pretrained else ["--no-pretrained"]
+        nb = notebook(pkg, budget, weights_inside, (staging / "wheels").is_dir(), flags)
+        nbformat.write(nb, staging / "notebook.ipynb")
+        staging.chmod(0o755)  # mkdtemp makes it private
+        target = pkg.project / "kaggle"
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    pkg.commands.append(f"kaggle kernels push -p {pkg.project / 'kaggle'}")
+    return pkg

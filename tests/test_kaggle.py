@@ -1,0 +1,162 @@
+"""`kagtpl kaggle`: the hand-in package. Its metadata, its wheel list, its errors, and its
+notebook really run by a Jupyter kernel (nbclient) in a Kaggle tree simulated under a temp dir
+(KAGGLE_ROOT), offline, on CPU, to a valid submission.csv."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from conftest import RUN_ENV, render
+from kagtpl import kaggle
+
+
+def kagtpl(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "kagtpl", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture()
+def project(tmp_path, digits_dir):
+    return render(
+        tmp_path / "digits-proj", data_dir=str(digits_dir), gpu="t4", competition="digits-comp", folds=2, epochs=2
+    )
+
+
+def test_the_package_has_the_metadata_kaggle_needs(project, tmp_path):
+    weights = tmp_path / "resnet18.safetensors"
+    weights.write_bytes(b"weights")
+    r = kagtpl("kaggle", str(project), "--user", "alice", "--weights", str(weights), "--no-wheels", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = project / "kaggle"
+    meta = json.loads((out / "kernel-metadata.json").read_text())
+    assert meta["id"] == "alice/digits-proj-submission" and meta["code_file"] == "notebook.ipynb"
+    assert (meta["language"], meta["kernel_type"], meta["enable_internet"]) == ("python", "notebook", False)
+    assert meta["enable_gpu"] is True and meta["machine_shape"] == "NvidiaTeslaT4"
+    assert meta["competition_sources"] == ["digits-comp"]
+    assert meta["dataset_sources"] == ["alice/digits-proj-code", "alice/digits-proj-weights"]
+    for folder, slug in (("code", "digits-proj-code"), ("weights", "digits-proj-weights")):
+        assert json.loads((out / folder / "dataset-metadata.json").read_text())["id"] == f"alice/{slug}"
+    code = {p.name for p in (out / "code").iterdir()}
+    assert {"train.py", "predict.py", "run.py", "engine.py", "planner.py", ".copier-answers.yml"} <= code
+    assert "output" not in code and not any("=" in name for name in code)  # Kaggle's upload strips '='
+    assert (out / "weights" / "resnet18.safetensors").read_bytes() == b"weights"
+    nbformat.validate(nbformat.read(out / "notebook.ipynb", as_version=4))
+    lines = r.stdout.splitlines()
+    assert lines[1].strip() == f"kaggle datasets create -p {out / 'code'}"
+    assert lines[-1].strip() == f"kaggle kernels push -p {out}"
+    assert not list(project.glob(".kaggle.*"))  # the staging folder is gone
+
+
+def test_the_wheel_list_is_what_the_image_lacks(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(
+        "# a comment\ntorch>=2.3,<=2.14.1\nlightgbm>=4  # boosters\nScikit_Learn>=1.3\nrich[jupyter]>=13\n"
+        "polars ; python_version >= '3.10'\n"
+    )
+    fake_image = frozenset({"torch", "scikit-learn"})
+    assert kaggle.missing_packages(requirements, fake_image) == ["lightgbm", "rich", "polars"]
+    assert kaggle.missing_packages(requirements, kaggle.KAGGLE_IMAGE) == ["rich", "polars"]
+
+
+def _bad_requirement(project: Path) -> None:
+    with open(project / "requirements.txt", "a") as f:
+        f.write("kagtpl-no-such-package-0000>=1\n")
+
+
+ERRORS = [
+    (["--competition", "Dog Breed!"], None, "--competition 'Dog Breed!': a Kaggle slug is 3-50 lowercase"),
+    (["--weights", "missing.safetensors"], None, "--weights missing.safetensors: no such file"),
+    ([], None, "--user USERNAME is needed"),
+    (["--budget", "soon", "--no-pretrained"], None, "--budget: cannot read budget 'soon'"),
+    (["--no-pretrained"], _bad_requirement, "pip download kagtpl-no-such-package-0000 failed"),
+    ([], None, "trains from pretrained resnet18 weights and Kaggle kernels run offline: pass --weights FILE"),
+]
+
+
+@pytest.mark.parametrize("args,spoil,message", ERRORS, ids=[m[:30] for _, _, m in ERRORS])
+def test_bad_input_is_one_red_line_and_leaves_nothing(project, tmp_path, args, spoil, message):
+    if spoil:
+        spoil(project)
+    user = [] if message.startswith("--user") else ["--user", "alice"]
+    before = sorted(p.name for p in project.iterdir())
+    r = kagtpl("kaggle", str(project), *user, *args, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert sorted(p.name for p in project.iterdir()) == before  # no kaggle/, no staging folder
+
+
+def test_a_folder_that_is_not_a_project_is_refused(tmp_path):
+    r = kagtpl("kaggle", str(tmp_path), "--user", "alice", cwd=tmp_path)
+    assert r.returncode == 1 and "no .copier-answers.yml" in r.stderr and not (tmp_path / "kaggle").exists()
+
+
+@pytest.mark.slow
+def test_the_notebook_runs_offline_in_a_simulated_kaggle_tree(project, digits_dir, tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+
+    args = ["--user", "alice", "--no-wheels", "--budget", "2m", "--no-pretrained"]  # offline: from scratch
+    r = kagtpl("kaggle", str(project), *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    root = tmp_path / "kaggle-root"
+    shutil.copytree(digits_dir, root / "input" / "competitions" / "digits-comp")  # the newer mount point
+    shutil.copytree(project / "kaggle" / "code", root / "input" / "digits-proj-code")
+    (root / "working").mkdir()
+    for key, value in {**RUN_ENV, "KAGGLE_ROOT": str(root), "KAGGLE_KERNEL_RUN_TYPE": "Batch"}.items():
+        monkeypatch.setenv(key, value)
+    nb = nbformat.read(project / "kaggle" / "notebook.ipynb", as_version=4)
+    t0 = time.time()
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    took = time.time() - t0
+    printed = "\n".join(
+        o.get("text", "") or json.dumps(o.get("data", {})) for cell in nb.cells for o in cell.get("outputs", [])
+    )
+    assert "run.py exited 0" in printed, printed[-3000:]
+    assert "SUBMISSION: " in printed and "submission.csv: 40 rows" in printed
+    sub = pd.read_csv(root / "working" / "submission.csv", dtype={"id": str})
+    sample = pd.read_csv(digits_dir / "sample_submission.csv", dtype={"id": str})
+    assert list(sub.columns) == list(sample.columns) and list(sub["id"]) == list(sample["id"])
+    assert (sub.iloc[:, 1:].sum(axis=1) - 1).abs().max() < 1e-4
+    print(f"notebook: {took:.0f}s\n{printed[-2500:]}")
+
+
+def test_new_records_the_competition_slug_the_scripts_read_on_kaggle(tmp_path, digits_dir):
+    r = kagtpl(
+        "new",
+        "dog-breed",
+        "--task",
+        "image",
+        "--gpu",
+        "t4",
+        "--competition",
+        "dog-breed-identification",
+        "--data",
+        str(digits_dir),
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    project = tmp_path / "dog-breed"
+    assert "competition: dog-breed-identification" in (project / ".copier-answers.yml").read_text()
+    assert 'COMPETITION = "dog-breed-identification"' in (project / "train.py").read_text()
+    bad = kagtpl("new", "p", "--task", "image", "--gpu", "t4", "--competition", "Dog_Breed", cwd=tmp_path)
+    assert bad.returncode == 1 and "--competition 'Dog_Breed': a Kaggle slug" in bad.stderr
+
+
+@pytest.mark.parametrize("mount", [("dog-breed-identification",), ("competitions", "dog-breed-identification")])
+def test_the_data_is_found_where_kaggle_mounts_it(project_modules, tmp_path, monkeypatch, mount):
+    hardware = project_modules.hardware
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Batch")
+    monkeypatch.setenv("KAGGLE_ROOT", str(tmp_path))
+    data = tmp_path.joinpath("input", *mount)
+    data.mkdir(parents=True)
+    assert hardware.data_and_output_dirs("dog-breed-identification", "data") == (str(data), str(tmp_path / "working"))
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE")
+    assert hardware.data_and_output_dirs("dog-breed-identification", "data") == ("data", "output")
