@@ -155,6 +155,21 @@ def test_kagtpl_new_sweeps_the_staging_folder_of_a_killed_render(tmp_path):
 
 
 @case("kagtpl command line")
+def test_a_failed_render_removes_the_parents_it_made_and_keeps_anyone_elses(tmp_path):
+    from kagtpl import paths
+
+    made = paths.made_parents(tmp_path / "a" / "b" / "c")
+    assert made == [tmp_path / "a" / "b" / "c", tmp_path / "a" / "b", tmp_path / "a"]
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    paths.remove_empty(made)
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "mine.txt").write_text("someone else's")  # written meanwhile: a stays
+    paths.remove_empty(made)
+    assert snapshot(tmp_path) == ["a", "a/mine.txt"]
+
+
+@case("kagtpl command line")
 def test_help_names_values_and_tables_fit_the_terminal(tmp_path):
     env = {**os.environ, "COLUMNS": "90"}
     run = [sys.executable, "-m", "kagtpl"]
