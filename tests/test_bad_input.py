@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import ROOT, RUN_ENV, render, run_script, start_until
+from conftest import ROOT, render, run_script, start_until
 from kagtpl import table
 
 CASES: Counter = Counter()  # category -> cases tried by the single tests below (the lists count themselves)
@@ -674,13 +674,8 @@ def test_a_replaced_train_image_is_decoded_again_and_found(image_project, digits
 @case("faults")
 def test_run_py_reports_a_failed_training_even_when_older_checkpoints_submit(image_project, trained, tmp_path):
     out = copy_of(trained, tmp_path)
-    r = subprocess.run(
-        [sys.executable, "run.py", "--device", "cpu", f"--out-dir={out}", "--model", "no_such_model"],
-        cwd=image_project,
-        env=RUN_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    r = run_script(
+        image_project, "run.py", "--device", "cpu", f"--out-dir={out}", "--model", "no_such_model", check=False
     )
     assert r.returncode == 1, r.stdout[-2000:]
     assert "RUN: train.py FAILED (exit 1); predicting from the checkpoints there are" in r.stdout

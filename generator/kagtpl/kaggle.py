@@ -146,8 +146,9 @@ def plan(req: KaggleRequest) -> Package:
     return Package(project, answers, competition, slugs, missing)
 
 
-def dataset_metadata(folder: Path, user: str, slug: str, title: str) -> None:
-    meta = {"title": title, "id": f"{user}/{slug}", "licenses": [{"name": "CC0-1.0"}]}
+def dataset_metadata(folder: Path, user: str, slug: str) -> None:
+    """dataset-metadata.json; the title is the slug, so Kaggle derives the same slug from it."""
+    meta = {"title": slug, "id": f"{user}/{slug}", "licenses": [{"name": "CC0-1.0"}]}
     (folder / "dataset-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -158,7 +159,7 @@ def write_code(pkg: Package, out: Path, user: str) -> None:
         for f in sorted(pkg.project.glob(pattern)):
             if f.is_file():
                 shutil.copy2(f, code / f.name)
-    dataset_metadata(code, user, pkg.slugs["code"], f"{pkg.slugs['code']}")
+    dataset_metadata(code, user, pkg.slugs["code"])
     pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'code'}")
 
 
@@ -174,7 +175,7 @@ def write_wheels(pkg: Package, out: Path, user: str, download: bool) -> None:
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["no message"])[-1]
         raise KagtplError(f"pip download {' '.join(pkg.missing)} failed: {last} (--no-wheels skips the wheels)")
-    dataset_metadata(wheels, user, pkg.slugs["wheels"], pkg.slugs["wheels"])
+    dataset_metadata(wheels, user, pkg.slugs["wheels"])
     pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'wheels'}")
 
 
@@ -190,7 +191,7 @@ def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     else:
         shutil.copytree(req.model_dir, weights / req.model_dir.name)
         inside = req.model_dir.name
-    dataset_metadata(weights, req.user, pkg.slugs["weights"], pkg.slugs["weights"])
+    dataset_metadata(weights, req.user, pkg.slugs["weights"])
     pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
     return inside
 
