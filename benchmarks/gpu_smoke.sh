@@ -11,7 +11,8 @@
 #   3. runs predict.py on a smaller memory fraction than training had (its batch comes from the
 #      card it runs on; an OOM halves it);
 #   4. runs run.py --budget 10m (the probe's PROBE: lines, the planner, a submission);
-#   5. runs kagtpl doctor on that log.
+#   5. runs kagtpl doctor on that log;
+#   6. with 2+ GPUs (or on CPU), dry-runs --parallel folds and --parallel ddp through torchrun.
 # Every step's output is kept in WORKDIR/logs; the last line says which steps failed.
 # SMOKE_DEVICE=cpu runs the same steps on CPU, skipping the CUDA-only ones (to check the script);
 # SMOKE_BUDGET sets step 4's budget (default 10m).
@@ -92,6 +93,17 @@ if [ "$DEVICE" = cuda ]; then
     grep -q "^PROBE: batch=" "$WORK/logs/run-budget.log" || FAILED+=("probe-lines")
 fi
 step experiments "$PY" experiments.py
+
+# 6. more than one GPU (docs/parallel.md): fold workers, and DDP through torchrun (NCCL; gloo on CPU)
+NGPU=0; [ "$DEVICE" = cuda ] && NGPU="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
+if [ "$DEVICE" = cpu ] || [ "$NGPU" -ge 2 ]; then
+    DEVICES=(); [ "$DEVICE" = cpu ] && DEVICES=(--devices cpu,cpu)
+    step folds "$PY" train.py --dry-run --device "$DEVICE" --parallel folds "${DEVICES[@]}" --no-pretrained --out-dir out-folds
+    step ddp "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 train.py --dry-run --device "$DEVICE" \
+        --parallel ddp --no-pretrained --out-dir out-ddp
+else
+    echo "== folds, ddp: skipped ($NGPU GPU visible; they need 2)"
+fi
 
 echo "logs: $WORK/logs"
 if [ ${#FAILED[@]} -gt 0 ]; then

@@ -1,4 +1,4 @@
-"""Run every benchmark, one after the other (about 12-15 minutes on a 2-core machine):
+"""Run every benchmark, one after the other (about 17-20 minutes on a 2-core machine):
 
 python benchmarks/run_all.py
 """
@@ -17,6 +17,7 @@ SCRIPTS = [
     "batch_probe.py",
     "small_data_recipe.py",
     "input_headroom.py",
+    "fold_parallel.py",
 ]
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ import torch
 import experiments
 import hardware
 import logs
+import parallel
 import planner as time_planner
 import storage
 from errors import DataError, RunError, one_line_errors
@@ -67,14 +69,21 @@ class Fold:
 class Batching:
     """The one home of batch size, accumulation and LR; the probe and OOM recovery change them here."""
 
-    size: int  # rows per forward/backward
-    accum_steps: int  # batches per optimizer step: effective batch = size x accum_steps
+    size: int  # rows per forward/backward, per process
+    accum_steps: int  # batches per optimizer step: effective batch = size x world x accum_steps
     lr: float  # peak LR for that effective batch
     parts: int = 1  # OOM recovery: each batch is split into this many micro-batches (doubles on OOM)
+    world: int = field(default_factory=parallel.world_size)  # DDP ranks averaging their gradients
+
+    def __post_init__(self):
+        # train.py's LR rule saw one process's batch; under DDP the gradient averages `world` of
+        # them, so the rule (hardware.scaled_lr's square root) is applied to the whole effective batch
+        one = self.size * self.accum_steps
+        self.lr *= hardware.scaled_lr(1.0, one * self.world) / hardware.scaled_lr(1.0, one)
 
     @property
     def effective(self) -> int:
-        return self.size * self.accum_steps
+        return self.size * self.accum_steps * self.world
 
 
 @dataclass
@@ -111,6 +120,14 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
     p.add_argument("--budget", default=budget, help="wall time for train + predict: 9h, 45m, 600s; '' = none")
     p.add_argument("--start-time", type=float, default=time_planner.PROCESS_START, help="budget start (run.py sets it)")
     p.add_argument("--dry-run", action="store_true", help="3 batches, 1 epoch, 2 folds: checks the whole path")
+    # more than one GPU (docs/parallel.md): folds = one fold per GPU at a time; ddp = torchrun
+    p.add_argument(
+        "--parallel",
+        default="auto",
+        choices=parallel.MODES,
+        help="auto: folds with 2+ GPUs and folds >= GPUs (Kaggle T4x2), ddp under torchrun, else none",
+    )
+    p.add_argument("--devices", default="", help="for --parallel folds: cuda:0,cuda:1 (default: every GPU); cpu,cpu")
 
 
 # Every numeric flag both tasks share, with its range: a value outside is one ERROR line before
@@ -168,10 +185,23 @@ def begin(args, ranges: dict | None = None) -> torch.device:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise RunError(f"--out-dir {out}: cannot create it ({e.strerror})") from None
-    storage.lock_output(out)
-    storage.sweep_stale_tmp(out)
+    device = resolve_device(args.device)
+    worker = parallel.fold_worker()
+    if worker:  # started by a --parallel folds train.py, which holds the lock and swept the folder
+        args.parallel, why = "folds", f"worker {worker[0] + 1} of {worker[1]} on {device.type}: the next free fold"
+    else:
+        args.parallel, why = parallel.choose(args.parallel, parallel.devices_for(args.devices, device), args.folds)
+    if args.parallel == "ddp":
+        device = parallel.start_ddp(device.type)
+        why += f"; rank {parallel.rank()} of {parallel.world_size()}"
+        if not parallel.writes():  # one log: rank 0's (errors still reach stderr)
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    if parallel.writes() and not worker:
+        storage.lock_output(out)
+        storage.sweep_stale_tmp(out)
+    print(f"PARALLEL: {args.parallel} ({why})")
     seed_everything(args.seed)
-    return resolve_device(args.device)
+    return device
 
 
 def profile(gpu_flag: str, device: torch.device) -> hardware.Profile:
@@ -192,7 +222,10 @@ def profile(gpu_flag: str, device: torch.device) -> hardware.Profile:
 def make_planner(args, machine: Machine) -> TimePlanner:
     """The run's time planner (planner.py), timing real steps: CUDA is synchronised before each reading."""
     sync = torch.cuda.synchronize if machine.device.type == "cuda" else None
-    return time_planner.make_planner(args.budget, args.start_time, args.folds, args.epochs, sync)
+    planner = time_planner.make_planner(args.budget, args.start_time, args.folds, args.epochs, sync)
+    worker = parallel.fold_worker()
+    planner.parallel = worker[1] if worker else 1  # the folds left are shared by this many workers
+    return planner
 
 
 def make_machine(device: torch.device, amp_flag: str, loader: dict, channels_last: bool) -> Machine:
@@ -214,7 +247,7 @@ def print_start(machine: Machine, batching: Batching, why: str) -> None:
     name, total_gb, _ = describe_gpu(machine.device)
     lines = logs.resource_lines(machine.cpus, batching.size, name, machine.amp.enabled, total_gb, machine.loader)
     print(*lines, sep="\n")
-    print(logs.batch_line(batching.size, batching.accum_steps, why))
+    print(logs.batch_line(batching.size, batching.accum_steps, why, batching.world))
 
 
 def batch_set_by_user(args) -> bool:
@@ -226,12 +259,14 @@ def fit_steps(batching: Batching, rows: int, base_lr: float) -> None:
     """Small data: shrink accumulation, then the batch, so an epoch of `rows` keeps at least
     hardware.MIN_STEPS_PER_EPOCH optimizer steps (3 steps an epoch do not train); the LR follows
     the one rule (hardware.scaled_lr)."""
+    rows //= batching.world  # under DDP each rank steps through its share
     batch, accum = hardware.fit_to_steps(batching.size, batching.accum_steps, rows)
     if (batch, accum) == (batching.size, batching.accum_steps):
         return
-    batching.size, batching.accum_steps, batching.lr = batch, accum, hardware.scaled_lr(base_lr, batch * accum)
+    batching.size, batching.accum_steps = batch, accum
+    batching.lr = hardware.scaled_lr(base_lr, batching.effective)
     why = f"small data: {rows} training rows, at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch"
-    print(logs.batch_line(batch, accum, f"{why}; lr {batching.lr:.2e}"))
+    print(logs.batch_line(batch, accum, f"{why}; lr {batching.lr:.2e}", batching.world))
 
 
 def checkpoint_config(args, machine: Machine, batching: Batching) -> dict:
@@ -249,18 +284,49 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
 
     `splits` is an iterable of (train indices, validation indices), e.g. StratifiedKFold's.
     `args` carries the run flags the engine reads: out_dir, epochs, patience, weight_decay,
-    compile, autoscale (CUDA only), dry_run and the config saved with each checkpoint.
+    compile, autoscale (CUDA only), dry_run, parallel and the config saved with each checkpoint.
+    With --parallel folds this process starts one worker per device (parallel.py), which train
+    the folds; it then scores them and writes the report, as a sequential run does.
     """
     out = Path(args.out_dir)
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    jlog = logs.JsonLog(out / "train_log.jsonl", run_id, bool(args.dry_run))
+    run_id = os.environ.get(parallel.RUN_ID_ENV) or f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    # rank 0 alone writes the JSON log (the other ranks keep their records in memory)
+    jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
+    worker, lost = parallel.fold_worker(), []
+    if args.parallel == "folds" and worker is None:
+        trained, lost = train_on_workers(comp, args, machine, batching, planner, run_id)
+        jlog.records = logs.read_records(jlog.path, run_id)
+    else:
+        trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
+    if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
+        parallel.finish_ddp()
+        return {}
+    scores = finish(comp, args, machine, batching, planner, jlog, trained)
+    parallel.finish_ddp()
+    if lost:
+        raise RunError("; ".join(lost) + ": rerun train.py to train the lost fold(s) (finished ones are skipped)")
+    return scores
+
+
+def train_folds(comp, splits, args, machine: Machine, batching: Batching, planner: TimePlanner, jlog) -> list[int]:
+    """The fold loop of one process. A fold worker takes only the folds no other worker has
+    (parallel.FoldQueue) and keeps the plan's fold count shared; under DDP every rank runs
+    every fold, with the plan agreed. Returns the folds trained or found complete."""
+    out, queue = Path(args.out_dir), None
+    if parallel.fold_worker():
+        queue = parallel.FoldQueue(out / ".folds")
     trained = []
     for k, (trn_idx, val_idx) in enumerate(splits):
-        if k >= planner.folds or planner.stop_reason:
+        if queue is not None:
+            planner.folds = queue.cap(planner.folds)
+        if parallel.agree_plan(planner, machine.device) or k >= planner.folds:
             break
+        if queue is not None and not queue.take(k):
+            continue  # another worker has it (to train, or found complete)
         path = out / f"model_fold{k}.pth"
+        done = storage.fold_is_done(path, checkpoint_config(args, machine, batching), comp.resume_keys)
         print(f"FOLD {k} ({k + 1} of {planner.folds}): {len(trn_idx)} train, {len(val_idx)} valid")
-        if storage.fold_is_done(path, checkpoint_config(args, machine, batching), comp.resume_keys):
+        if done:
             print(f"FOLD {k}: {path.name} is complete, skipping (resume)")
         else:
             first = not planner.epoch_s  # the first fold this process trains: probe, Model line, estimate
@@ -269,8 +335,30 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
             best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, first)
             planner.end_fold(k, first)
             print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
+            parallel.barrier()  # rank 0 has written the fold's files before any rank looks for them
         trained.append(k)
+    return trained
 
+
+def train_on_workers(comp, args, machine, batching, planner, run_id: str) -> tuple[list[int], list[str]]:
+    """--parallel folds: one worker per device trains folds from a shared queue; returns the
+    folds to score (taken by a worker this run, or complete from an earlier one) and a line for
+    each worker that died (its current fold is lost; the others go on)."""
+    out, devices = Path(args.out_dir), parallel.devices_for(args.devices, machine.device)
+    start = time.time() - planner.elapsed()  # one deadline for every worker
+    result = parallel.run_fold_workers(devices, planner.folds, run_id, out, start, planner)
+    config = checkpoint_config(args, machine, batching)
+    cap = int((out / ".folds" / "cap").read_text())
+    done = {k for k in range(cap) if storage.fold_is_done(out / f"model_fold{k}.pth", config, comp.resume_keys)}
+    lost = [f"fold worker {tag} exited {code}, fold(s) {folds or 'none'} lost" for tag, code, folds in result["failed"]]
+    if planner.stop_reason == "SIGTERM":  # the workers saved and exited on the forwarded signal
+        lost = [line for line in lost if "exited -15" not in line]
+    return sorted(done | set(result["claims"])), lost
+
+
+def finish(comp, args, machine: Machine, batching: Batching, planner: TimePlanner, jlog, trained: list[int]) -> dict:
+    """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
+    out = Path(args.out_dir)
     scores, fold_scores = oof_scores(comp, out, trained)
     where = describe_gpu(machine.device)[0] if machine.device.type == "cuda" else "CPU"
     logs.write_report(jlog.records, out / "train_report.png", f"{comp.name} on {where}")
@@ -312,17 +400,21 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         model = model.to(memory_format=torch.channels_last)
     if first:
         print(logs.model_line(comp.name, sum(p.numel() for p in model.parameters()) / 1e6))
-    if args.compile:
-        model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=batching.lr, weight_decay=args.weight_decay)
     if first and getattr(args, "autoscale", False) and machine.device.type == "cuda":
         if batch_set_by_user(args):  # the user's numbers are kept as given
             print(f"BATCH PROBE: skipped: --batch-size {args.batch_size} / --accum-steps {args.accum_steps} set by you")
-        else:
-            autoscale(comp, fold, n_train, model, optimizer, machine, batching, args.lr)
+        else:  # per GPU, on the bare model (no all-reduce); under DDP every rank takes the smallest batch
+            autoscale(comp, fold, n_train // batching.world, model, optimizer, machine, batching, args.lr)
+            agree_batching(batching, args.lr, machine.device, optimizer)
+    model = parallel.wrap(model, machine.device)  # DDP: rank 0's weights broadcast to every rank
+    if args.compile:
+        model = torch.compile(model)
 
-    train_batches = comp.loader(fold.train, batching.size, train=True)
-    valid_batches = comp.loader(fold.valid, batching.size * 2, train=False)  # no gradients: twice the rows
+    train_sampler = parallel.sampler(fold.train, train=True, seed=args.seed)  # None without DDP
+    train_batches = loader(comp, fold.train, batching.size, True, train_sampler)
+    valid_sampler = parallel.sampler(fold.valid, train=False, seed=args.seed)
+    valid_batches = loader(comp, fold.valid, batching.size * 2, False, valid_sampler)  # no gradients: 2x rows
     n_batches = min(len(train_batches), 3 if args.dry_run else len(train_batches))
     scheduler = warmup_cosine(optimizer, math.ceil(n_batches / batching.accum_steps), lambda: planner.epochs)
 
@@ -336,6 +428,8 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
     on_first_step = first_step if first else None
 
     def save(epoch: int, **meta) -> None:
+        if not parallel.writes():
+            return
         config = checkpoint_config(args, machine, batching)
         run = {key: config.get(key) for key in comp.resume_keys}  # what makes folds of one ensemble
         storage.save_checkpoint(
@@ -351,11 +445,18 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             **fold.extras,
         )
 
+    def should_stop(i: int) -> bool:
+        planner.tick(i)
+        return parallel.agree_plan(planner, machine.device)  # DDP: one decision for every rank
+
     for epoch in range(1, args.epochs + 1):
-        if epoch > planner.epochs or not planner.can_start_epoch():
+        planner.can_start_epoch()  # the deadline guard: sets stop_reason when the epoch would not fit
+        if parallel.agree_plan(planner, machine.device) or epoch > planner.epochs:
             break
         monitor.reset()
         planner.begin_epoch(n_batches, len(valid_batches))
+        if train_sampler is not None:
+            train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         t0 = time.time()
         model.train()
         train_loss, seen = run_epoch(
@@ -367,10 +468,11 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             machine.amp,
             batching,
             on_first_step,
-            planner.tick,
+            should_stop,
         )
         train_time, on_first_step = time.time() - t0, None
-        if planner.stop_reason:  # deadline or SIGTERM mid-epoch: no time left to validate
+        train_loss, seen = parallel.mean(train_loss, machine.device), seen * batching.world
+        if parallel.agree_plan(planner, machine.device):  # deadline or SIGTERM mid-epoch: no time to validate
             if not saved:  # better an unvalidated model than no submission
                 save(epoch, complete=False)
             print(f"STOPPED: fold {k} epoch {epoch} ({planner.stop_reason}); best checkpoint kept")
@@ -380,6 +482,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         if epoch == 1:  # validation speed -> the prediction estimate -> the reserve
             valid_s = time.time() - t0 - train_time
             planner.note_inference(valid_s, len(pred), comp.test_rows, comp.test_views, comp.decode_s, model_s)
+        pred = parallel.gather_rows(pred, len(fold.y_valid), machine.device)  # DDP: every rank's share, in order
         planner.end_epoch(epoch)
         y = fold.y_valid[: len(pred)]
         val_loss, metric = evaluate(comp, y, pred, f"fold {k} epoch {epoch}")
@@ -412,19 +515,43 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         if val_loss < best:
             best, bad_epochs, saved = val_loss, 0, True
             save(epoch, val_loss=best, complete=False)
-            oof = pd.DataFrame(
-                {comp.id_col: fold.ids_valid[: len(pred)], "fold": k, **target_columns(y)}, index=range(len(pred))
-            )
-            oof[comp.oof_columns] = np.asarray(pred).reshape(len(pred), -1)
-            storage.write_csv_atomic(oof, out / f"oof_fold{k}.csv")
+            if parallel.writes():
+                write_oof(comp, fold, y, pred, out / f"oof_fold{k}.csv")
         else:
             bad_epochs += 1
             if bad_epochs >= args.patience:
                 print(f"EARLY STOP: fold {k} epoch {epoch}, no better val loss for {args.patience} epochs")
                 break
-    if planner.stop_reason is None and not storage.mark_complete(ckpt_path):
+    parallel.check_in_sync(model, machine.device)
+    if planner.stop_reason is None and parallel.writes() and not storage.mark_complete(ckpt_path):
         print(f"WARNING: fold {k} never produced a finite val loss; no checkpoint written")
     return best
+
+
+def write_oof(comp, fold: Fold, y: np.ndarray, pred: np.ndarray, path: Path) -> None:
+    """The fold's validation predictions beside their ids and targets (oof_fold{k}.csv)."""
+    oof = pd.DataFrame({comp.id_col: fold.ids_valid[: len(pred)], "fold": fold.index, **target_columns(y)})
+    oof[comp.oof_columns] = np.asarray(pred).reshape(len(pred), -1)
+    storage.write_csv_atomic(oof, path)
+
+
+def loader(comp, rows, batch: int, train: bool, sampler):
+    """The competition's batches; under DDP with this rank's DistributedSampler."""
+    if sampler is None:
+        return comp.loader(rows, batch, train)
+    return comp.loader(rows, batch, train, sampler=sampler)
+
+
+def agree_batching(batching: Batching, base_lr: float, device, optimizer) -> None:
+    """DDP: every rank probed its own GPU; all take the smallest batch (the fullest GPU decides)
+    and the most accumulation, so the steps stay in lockstep and fit everywhere."""
+    if batching.world == 1:
+        return
+    batching.size = parallel.smallest(batching.size, device)
+    batching.accum_steps = -parallel.smallest(-batching.accum_steps, device)
+    batching.lr = hardware.scaled_lr(base_lr, batching.effective)
+    for group in optimizer.param_groups:
+        group["lr"] = batching.lr
 
 
 def evaluate(comp, y: np.ndarray, pred: np.ndarray, where: str) -> tuple[float, float]:
@@ -654,9 +781,9 @@ class TensorBatches:
     is a gather by a slice of a permutation made on the device; no per-row Dataset or collate.
     Yields tuples of the tensors' rows; `len()` is the number of batches."""
 
-    def __init__(self, tensors: tuple, batch: int, shuffle: bool, drop_last: bool):
-        self.tensors, self.batch, self.shuffle = tensors, batch, shuffle
-        n = len(tensors[0])
+    def __init__(self, tensors: tuple, batch: int, shuffle: bool, drop_last: bool, sampler=None):
+        self.tensors, self.batch, self.shuffle, self.sampler = tensors, batch, shuffle, sampler
+        n = len(sampler) if sampler is not None else len(tensors[0])  # DDP: this rank's share
         self.drop_last = drop_last and n >= batch  # a table smaller than a batch still gives one
         self.n = n
 
@@ -665,7 +792,12 @@ class TensorBatches:
 
     def __iter__(self):
         device = self.tensors[0].device
-        order = torch.randperm(self.n, device=device) if self.shuffle else torch.arange(self.n, device=device)
+        if self.sampler is not None:
+            order = torch.as_tensor(list(self.sampler), device=device)
+        elif self.shuffle:
+            order = torch.randperm(self.n, device=device)
+        else:
+            order = torch.arange(self.n, device=device)
         for i in range(len(self)):
             idx = order[i * self.batch : (i + 1) * self.batch]
             yield tuple(t[idx] for t in self.tensors)

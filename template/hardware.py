@@ -38,7 +38,7 @@ PROFILES: dict[str, Profile] = {
     p.name: p
     for p in [
         Profile("t4", "NVIDIA T4 (Kaggle)", 16, (7, 5), 4, note="Kaggle default"),
-        Profile("t4x2", "2x NVIDIA T4 (Kaggle)", 16, (7, 5), 4, gpus=2, note="trains on one T4"),
+        Profile("t4x2", "2x NVIDIA T4 (Kaggle)", 16, (7, 5), 4, gpus=2, note="one fold per T4 (--parallel auto)"),
         Profile("p100", "NVIDIA P100", 16, (6, 0), 4, note="retired on Kaggle 2026-09; fp32"),
         Profile("v100", "NVIDIA V100 16GB", 16, (7, 0), 8),
         Profile("v100-32", "NVIDIA V100 32GB", 32, (7, 0), 8),
@@ -247,12 +247,23 @@ def round_batch(x: float) -> int:
     return max(step, int(x // step) * step)
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (a container's cgroup affinity, not the host's count)."""
+CPU_SHARE_ENV = "KAGTPL_CPU_SHARE"  # set by --parallel folds for its workers: the CPUs are split this many ways
+
+
+def machine_cpus() -> int:
+    """CPUs this machine lets us run on (a container's cgroup affinity, not the host's count)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS / Windows
         return os.cpu_count() or 1
+
+
+def usable_cpus() -> int:
+    """This process's share of them: split between torchrun's processes on this node
+    (LOCAL_WORLD_SIZE) or --parallel folds' workers, so loader workers do not oversubscribe
+    Kaggle's 4 vCPUs (2 trainers x 1 worker each, not 2 x 3)."""
+    share = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get(CPU_SHARE_ENV) or 1)
+    return max(1, machine_cpus() // share)
 
 
 def loader_settings(cpus: int, on_cuda: bool) -> dict:

@@ -22,8 +22,10 @@ def resource_lines(cpus: int, batch: int, gpu_name: str, amp_on: bool, total_gb:
     ]
 
 
-def batch_line(batch: int, accum: int, why: str) -> str:
-    return f"BATCH: {batch} x {accum} accumulation = effective batch {batch * accum} ({why})"
+def batch_line(batch: int, accum: int, why: str, world: int = 1) -> str:
+    """Under DDP: `BATCH: 32 per GPU x 2 GPUs x 1 accumulation = effective batch 64 (...)`."""
+    per = f"{batch} per GPU x {world} GPUs" if world > 1 else f"{batch}"
+    return f"BATCH: {per} x {accum} accumulation = effective batch {batch * world * accum} ({why})"
 
 
 def model_line(name: str, params_m: float) -> str:
@@ -66,14 +68,24 @@ class JsonLog:
     so every record carries its run: `run` (start time and pid, e.g. "20261122-0712-4242") and
     `dry_run`. This run's records are also kept in `records` (the report picture is drawn from them)."""
 
-    def __init__(self, path: Path, run: str, dry_run: bool):
-        self.path, self.records, self.run, self.dry_run = path, [], run, dry_run
+    def __init__(self, path: Path | None, run: str, dry_run: bool):
+        self.path, self.records, self.run, self.dry_run = path, [], run, dry_run  # path None: memory only
 
     def write(self, **record) -> None:
         record = {"run": self.run, "dry_run": self.dry_run, **record}
         self.records.append(record)
-        with open(self.path, "a") as f:
+        if self.path is None:
+            return
+        with open(self.path, "a") as f:  # one line, one write: fold workers append to the same file
             f.write(json.dumps(record) + "\n")
+
+
+def read_records(path: Path, run: str) -> list[dict]:
+    """One run's records back from the JSON log (what --parallel folds' workers wrote)."""
+    if not Path(path).exists():
+        return []
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in records if r.get("run") == run]
 
 
 def write_report(records: list[dict], path: Path, title: str) -> None:

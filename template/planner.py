@@ -8,6 +8,7 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -84,6 +85,13 @@ class TimePlanner:
     """
 
     RESERVE_FRACTION, FIRST_FOLD_FRACTION = 0.15, 0.20
+    # After the last epoch train.py still scores the OOF predictions, draws the report and exits;
+    # the interpreter's exit alone (torch, timm) took 1-2 s of the 3 s measured on 2 CPU cores.
+    FINISH_S = 5.0
+    # run.py's safety net: SIGTERM to a train.py still running at this share of the budget. It
+    # must come after the planner's own end of training (1 - RESERVE_FRACTION, less FINISH_S):
+    # at 85%, equal to it, a healthy run was killed while its interpreter exited.
+    SAFETY_NET = 0.90
     PLAN_FRACTION, REPLAN_FRACTION = 0.80, 0.95  # an estimate gets 20% slack; measured epochs 5%
     GIVE_BACK_FRACTION = 0.75  # epochs come back only with 25% slack: no cut / give-back see-saw
     WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
@@ -111,6 +119,7 @@ class TimePlanner:
         self.epoch_s: list[float] = []
         self.stop_reason: str | None = None
         self.planned = False  # the first estimate (after warm-up) has been made
+        self.parallel = 1  # fold workers sharing the folds (--parallel folds); DDP ranks share each fold
         self._fold = self._epoch = self._batches = self._valid_batches = 0
         self._fold_finished = False
         self._steady_epoch_s = 0.0  # epoch time from the timed steps after warm-up
@@ -124,7 +133,7 @@ class TimePlanner:
         return max(self.RESERVE_FRACTION * self.budget, self.predict_s) if self.budget else 0.0
 
     def training_left(self) -> float:
-        return self.budget - self.reserve() - self.elapsed()
+        return self.budget - self.reserve() - self.FINISH_S - self.elapsed()
 
     def status_line(self) -> str:
         plan = f"plan folds={self.folds} epochs={self.epochs}"
@@ -186,11 +195,12 @@ class TimePlanner:
         """Deadline guard: no epoch starts that would eat into the prediction reserve."""
         if self.stop_reason:
             return False
-        if self.budget and self.epoch_s and self.elapsed() + self.epoch_s[-1] + self.reserve() > self.budget:
+        if self.budget and self.epoch_s and self.epoch_s[-1] > self.training_left():
             self.request_stop("deadline")
             self.log(
                 f"DEADLINE: elapsed {fmt_s(self.elapsed())} + next epoch ~{fmt_s(self.epoch_s[-1])} + reserve "
-                f"{fmt_s(self.reserve())} > budget {fmt_s(self.budget)}: stopping, prediction runs next"
+                f"{fmt_s(self.reserve())} + finish {fmt_s(self.FINISH_S)} > budget {fmt_s(self.budget)}: stopping, "
+                "prediction runs next"
             )
             return False
         return True
@@ -223,16 +233,18 @@ class TimePlanner:
         total = epoch_s * self.epochs * self.folds
         self.log(
             f"TIME ESTIMATE: {how} = {fmt_s(epoch_s)}/epoch x {self.epochs} epochs x {self.folds} folds = "
-            f"{fmt_s(total)} for the whole plan; training budget {fmt_s(self.budget - self.reserve())} "
+            f"{fmt_s(total)} for the whole plan; training budget {fmt_s(self.budget - self.reserve() - self.FINISH_S)} "
             f"(reserve {fmt_s(self.reserve())} for predict)"
         )
         if not self._replan(epoch_s, "estimate", first=True):
             self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")
 
     def _need(self, epoch_s: float, folds: int, epochs: int) -> float:
-        """Seconds the rest of a plan needs: this fold's remaining epochs, then the later folds."""
+        """Seconds the rest of a plan needs: this fold's remaining epochs, then this process's share
+        of the later folds (--parallel folds: `parallel` workers take them side by side)."""
         this_fold = 0 if self._fold_finished else max(0, epochs - self._epoch)
-        return (this_fold + (folds - self._fold - 1) * epochs) * epoch_s
+        later = math.ceil(max(0, folds - self._fold - 1) / self.parallel)
+        return (this_fold + later * epochs) * epoch_s
 
     def _fit_epochs(self, epoch_s: float, folds: int, limit: float, most: int | None = None) -> int:
         """The most epochs (up to `most`, by default the current plan's) whose rest of the plan

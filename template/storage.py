@@ -150,6 +150,8 @@ def save_checkpoint(path: Path, model, config: dict, classes: list, **meta) -> N
     import torch
 
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):  # and DDP: the bare model's keys
+        model = model.module
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     payload = {"model": state, "config": config, "classes": list(classes), **meta}
     atomic_write(path, lambda tmp: torch.save(payload, tmp))

@@ -43,22 +43,26 @@ def render(dest: Path, **data) -> Path:
     return dest
 
 
-def run_script(project: Path, *args: str, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
+def run_script(
+    project: Path, *args: str, timeout: int = 600, check: bool = True, env: dict | None = None
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, *args], cwd=project, env=RUN_ENV, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *args], cwd=project, env=env or RUN_ENV, capture_output=True, text=True, timeout=timeout
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
 
 
-def start_until(project: Path, args: list[str], line_prefix: str) -> tuple[subprocess.Popen, list[str]]:
+def start_until(
+    project: Path, args: list[str], line_prefix: str, env: dict | None = None
+) -> tuple[subprocess.Popen, list[str]]:
     """Start a generated script in a process group of its own (as a container runs it) and read
     its log until a line starts with `line_prefix`; returns the process and the lines so far."""
     proc = subprocess.Popen(
         [sys.executable, *args],
         cwd=project,
-        env=RUN_ENV,
+        env=env or RUN_ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -92,6 +96,7 @@ PROJECT_MODULES = (
     "hardware",
     "images",
     "logs",
+    "parallel",
     "planner",
     "storage",
     "submission",

@@ -116,3 +116,12 @@ def test_input_headroom_smoke():
     )
     assert uint8 > 0 and f32 > 0 and ratio == pytest.approx(uint8 / f32, rel=0.05), out
     assert "vs resnet50 training on an RTX 3090 (timm, AMP): 826/s" in out
+
+
+def test_fold_parallel_smoke():
+    out = bench("fold_parallel.py", "--folds", "2", "--epochs", "1")
+    seq, par, ratio = figures(
+        out, r"sequential \(1 process\):", r"fold-parallel \(2 workers\):", "parallel/sequential:"
+    )
+    assert seq > 0 and par > 0 and ratio == pytest.approx(par / seq, abs=0.01), out
+    assert "folds per worker: {'cpu0': 1, 'cpu1': 1}" in out  # each worker trained a fold

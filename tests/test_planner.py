@@ -33,13 +33,13 @@ def first_epoch(planner, clock, s_per_step, batches=40, valid_batches=10):
 @pytest.mark.parametrize(
     "s_per_step,folds,epochs,cuts",
     [
-        # limit = 80% of (600 - 90 reserve - ~10 s elapsed) = ~400 s; an epoch is 46.7 steps' worth
+        # limit = 80% of (600 - 90 reserve - 5 finish - ~10 s elapsed) = ~396 s; an epoch is 46.7 steps' worth
         (0.01, 5, 30, None),  # 5 x 30 x 0.47 s = 70 s: fits
         (0.07, 3, 30, "folds 5->3"),  # 150 x 3.3 s = 490 s; 3 folds: 294 s
         (0.12, 3, 21, "folds 5->3, epochs 30->21"),  # then epochs -30%: 63 x 5.6 s = 353 s
         (0.16, 3, 15, "folds 5->3, epochs 30->15"),  # then epochs -50%: 45 x 7.5 s = 336 s
-        # then folds towards 1: 2 folds fit, and get epochs back: 2 x 17 x 11.7 s = 397 s
-        (0.25, 2, 17, "folds 5->2, epochs 30->17"),
+        # then folds towards 1: 2 folds fit, and get epochs back: 2 x 16 x 11.7 s = 373 s (17: 397 s)
+        (0.25, 2, 16, "folds 5->2, epochs 30->16"),
         (1.00, 1, 8, "folds 5->1, epochs 30->8"),  # last resort: 1 fold, epochs fit: 8 x 46.7 s = 373 s
     ],
 )
@@ -101,12 +101,13 @@ def test_deadline_guard_and_sigterm(project_modules):
         planner.begin_epoch(2, 1)
         clock.t += 10
         planner.end_epoch(epoch)
-        if clock.t - 1000 + 10 + planner.reserve() > 100:
+        if clock.t - 1000 + 10 + planner.reserve() + planner.FINISH_S > 100:
             break
-    # elapsed + next epoch + reserve (15) > 100: the next epoch must not start
+    # elapsed + next epoch + reserve (15) + finish (5) > 100: the next epoch must not start
     assert not planner.can_start_epoch() and planner.stop_reason == "deadline"
     assert lines[-1].startswith("DEADLINE: ") and "prediction runs next" in lines[-1]
-    assert clock.t - 1000 + planner.reserve() <= 100  # the reserve is still there for predict
+    assert clock.t - 1000 + planner.reserve() + planner.FINISH_S <= 100  # the reserve is still there for predict
+    assert "+ finish 5.0s > budget 100s" in lines[-1]
 
     mid, mclock, _ = make(plan, budget=100, folds=1, epochs=30)
     mid.begin_fold(0)
@@ -128,7 +129,18 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
     planner.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004, model_s=2.0)
     expected = 1.25 * (8.0 + 5 * (2.0 + 0.02 * 10_000 * 2) + 0.004 * 10_000)
     assert planner.reserve() == pytest.approx(expected) and planner.reserve() > 0.15 * 3600
-    assert planner.training_left() == pytest.approx(3600 - expected)
+    assert planner.training_left() == pytest.approx(3600 - expected - planner.FINISH_S)
+
+
+def test_run_py_safety_net_comes_after_the_planned_end_of_training(project_modules):
+    """run.py SIGTERMs a train.py still running at SAFETY_NET of the budget. A healthy run ends
+    training by 1 - RESERVE_FRACTION less FINISH_S, then scores, reports and exits: the net must
+    leave room for that, or it kills runs that did nothing wrong (it once sat at exactly 85%)."""
+    rules = project_modules.planner.TimePlanner
+    for budget in (60.0, 75.0, 600.0, 9 * 3600.0):
+        planner = rules(budget, folds=5, epochs=10)
+        end_of_training = budget - planner.reserve() - planner.FINISH_S
+        assert rules.SAFETY_NET * budget - end_of_training >= 0.05 * budget
 
 
 def test_no_budget_plans_nothing(project_modules):
@@ -153,16 +165,16 @@ def test_parse_duration_rejects(project_modules, text):
 
 
 def test_measured_epochs_faster_than_the_estimate_get_epochs_back(project_modules):
-    """A pessimistic first estimate (slow first steps) cuts to 2 folds x 17 epochs; the measured
+    """A pessimistic first estimate (slow first steps) cuts to 2 folds x 16 epochs; the measured
     epochs are 3x faster, so the next re-plan gives epochs back, up to the plan's 30, not past it."""
     plan = project_modules.planner
     planner, clock, lines = make(plan, budget=600)
     first_epoch(planner, clock, 0.25)
-    assert (planner.folds, planner.epochs) == (2, 17), lines
+    assert (planner.folds, planner.epochs) == (2, 16), lines
     planner.begin_epoch(40, 10)
     clock.t += 4.0  # a measured epoch: 4 s, not the estimate's 11.7 s
     planner.end_epoch(2)
-    assert planner.epochs > 17 and planner.epochs <= 30 and planner.folds == 2, lines
+    assert planner.epochs > 16 and planner.epochs <= 30 and planner.folds == 2, lines
     assert lines[-1].startswith("TIME PLAN: measured 4.0s/epoch") and lines[-1].endswith("(given back)")
     given = planner.epochs
     for epoch in range(3, 6):  # more fast epochs: never past the configured 30, never another line

@@ -28,6 +28,7 @@ EXPECTED_FILES = {
     "gpu.py",
     "hardware.py",
     "logs.py",
+    "parallel.py",
     "planner.py",
     "report.py",
     "storage.py",

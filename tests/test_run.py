@@ -40,10 +40,11 @@ def test_dry_run_then_predict(project, digits_dir):
     sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], cwd=project, capture_output=True, text=True).stdout
     log = run_script(project, "train.py", "--dry-run", *CPU).stdout
     lines = log.splitlines()
-    assert "RESOURCES: " in lines[0] and "batch=32, GPU=none, Mixed Precision=OFF" in lines[0]
-    assert lines[1] == "GPU Memory: none"
+    assert lines[0] == "PARALLEL: none (one device (cpu))"  # the run's shape comes first
+    assert "RESOURCES: " in lines[1] and "batch=32, GPU=none, Mixed Precision=OFF" in lines[1]
+    assert lines[2] == "GPU Memory: none"
     assert re.fullmatch(
-        r"DataLoader: num_workers=\d+, prefetch_factor=(\d+|None), persistent_workers=(True|False)", lines[2]
+        r"DataLoader: num_workers=\d+, prefetch_factor=(\d+|None), persistent_workers=(True|False)", lines[3]
     )
     assert re.search(r"^Model: resnet18 \(11\.2M params, small model\)$", log, re.M)
     assert "GPU Memory Used: none (CPU run)" in log

@@ -101,7 +101,7 @@ def budget_rows(gpu: str, budget: str | None, task: str = "image") -> list[tuple
         ),
         (
             "training",
-            f"<= {(seconds - reserve) / 60:.1f} min",
+            f"<= {(seconds - reserve - rules.FINISH_S) / 60:.1f} min",
             f"planned to {rules.PLAN_FRACTION:.0%}: cut folds {folds}->3, epochs by 30-50%, then 1 fold",
         ),
         (

@@ -1,0 +1,342 @@
+"""More than one GPU: fold-parallel worker processes, or DDP through torchrun.
+
+--parallel folds   fold k trains on one of N devices, in N independent processes (this train.py
+                   started again, one per device, CUDA_VISIBLE_DEVICES set), each taking the next
+                   fold from a queue of claim files in out_dir/.folds. No communication: ~2x on
+                   Kaggle's T4x2 for a k-fold run, and a crash on one GPU loses one fold.
+--parallel ddp     one model over all ranks (torchrun --nproc_per_node=N train.py ...):
+                   DistributedSampler shards, gradients all-reduced, rank 0 alone writes; the
+                   deadline and SIGTERM are agreed by all ranks in one collective each step.
+--parallel auto    folds when more than one GPU is visible and --folds >= GPUs; ddp under
+                   torchrun; else none. The choice and its reason are the PARALLEL: line.
+
+The rules and their costs are in kagtpl's docs/parallel.md. It is machinery: `copier update`
+may replace it, so keep your own code in train.py and predict.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import hardware
+from errors import RunError
+
+# A fold worker learns its place from the parent train.py through the environment, as a torchrun
+# rank does from RANK / WORLD_SIZE: "index/count" and the run id its JSON log records carry.
+WORKER_ENV, RUN_ID_ENV = "KAGTPL_FOLD_WORKER", "KAGTPL_RUN_ID"
+MODES = ("auto", "none", "folds", "ddp")
+
+
+# ----------------------------------------------------------------------------- the choice
+
+
+def world_size() -> int:
+    """Processes torchrun started for this run (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def fold_worker() -> tuple[int, int] | None:
+    """(index, count) in a fold worker; None in the train.py that was started by hand."""
+    value = os.environ.get(WORKER_ENV)
+    if not value:
+        return None
+    index, count = value.split("/")
+    return int(index), int(count)
+
+
+def devices_for(flag: str, device: torch.device) -> list[str]:
+    """--devices cuda:0,cuda:1 / cpu,cpu; '' = every visible GPU (none on CPU)."""
+    if flag:
+        names = [d.strip() for d in flag.split(",") if d.strip()]
+        for name in names:
+            if name != "cpu" and not (name.startswith("cuda:") and name[5:].isdigit()):
+                raise RunError(f"--devices: {name!r} is not cpu or cuda:N (e.g. --devices cuda:0,cuda:1)")
+            if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+                raise RunError(f"--devices: {name} asked for, but torch sees {torch.cuda.device_count()} GPU(s)")
+        return names
+    if device.type == "cuda":
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return ["cpu"]
+
+
+def choose(mode: str, devices: list[str], folds: int) -> tuple[str, str]:
+    """(mode, why): the PARALLEL: line's decision. Under torchrun only ddp makes sense."""
+    world = world_size()
+    if world > 1:
+        if mode not in ("auto", "ddp"):
+            raise RunError(f"--parallel {mode} under torchrun ({world} processes): use --parallel ddp")
+        return "ddp", f"torchrun started {world} processes: one model, gradients all-reduced"
+    if mode == "ddp":
+        raise RunError(
+            "--parallel ddp needs torchrun: torchrun --nproc_per_node=N train.py ... (or python run.py --parallel ddp)"
+        )
+    n = len(devices)
+    if mode == "folds":
+        if n < 2:
+            raise RunError(f"--parallel folds needs 2 or more devices, found {n} ({','.join(devices)}): see --devices")
+        return "folds", f"{n} devices ({','.join(devices)}): fold k on the next free one, {folds} folds"
+    if mode == "none":
+        return "none", "--parallel none: one process, one device"
+    if n > 1 and folds >= n:
+        return "folds", f"{n} GPUs visible and --folds {folds} >= {n}: one fold per GPU at a time"
+    if n > 1:
+        return "none", f"{n} GPUs visible but --folds {folds} < {n}: one process (torchrun for ddp)"
+    return "none", f"one device ({devices[0]})"
+
+
+# ----------------------------------------------------------------------------- ddp
+
+
+def start_ddp(device_type: str) -> torch.device:
+    """Join torchrun's process group (NCCL on CUDA, gloo on CPU); this rank's device."""
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend)
+    return device
+
+
+def ddp() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if ddp() else 0
+
+
+def writes() -> bool:
+    """This process writes checkpoints, OOF files and logs: rank 0 (every process without DDP)."""
+    return rank() == 0
+
+
+STOPS = (None, "deadline", "SIGTERM")  # stop reasons as numbers, for the collective
+
+
+def agree_plan(planner, device: torch.device) -> bool:
+    """One decision for every rank, in one all-reduce (MIN): stop if any rank would (its deadline
+    or a SIGTERM: no rank is left waiting in a collective for one that has gone), and the
+    smallest folds and epochs any rank's planner has cut to (the LR schedule follows the epochs,
+    so the ranks' weights stay identical). Returns whether to stop. Without DDP: the planner's own.
+
+    The answer is the collective's, never the local stop_reason read afterwards: a SIGTERM that
+    lands while this rank waits in the all-reduce is set after the others have voted, so it
+    counts in the next call, on every rank at once. Every stop decision under DDP goes through here."""
+    if not ddp():
+        return planner.stop_reason is not None
+    t = torch.tensor([-STOPS.index(planner.stop_reason), planner.folds, planner.epochs], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    stop, planner.folds, planner.epochs = (int(v) for v in t.tolist())
+    if stop and planner.stop_reason is None:
+        planner.request_stop(STOPS[-stop])
+    return bool(stop)
+
+
+def smallest(value: int, device: torch.device) -> int:
+    """The smallest of every rank's value (the batch probe: the fullest GPU decides)."""
+    if not ddp():
+        return value
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def mean(value: float, device: torch.device) -> float:
+    """The ranks' average (the epoch's training loss)."""
+    if not ddp():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+def sampler(rows, train: bool, seed: int):
+    """A DistributedSampler over `rows` (a Dataset, or a tuple of tensors), or None without DDP.
+    Validation is not shuffled: each rank gets rows r, r + world, ... (padded to equal length)."""
+    if not ddp():
+        return None
+    n = len(rows[0]) if isinstance(rows, tuple) else len(rows)
+    return torch.utils.data.DistributedSampler(range(n), shuffle=train, seed=seed, drop_last=False)
+
+
+def gather_rows(pred, n: int, device: torch.device):
+    """Every rank's validation predictions (rows r, r + world, ... of a DistributedSampler with
+    shuffle off) back in row order, the padding dropped: the whole fold's, on every rank, so every
+    rank scores the same numbers and early stopping decides the same."""
+    if not ddp():
+        return pred
+    mine = torch.as_tensor(pred, device=device)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, mine.contiguous())
+    rows = torch.stack(parts, dim=1)  # (per rank, world, ...): row i of rank r is fold row i * world + r
+    return rows.reshape(-1, *mine.shape[1:])[:n].cpu().numpy()
+
+
+class DDP(torch.nn.parallel.DistributedDataParallel):
+    """DistributedDataParallel that also answers for the model's own attributes, so train.py's
+    `model.y_std` or `model.head` reads the same wrapped or not (the forward must go through
+    the wrapper: that is where the gradient all-reduce is set up)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.module, name)
+
+
+def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    if not ddp():
+        return model
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def check_in_sync(model: torch.nn.Module, device: torch.device) -> None:
+    """DDP's promise, checked once a fold: every rank ends with the same weights (a schedule or a
+    batch that differed between ranks would have them drift apart silently)."""
+    if not ddp():
+        return
+    total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1).to(device)
+    sums = [torch.empty_like(total) for _ in range(dist.get_world_size())]
+    dist.all_gather(sums, total)
+    values = [float(v.item()) for v in sums]
+    if max(values) - min(values) > 1e-6 * max(1.0, abs(values[0])):
+        raise RunError(f"DDP: the ranks' weights differ after the fold (sums {values}): training is not in lockstep")
+
+
+def barrier() -> None:
+    if ddp():
+        dist.barrier()
+
+
+def finish_ddp() -> None:
+    if ddp():
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- fold workers
+
+
+class FoldQueue:
+    """Folds handed out across processes through files in one folder: a fold is taken by creating
+    its claim file (O_EXCL: exactly one process wins it), and `cap` is the plan's fold count,
+    which any worker's planner may cut and none may raise (the smallest wins)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def reset(self, folds: int) -> None:
+        """A new run (the parent holds the output folder's lock): no claims, the plan's folds."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for f in self.folder.glob("fold*.claim"):
+            f.unlink()
+        (self.folder / "cap").write_text(str(folds))
+
+    def take(self, fold: int) -> bool:
+        try:
+            fd = os.open(self.folder / f"fold{fold}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+
+    def claims(self) -> dict[int, int]:
+        """{fold: pid of the worker that took it}."""
+        found = {}
+        for f in self.folder.glob("fold*.claim"):
+            text = f.read_text().strip()
+            found[int(f.stem[4:])] = int(text) if text.isdigit() else -1
+        return found
+
+    def cap(self, folds: int) -> int:
+        """min(folds, the shared cap), written back; under a lock (two workers may cut at once)."""
+        import fcntl
+
+        with open(self.folder / "cap", "r+") as f:
+            fcntl.lockf(f, fcntl.LOCK_EX)
+            text = f.read().strip()
+            shared = min(folds, int(text)) if text.isdigit() else folds
+            f.seek(0)
+            f.truncate()
+            f.write(str(shared))
+            f.flush()
+            fcntl.lockf(f, fcntl.LOCK_UN)
+        return shared
+
+
+def _die_with_parent() -> None:
+    """A worker gets SIGTERM when its parent train.py dies (even by SIGKILL): no orphan trains on."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
+    for line in proc.stdout:
+        with lock:
+            sys.stdout.write(f"[{tag}] {line}")
+            sys.stdout.flush()
+
+
+def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, start_time: float, planner) -> dict:
+    """Start one train.py per device, relay their lines with a [gpuN] / [cpuN] prefix, forward
+    SIGTERM, wait. Returns {"claims": {fold: pid}, "failed": [(tag, exit code, folds lost)]}."""
+    queue = FoldQueue(out / ".folds")
+    queue.reset(folds)
+    n, cpus = len(devices), hardware.machine_cpus()
+    lock, procs = threading.Lock(), []
+    for i, name in enumerate(devices):
+        env = {**os.environ, WORKER_ENV: f"{i}/{n}", RUN_ID_ENV: run_id, hardware.CPU_SHARE_ENV: str(n)}
+        if name == "cpu":
+            env["OMP_NUM_THREADS"] = str(max(1, cpus // n))  # torch's threads split like the loader workers
+            flag, tag = "cpu", f"cpu{i}"
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = name.split(":")[1]
+            flag, tag = "cuda", f"gpu{name.split(':')[1]}"
+        # the same command line, with the worker's device and the run's start (one deadline for all)
+        cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--device={flag}", f"--start-time={start_time}"]
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            preexec_fn=_die_with_parent,
+        )
+        print(f"PARALLEL: {tag} started, pid {proc.pid}", flush=True)
+        thread = threading.Thread(target=_relay, args=(proc, tag, lock), daemon=True)
+        thread.start()
+        procs.append((proc, tag, thread))
+    forwarded = False
+    while any(p.poll() is None for p, _, _ in procs):
+        if planner.stop_reason == "SIGTERM" and not forwarded:  # a container stop: every worker saves
+            for p, _, _ in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            forwarded = True
+        time.sleep(0.2)
+    for _, _, thread in procs:
+        thread.join(timeout=5)
+    claims = queue.claims()
+    failed = [
+        (tag, p.returncode, sorted(k for k, pid in claims.items() if pid == p.pid))
+        for p, tag, _ in procs
+        if p.returncode
+    ]
+    return {"claims": claims, "failed": failed}

@@ -1,0 +1,286 @@
+"""--parallel folds and --parallel ddp for real on CPU: fold workers as processes (--devices
+cpu,cpu), and DDP through torchrun with the gloo backend. Plus the choice rules, fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from test_run import assert_valid_submission
+from test_tabular import new_tabular
+
+from conftest import RUN_ENV, render, run_script, start_until
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+ONE_THREAD = {**RUN_ENV, "OMP_NUM_THREADS": "1"}  # 2 processes on 2 cores
+# One process with batch 16 and two DDP ranks with batch 8 each see the same effective batch and
+# the same initial weights, but not the same rows in the same groups (DistributedSampler deals a
+# permutation round-robin), so the first epoch's mean loss differs by noise. Measured on the
+# binary demo table (456 rows, 2 folds, seeds 1-3): 0.245 vs 0.319, 0.226 vs 0.271, 0.286 vs
+# 0.251, i.e. within 30%. A DDP run that did not average gradients, or used another LR, is
+# caught by check_in_sync (the ranks' weights must agree after each fold) and by this bound.
+LOSS_TOLERANCE = 0.35
+
+
+def torchrun(project, *args, timeout=300):
+    return subprocess.run(
+        [*TORCHRUN, "train.py", "--device", "cpu", *args],
+        cwd=project,
+        env=ONE_THREAD,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc: no pgrep needed)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+def first_epoch_loss(log: str) -> float:
+    return float(re.search(r"^Epoch 1: Loss=([\d.]+)", log, re.M).group(1))
+
+
+# ----------------------------------------------------------------------------- the choice (fast)
+
+
+@pytest.mark.parametrize(
+    "mode,devices,folds,world,chosen",
+    [
+        ("auto", ["cuda:0", "cuda:1"], 5, 1, "folds"),  # Kaggle T4x2: both GPUs, no flag
+        ("auto", ["cuda:0", "cuda:1"], 1, 1, "none"),  # fewer folds than GPUs
+        ("auto", ["cuda:0"], 5, 1, "none"),
+        ("auto", ["cpu"], 5, 1, "none"),
+        ("auto", ["cuda:0"], 5, 2, "ddp"),  # under torchrun
+        ("folds", ["cpu", "cpu"], 4, 1, "folds"),
+        ("none", ["cuda:0", "cuda:1"], 5, 1, "none"),
+    ],
+)
+def test_parallel_choice(project_modules, monkeypatch, mode, devices, folds, world, chosen):
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    got, why = project_modules.parallel.choose(mode, devices, folds)
+    assert got == chosen and why
+
+
+@pytest.mark.parametrize(
+    "mode,devices,world,message",
+    [
+        ("ddp", ["cuda:0", "cuda:1"], 1, "--parallel ddp needs torchrun"),
+        ("folds", ["cuda:0"], 1, "--parallel folds needs 2 or more devices"),
+        ("folds", ["cpu", "cpu"], 2, "use --parallel ddp"),
+    ],
+)
+def test_parallel_choice_errors(project_modules, monkeypatch, mode, devices, world, message):
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    with pytest.raises(project_modules.errors.RunError, match=re.escape(message)):
+        project_modules.parallel.choose(mode, devices, 5)
+
+
+def test_fold_queue_gives_each_fold_once_and_keeps_the_smallest_cap(project_modules, tmp_path):
+    queue = project_modules.parallel.FoldQueue(tmp_path / ".folds")
+    queue.reset(5)
+    other = project_modules.parallel.FoldQueue(tmp_path / ".folds")  # a second worker's view
+    assert queue.take(0) and not other.take(0) and other.take(1)
+    assert set(queue.claims()) == {0, 1}
+    assert queue.cap(5) == 5 and other.cap(3) == 3 and queue.cap(4) == 3  # cut by one, kept by all
+    queue.reset(5)
+    assert queue.claims() == {} and queue.cap(5) == 5
+
+
+def test_cpu_share_splits_the_loader_workers(project_modules, monkeypatch):
+    hardware = project_modules.hardware
+    monkeypatch.setattr(hardware, "machine_cpus", lambda: 4)  # Kaggle's 4 vCPUs
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv(hardware.CPU_SHARE_ENV, raising=False)
+    assert hardware.loader_settings(hardware.usable_cpus(), True)["num_workers"] == 3
+    monkeypatch.setenv(hardware.CPU_SHARE_ENV, "2")  # two fold workers: 1 loader worker each, not 3
+    assert hardware.loader_settings(hardware.usable_cpus(), True)["num_workers"] == 1
+    monkeypatch.delenv(hardware.CPU_SHARE_ENV)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's two ranks on this node
+    assert hardware.usable_cpus() == 2
+
+
+def test_planner_shares_the_later_folds_between_workers(project_modules):
+    rules = project_modules.planner.TimePlanner
+    one, two = rules(3600, 4, 10), rules(3600, 4, 10)
+    two.parallel = 2
+    # fold 0 just started: 10 epochs of it, then 3 folds alone, or ceil(3 / 2) = 2 each side by side
+    assert one._need(1.0, 4, 10) == 40 and two._need(1.0, 4, 10) == 30
+
+
+# ----------------------------------------------------------------------------- ddp (torchrun)
+
+
+@pytest.fixture(scope="module")
+def table_project(tmp_path_factory):
+    project, data = new_tabular(tmp_path_factory.mktemp("ddp"), "binary")
+    return project, data
+
+
+@pytest.mark.slow
+def test_ddp_dry_run_and_a_short_run_where_rank_0_alone_writes(table_project):
+    project, data = table_project
+    dry = torchrun(project, "--dry-run", "--out-dir", "dry")
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    r = torchrun(project, "--folds", "2", "--epochs", "3", "--batch-size", "8", "--out-dir", "ddp")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = r.stdout
+    # one log: rank 1's stdout is silenced, so every line appears once
+    assert log.count("PARALLEL: ddp (torchrun started 2 processes") == 1 and "rank 0 of 2" in log
+    assert re.search(r"^BATCH: 8 per GPU x 2 GPUs x 1 accumulation = effective batch 16 \(set by you\)$", log, re.M)
+    out = project / "ddp"
+    records = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    epochs_logged = re.findall(r"^Epoch (\d+): ", log, re.M)
+    assert len(records) == len(epochs_logged) >= 2  # one record per epoch: rank 1 wrote none
+    assert len({r["run"] for r in records}) == 1
+    assert len(pd.read_csv(out / "experiments.csv")) == 1
+    oof = pd.read_csv(out / "oof.csv")
+    train = pd.read_csv(data / "train.csv")
+    assert sorted(oof["row_id"]) == sorted(train["row_id"])  # every rank's share gathered, padding dropped
+    assert sorted(p.name for p in out.glob("model_fold*.pth")) == ["model_fold0.pth", "model_fold1.pth"]
+    ckpt = torch.load(out / "model_fold0.pth", map_location="cpu", weights_only=True)
+    assert ckpt["complete"] and not any(k.startswith("module.") for k in ckpt["model"])  # the bare model's keys
+    assert not list(out.glob("*.tmp*"))
+    pred = run_script(project, "predict.py", "--device", "cpu", "--out-dir", "ddp")
+    assert "ENSEMBLE: 2 checkpoint(s)" in pred.stdout
+
+
+@pytest.mark.slow
+def test_ddp_first_epoch_loss_matches_one_process_with_the_same_effective_batch(table_project):
+    project, _ = table_project
+    common = ("--folds", "2", "--epochs", "1", "--seed", "1")
+    one = run_script(project, "train.py", "--device", "cpu", "--batch-size", "16", "--out-dir", "one", *common)
+    two = torchrun(project, "--batch-size", "8", "--out-dir", "two", *common)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    a, b = first_epoch_loss(one.stdout), first_epoch_loss(two.stdout)
+    assert abs(a - b) <= LOSS_TOLERANCE * a, (a, b)
+    lr = re.compile(r"^Epoch 1: .*LR=(\S+),", re.M)
+    assert lr.search(one.stdout).group(1) == lr.search(two.stdout).group(1)  # one LR rule for one effective batch
+
+
+@pytest.mark.slow
+def test_ddp_sigterm_to_one_rank_stops_both_at_the_same_step(table_project):
+    """The signal reaches one rank only; the other learns it from the next all-reduce, both save and
+    exit 0 (a rank that left while the other waited in a collective would hang the run)."""
+    project, _ = table_project
+    args = [*TORCHRUN[1:], "train.py", "--device", "cpu", "--folds", "2", "--epochs", "5000", "--patience", "5000"]
+    proc, seen = start_until(project, args, "Epoch 20:", env=ONE_THREAD)
+    ranks = children(proc.pid)  # torchrun's two worker processes
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[-1], signal.SIGTERM)
+    seen += proc.stdout.readlines()
+    assert proc.wait(timeout=60) == 0, "".join(seen[-40:])
+    log = "".join(seen)
+    assert "STOPPED: SIGTERM; exiting 0 so predict.py runs" in log
+    assert (project / "output" / "model_fold0.pth").exists() and "FOLD 1 (" not in log
+
+
+@pytest.mark.slow
+def test_run_py_ddp_budget_stop_ends_both_ranks_in_time(table_project):
+    """run.py --parallel ddp starts torchrun; the ranks' agreed plan ends training in time, and
+    the run hands in a submission inside the budget."""
+    project, data = table_project
+    t0 = time.time()
+    flags = ["--budget", "40s", "--device", "cpu", "--parallel", "ddp", "--nproc-per-node", "2", "--out-dir", "b"]
+    r = run_script(project, "run.py", *flags, "--epochs", "100000", "--patience", "100000", env=ONE_THREAD)
+    wall = time.time() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = r.stdout
+    assert "PARALLEL: ddp (torchrun started 2 processes" in log
+    assert re.search(r"^TIME PLAN: .*-> .*epochs 100000->\d+", log, re.M), log[-2000:]
+    assert "RUN: train.py still running" not in log  # the ranks' own plan ended training
+    assert wall <= 40, wall
+    sub = pd.read_csv(project / "b" / "submission.csv")
+    assert len(sub) == len(pd.read_csv(data / "sample_submission.csv"))
+
+
+# ----------------------------------------------------------------------------- fold workers
+
+
+@pytest.mark.slow
+def test_fold_workers_train_4_folds_that_predict_ensembles(tmp_path, digits_dir):
+    project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=4, epochs=1)
+    r = run_script(project, "train.py", "--device", "cpu", "--parallel", "folds", "--devices", "cpu,cpu")
+    log = r.stdout
+    assert "PARALLEL: folds (2 devices (cpu,cpu): fold k on the next free one, 4 folds)" in log
+    assert re.search(r"^PARALLEL: cpu0 started, pid \d+$", log, re.M) and "[cpu1] PARALLEL: folds (worker 2 of 2" in log
+    trained = {tag: re.findall(rf"^\[{tag}\] FOLD (\d) DONE", log, re.M) for tag in ("cpu0", "cpu1")}
+    assert sorted(trained["cpu0"] + trained["cpu1"]) == ["0", "1", "2", "3"], trained  # each fold once
+    assert trained["cpu0"] and trained["cpu1"]  # both workers trained
+    assert "CACHE: decoded" not in "".join(line for line in log.splitlines() if line.startswith("["))  # built once
+    out = project / "output"
+    for k in range(4):
+        assert torch.load(out / f"model_fold{k}.pth", map_location="cpu", weights_only=True)["complete"]
+    assert re.search(r"^OOF: logloss=[\d.]+, Acc=[\d.]+ over 240 rows from folds \[0, 1, 2, 3\]$", log, re.M)
+    records = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert sorted(r["fold"] for r in records) == [0, 1, 2, 3] and len({r["run"] for r in records}) == 1
+    pred = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "ENSEMBLE: 4 checkpoint(s), folds [0, 1, 2, 3]" in pred
+    assert_valid_submission(project, digits_dir)
+
+
+@pytest.mark.slow
+def test_a_killed_fold_worker_loses_only_its_fold_and_a_rerun_resumes(tmp_path):
+    project, _ = new_tabular(tmp_path, "binary")
+    flags = ["train.py", "--device", "cpu", "--parallel", "folds", "--devices", "cpu,cpu", "--folds", "4"]
+    slow = ["--epochs", "60", "--patience", "60"]  # a fold takes a few seconds on 2 cores
+    proc, seen = start_until(project, [*flags, *slow], "[cpu1] Epoch 3:")
+    pid = int(re.search(r"^PARALLEL: cpu1 started, pid (\d+)$", "".join(seen), re.M).group(1))
+    os.kill(pid, signal.SIGKILL)
+    seen += proc.stdout.readlines()
+    log = "".join(seen)
+    assert proc.wait(timeout=300) == 1, log[-3000:]
+    lost = re.search(r"^ERROR: fold worker cpu1 exited -9, fold\(s\) \[(\d)\] lost", log, re.M)
+    assert lost, log[-3000:]
+    k = int(lost.group(1))
+    done = sorted(int(x) for x in re.findall(r"^\[cpu0\] FOLD (\d) DONE", log, re.M))
+    assert done == sorted(set(range(4)) - {k}), (done, k)  # the other worker took every other fold
+    rerun = run_script(project, *flags, *slow).stdout
+    assert len(re.findall(r"is complete, skipping \(resume\)", rerun)) == 3
+    assert re.search(rf"^\[cpu\d\] FOLD {k} DONE", rerun, re.M), rerun[-3000:]
+
+
+@pytest.mark.slow
+def test_a_budget_stop_ends_both_fold_workers_in_time(tmp_path):
+    project, _ = new_tabular(tmp_path, "binary")
+    t0 = time.time()
+    r = run_script(
+        project,
+        "run.py",
+        "--budget",
+        "60s",
+        "--device",
+        "cpu",
+        "--parallel",
+        "folds",
+        "--devices",
+        "cpu,cpu",
+        "--epochs",
+        "100000",
+        "--patience",
+        "100000",
+    )
+    wall = time.time() - t0
+    assert wall <= 60, wall
+    log = r.stdout
+    assert re.search(r"^\[cpu0\] TIME PLAN: ", log, re.M) and re.search(r"^\[cpu1\] TIME PLAN: ", log, re.M)
+    assert "RUN: train.py still running" not in log  # the workers' own planners ended training
+    assert "SUBMISSION: " in log
