@@ -299,6 +299,8 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
     else:
         trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
     if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
+        if worker and planner.stop_reason:
+            print(logs.stopped_line(planner.stop_reason))
         parallel.finish_ddp()
         return {}
     scores = finish(comp, args, machine, batching, planner, jlog, trained)
@@ -383,7 +385,7 @@ def finish(comp, args, machine: Machine, batching: Batching, planner: TimePlanne
         },
     )
     if planner.stop_reason:
-        print(f"STOPPED: {planner.stop_reason}; exiting 0 so predict.py runs on the checkpoints there are")
+        print(logs.stopped_line(planner.stop_reason))
     print(f"DONE: {len(trained)} folds in {planner.elapsed():.1f}s; next: python predict.py")
     return scores
 

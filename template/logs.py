@@ -28,6 +28,10 @@ def batch_line(batch: int, accum: int, why: str, world: int = 1) -> str:
     return f"BATCH: {per} x {accum} accumulation = effective batch {batch * world * accum} ({why})"
 
 
+def stopped_line(reason: str) -> str:
+    return f"STOPPED: {reason}; exiting 0 so predict.py runs on the checkpoints there are"
+
+
 def model_line(name: str, params_m: float) -> str:
     return f"Model: {name} ({params_m:.1f}M params, {hardware.size_class(name, params_m)} model)"
 

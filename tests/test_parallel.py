@@ -176,6 +176,44 @@ def test_ddp_first_epoch_loss_matches_one_process_with_the_same_effective_batch(
     assert lr.search(one.stdout).group(1) == lr.search(two.stdout).group(1)  # one LR rule for one effective batch
 
 
+AGREE_BATCHING = """
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, sys.argv[1])
+import engine
+import parallel
+
+device = parallel.start_ddp("cpu")
+rank = dist.get_rank()
+# what each rank's batch probe found on its own GPU: rank 1's card is the fuller one
+found = {0: (64, 1), 1: (48, 2)}[rank]
+batching = engine.Batching(found[0], found[1], 1e-3)
+optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+engine.agree_batching(batching, 1e-3, device, optimizer)
+lr = optimizer.param_groups[0]["lr"]
+print(f"rank {rank}: {batching.size} x {batching.accum_steps} x {batching.world} lr {lr:.3e}")
+"""
+
+
+@pytest.mark.slow
+def test_ddp_ranks_take_the_smallest_probed_batch(table_project, tmp_path):
+    """The batch probe runs per GPU; all ranks then train with the smallest batch (the fullest
+    card decides) and the most accumulation, through real gloo collectives."""
+    project, _ = table_project
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE_BATCHING)
+    r = subprocess.run(
+        [*TORCHRUN, str(script), str(project)], env=ONE_THREAD, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    lr = 1e-3 * (48 * 2 * 2 / 128) ** 0.5  # hardware.scaled_lr on the effective batch, both ranks' rows
+    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {k}: 48 x 2 x 2 lr {lr:.3e}" for k in (0, 1)], r.stdout
+
+
 @pytest.mark.slow
 def test_ddp_sigterm_to_one_rank_stops_both_at_the_same_step(table_project):
     """The signal reaches one rank only; the other learns it from the next all-reduce, both save and
@@ -235,6 +273,23 @@ def test_fold_workers_train_4_folds_that_predict_ensembles(tmp_path, digits_dir)
     pred = run_script(project, "predict.py", "--device", "cpu").stdout
     assert "ENSEMBLE: 4 checkpoint(s), folds [0, 1, 2, 3]" in pred
     assert_valid_submission(project, digits_dir)
+
+
+@pytest.mark.slow
+def test_sigterm_to_train_py_reaches_every_fold_worker(tmp_path):
+    """A container stop signals train.py; it forwards SIGTERM to its workers, each saves the fold
+    it is on and exits 0, and train.py scores what there is and exits 0 so predict.py runs."""
+    project, _ = new_tabular(tmp_path, "binary")
+    flags = ["--parallel", "folds", "--devices", "cpu,cpu", "--folds", "4", "--epochs", "5000", "--patience", "5000"]
+    proc, seen = start_until(project, ["train.py", "--device", "cpu", *flags], "[cpu1] Epoch 5:")
+    proc.send_signal(signal.SIGTERM)  # to train.py alone, not its group: the forwarding is under test
+    seen += proc.stdout.readlines()
+    log = "".join(seen)
+    assert proc.wait(timeout=120) == 0, log[-3000:]
+    for tag in ("cpu0", "cpu1"):
+        assert re.search(rf"^\[{tag}\] STOPPED: SIGTERM; exiting 0", log, re.M), log[-3000:]
+    assert "lost" not in log and "STOPPED: SIGTERM" in log
+    assert len(list((project / "output").glob("model_fold*.pth"))) == 2  # the two folds in training, saved
 
 
 @pytest.mark.slow
