@@ -276,6 +276,13 @@ class FoldQueue:
         return shared
 
 
+def visible_gpu(index: int) -> str:
+    """What CUDA_VISIBLE_DEVICES must say for a worker to see this process's cuda:index. It names
+    physical cards: under CUDA_VISIBLE_DEVICES=2,3 (a shared server), cuda:1 is card "3", not "1"."""
+    mine = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return mine[index] if index < len(mine) else str(index)
+
+
 def _die_with_parent() -> None:
     """A worker gets SIGTERM when its parent train.py dies (even by SIGKILL): no orphan trains on."""
     try:
@@ -306,7 +313,7 @@ def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, sta
             env["OMP_NUM_THREADS"] = str(max(1, cpus // n))  # torch's threads split like the loader workers
             flag, tag = "cpu", f"cpu{i}"
         else:
-            env["CUDA_VISIBLE_DEVICES"] = name.split(":")[1]
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpu(int(name.split(":")[1]))
             flag, tag = "cuda", f"gpu{name.split(':')[1]}"
         # the same command line, with the worker's device and the run's start (one deadline for all)
         cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--device={flag}", f"--start-time={start_time}"]

@@ -105,6 +105,16 @@ def test_fold_queue_gives_each_fold_once_and_keeps_the_smallest_cap(project_modu
     assert queue.claims() == {} and queue.cap(5) == 5
 
 
+def test_a_fold_worker_sees_the_card_its_parent_calls_cuda_n(project_modules, monkeypatch):
+    parallel = project_modules.parallel
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [parallel.visible_gpu(i) for i in (0, 1)] == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # a shared server gave this run cards 2 and 3
+    assert [parallel.visible_gpu(i) for i in (0, 1)] == ["2", "3"]  # not "0", "1": somebody else's
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5b3e, GPU-77aa")  # UUIDs work the same way
+    assert parallel.visible_gpu(1) == "GPU-77aa"
+
+
 def test_cpu_share_splits_the_loader_workers(project_modules, monkeypatch):
     hardware = project_modules.hardware
     monkeypatch.setattr(hardware, "machine_cpus", lambda: 4)  # Kaggle's 4 vCPUs
