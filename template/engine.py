@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -350,11 +351,15 @@ def train_on_workers(comp, args, machine, batching, planner, run_id: str) -> tup
     start = time.time() - planner.elapsed()  # one deadline for every worker
     result = parallel.run_fold_workers(devices, planner.folds, run_id, out, start, planner)
     config = checkpoint_config(args, machine, batching)
-    cap = int((out / ".folds" / "cap").read_text())
-    done = {k for k in range(cap) if storage.fold_is_done(out / f"model_fold{k}.pth", config, comp.resume_keys)}
-    lost = [f"fold worker {tag} exited {code}, fold(s) {folds or 'none'} lost" for tag, code, folds in result["failed"]]
-    if planner.stop_reason == "SIGTERM":  # the workers saved and exited on the forwarded signal
-        lost = [line for line in lost if "exited -15" not in line]
+    done = {
+        k for k in range(result["cap"]) if storage.fold_is_done(out / f"model_fold{k}.pth", config, comp.resume_keys)
+    }
+    forwarded = planner.stop_reason == "SIGTERM"  # a worker that exited on the forwarded signal saved its fold
+    lost = [
+        f"fold worker {tag} exited {code}, fold(s) {folds or 'none'} lost"
+        for tag, code, folds in result["failed"]
+        if not (forwarded and code == -signal.SIGTERM)
+    ]
     return sorted(done | set(result["claims"])), lost
 
 

@@ -302,7 +302,8 @@ def _relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
 
 def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, start_time: float, planner) -> dict:
     """Start one train.py per device, relay their lines with a [gpuN] / [cpuN] prefix, forward
-    SIGTERM, wait. Returns {"claims": {fold: pid}, "failed": [(tag, exit code, folds lost)]}."""
+    SIGTERM, wait. Returns {"claims": {fold: pid}, "failed": [(tag, exit code, folds lost)],
+    "cap": the plan's fold count as the workers left it}."""
     queue = FoldQueue(out / ".folds")
     queue.reset(folds)
     n, cpus = len(devices), hardware.machine_cpus()
@@ -346,4 +347,4 @@ def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, sta
         for p, tag, _ in procs
         if p.returncode
     ]
-    return {"claims": claims, "failed": failed}
+    return {"claims": claims, "failed": failed, "cap": queue.cap(folds)}
