@@ -204,7 +204,9 @@ batching = engine.Batching(found[0], found[1], 1e-3)
 optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
 engine.agree_batching(batching, 1e-3, device, optimizer)
 lr = optimizer.param_groups[0]["lr"]
-print(f"rank {rank}: {batching.size} x {batching.accum_steps} x {batching.world} lr {lr:.3e}")
+# one file per rank: two ranks printing to one shared stdout can interleave within a line
+with open(f"{sys.argv[2]}/rank{rank}.txt", "w") as f:
+    f.write(f"rank {rank}: {batching.size} x {batching.accum_steps} x {batching.world} lr {lr:.3e}")
 """
 
 
@@ -216,11 +218,15 @@ def test_ddp_ranks_take_the_smallest_probed_batch(table_project, tmp_path):
     script = tmp_path / "agree.py"
     script.write_text(AGREE_BATCHING)
     r = subprocess.run(
-        [*TORCHRUN, str(script), str(project)], env=ONE_THREAD, capture_output=True, text=True, timeout=120
+        [*TORCHRUN, str(script), str(project), str(tmp_path)],
+        env=ONE_THREAD,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     lr = 1e-3 * (48 * 2 * 2 / 128) ** 0.5  # hardware.scaled_lr on the effective batch, both ranks' rows
-    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("rank "))
+    lines = [(tmp_path / f"rank{k}.txt").read_text() for k in (0, 1)]
     assert lines == [f"rank {k}: 48 x 2 x 2 lr {lr:.3e}" for k in (0, 1)], r.stdout
 
 
