@@ -26,6 +26,8 @@ The competition is a plain object (train.py's `Competition`) with:
     predict(model, batch) -> Tensor (rows, columns) probabilities or values, one column per oof_columns
     val_loss(y, pred) -> float               lower is better: early stopping and the best checkpoint
     score(y, pred) -> dict[str, float]       the figures the OOF line prints; the last is the metric
+    param_groups(model) -> list[dict]        optional: parameter groups, each with an `lr_scale`
+                                             (text: layer-wise LR decay and a head LR)
 """
 
 from __future__ import annotations
@@ -407,7 +409,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         model = model.to(memory_format=torch.channels_last)
     if first:
         print(logs.model_line(comp.name, sum(p.numel() for p in model.parameters()) / 1e6))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=batching.lr, weight_decay=args.weight_decay)
+    optimizer = make_optimizer(comp, model, batching.lr, args.weight_decay)
     if first and getattr(args, "autoscale", False) and machine.device.type == "cuda":
         if batch_set_by_user(args):  # the user's numbers are kept as given
             print(f"BATCH PROBE: skipped: --batch-size {args.batch_size} / --accum-steps {args.accum_steps} set by you")
@@ -535,6 +537,22 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
     return best
 
 
+def make_optimizer(comp, model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over the competition's parameter groups when it has them (`param_groups(model)`:
+    dicts of params with an `lr_scale`, e.g. layer-wise LR decay), else over every parameter."""
+    groups = comp.param_groups(model) if hasattr(comp, "param_groups") else [{"params": list(model.parameters())}]
+    for group in groups:
+        group.setdefault("lr_scale", 1.0)
+        group["lr"] = lr * group["lr_scale"]
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+
+
+def set_lr(optimizer, lr: float) -> None:
+    """The run's peak LR changed (batch probe, DDP agreement): every group follows, at its own scale."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
 def write_oof(comp, fold: Fold, y: np.ndarray, pred: np.ndarray, path: Path) -> None:
     """The fold's validation predictions beside their ids and targets (oof_fold{k}.csv)."""
     oof = pd.DataFrame({comp.id_col: fold.ids_valid[: len(pred)], "fold": fold.index, **target_columns(y)})
@@ -557,8 +575,7 @@ def agree_batching(batching: Batching, base_lr: float, device, optimizer) -> Non
     batching.size = parallel.smallest(batching.size, device)
     batching.accum_steps = -parallel.smallest(-batching.accum_steps, device)
     batching.lr = hardware.scaled_lr(base_lr, batching.effective)
-    for group in optimizer.param_groups:
-        group["lr"] = batching.lr
+    set_lr(optimizer, batching.lr)
 
 
 def evaluate(comp, y: np.ndarray, pred: np.ndarray, where: str) -> tuple[float, float]:
@@ -776,8 +793,7 @@ def autoscale(comp, fold: Fold, n_train: int, model, optimizer, machine: Machine
         max_batch,
         lambda effective: hardware.scaled_lr(base_lr, effective),
     )
-    for group in optimizer.param_groups:
-        group["lr"] = batching.lr
+    set_lr(optimizer, batching.lr)
 
 
 # ----------------------------------------------------------------------------- in-memory tables

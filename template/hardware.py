@@ -410,6 +410,57 @@ def tabular_batch_why(profile: Profile, n_rows: int) -> str:
     )
 
 
+# Text: a transformer's memory is its weights and optimizer (fixed) plus activations, which grow
+# with batch x max_len. Anchor (issue 15's baseline): deberta-v3-base (184M) at max_len 512 on a
+# 16 GB T4 with fp16 trains at batch 8; batch scales with memory / (max_len x size) from there.
+TEXT_ANCHOR_BATCH, TEXT_ANCHOR_MEMORY_GB, TEXT_ANCHOR_LEN, TEXT_ANCHOR_PARAMS_M = 8, 16.0, 512, 184.0
+TEXT_CPU_BATCH, TEXT_MAX_BATCH = 16, 256
+TEXT_TARGET_EFFECTIVE_BATCH = 32  # accumulation tops a small micro-batch up to this (fine-tuning recipes: 16-32)
+TEXT_LARGE_PARAMS_M = 300.0  # deberta-v3-large (435M), roberta-large (355M): checkpointing on small GPUs
+TEXT_CHECKPOINTING_MEMORY_GB = 24.0
+
+
+def text_max_len_cap(profile: Profile) -> tuple[int, str]:
+    """The longest max_len a profile trains at: attention's memory grows with its square."""
+    if not profile.is_gpu:
+        return 256, "the CPU profile's 256"
+    cap = 512 if profile.memory_gb < 40 else 1024
+    return cap, f"the {profile.name} profile's {cap} ({profile.memory_gb:g} GB)"
+
+
+def text_batch(profile: Profile, params_m: float, max_len: int) -> tuple[int, int, str]:
+    """(micro-batch, accumulation, why) for a transformer of params_m million at max_len."""
+    if not profile.is_gpu:
+        return TEXT_CPU_BATCH, 1, f"CPU: {TEXT_CPU_BATCH}, no accumulation"
+    raw = (
+        TEXT_ANCHOR_BATCH
+        * (profile.memory_gb / TEXT_ANCHOR_MEMORY_GB)
+        * (TEXT_ANCHOR_LEN / max(max_len, 8))
+        * (TEXT_ANCHOR_PARAMS_M / max(params_m, 1.0)) ** 0.5
+    )
+    batch = max(1, min(TEXT_MAX_BATCH, 1 << max(0, int(math.log2(max(raw, 1.0))))))
+    accum = max(1, TEXT_TARGET_EFFECTIVE_BATCH // batch)
+    why = (
+        f"{TEXT_ANCHOR_BATCH} at {TEXT_ANCHOR_LEN} tokens for a {TEXT_ANCHOR_PARAMS_M:g}M model on "
+        f"{TEXT_ANCHOR_MEMORY_GB:g} GB, x memory {profile.memory_gb:g} GB, / max_len {max_len}, "
+        f"/ sqrt(size {params_m:.0f}M) -> {batch}"
+        + (f", accumulation {accum} to an effective {batch * accum}" if accum > 1 else "")
+    )
+    return batch, accum, why
+
+
+def text_checkpointing(profile: Profile, params_m: float) -> tuple[bool, str]:
+    """Gradient checkpointing by default for large models on GPUs of 24 GB or less."""
+    large = params_m >= TEXT_LARGE_PARAMS_M
+    small_gpu = profile.is_gpu and profile.memory_gb <= TEXT_CHECKPOINTING_MEMORY_GB
+    if large and small_gpu:
+        return True, f"{params_m:.0f}M params on {profile.memory_gb:g} GB: activations would crowd out the batch"
+    if not large:
+        return False, f"{params_m:.0f}M params: small enough without"
+    where = f"{profile.memory_gb:g} GB" if profile.is_gpu else "CPU memory"
+    return False, f"{where} holds a {params_m:.0f}M model's activations"
+
+
 # The decision matrix (field notes): GPU memory % after the first steps, by model size class.
 # Target 70-90% for every model; small models may sit at 50-60%.
 TARGET_PCT = {"small": 50.0, "large": 70.0}

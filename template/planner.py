@@ -20,7 +20,11 @@ from errors import RunError
 
 PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
 KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet off
-DEFAULT_PLAN = {"image": (5, 10), "tabular": (5, 50)}  # folds, epochs: copier.yml's defaults (a test keeps them so)
+DEFAULT_PLAN = {
+    "image": (5, 10),
+    "tabular": (5, 50),
+    "text": (5, 4),
+}  # folds, epochs: copier.yml's defaults (a test keeps them so)
 
 
 def parse_duration(text) -> float | None:

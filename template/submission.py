@@ -12,8 +12,55 @@ from pathlib import Path
 
 import numpy as np
 
-from errors import RunError
-from storage import write_csv_atomic
+from errors import DataError, RunError
+from storage import read_csv, write_csv_atomic
+
+
+def read_table(path: Path, id_col: str):
+    """A CSV with an id column whose values are unique; ids are strings ('PassengerId' 892..,
+    'id' 'a1f3'..: labels, not positions). A missing column or a duplicate id is a DataError
+    naming the file and line."""
+    df = read_csv(path)
+    if id_col not in df.columns:
+        raise DataError(f"{path}: no id column {id_col!r} (columns: {list(df.columns)[:10]})")
+    df[id_col] = df[id_col].astype(str)
+    dup = np.flatnonzero(df[id_col].duplicated().to_numpy())
+    if len(dup):
+        raise DataError(f"{path} line {dup[0] + 2}: duplicate id {df[id_col].iloc[dup[0]]!r}")
+    return df
+
+
+def in_sample_order(test, sample, id_col: str, sample_path, test_path):
+    """The test rows in sample_submission's order; an id of the sample missing from the test
+    table is a DataError naming the sample's line."""
+    unknown = np.flatnonzero(~sample[id_col].isin(set(test[id_col])).to_numpy())
+    if len(unknown):
+        raise DataError(
+            f"{sample_path} line {unknown[0] + 2}: id {sample[id_col].iloc[unknown[0]]!r} is not in {Path(test_path).name}"
+        )
+    return test.set_index(id_col).loc[sample[id_col]].reset_index()
+
+
+def fill(sample, pred: np.ndarray, config: dict, classes: list):
+    """The submission in sample_submission's shape from the ensembled predictions, and how to
+    check its values. config: the checkpoint's problem, submission (probs | label), metric and
+    target (several regression targets: comma-separated, each a column of the sample)."""
+    sub, cols = sample.copy(), list(sample.columns[1:])
+    problem, kind = config["problem"], config["submission"]
+    if problem == "regression":
+        targets = [t for t in str(config.get("target", "")).split(",") if t]
+        cols = targets if len(targets) > 1 and set(targets) <= set(cols) else cols[: pred.shape[1]]
+        values = np.clip(np.expm1(pred), 0, None) if config.get("metric") == "rmsle" else pred
+        sub[cols] = values
+        return sub, "number"
+    if kind == "label":
+        sub[cols[0]] = [classes[k] for k in pred.argmax(1)]
+        return sub, "label"
+    if problem == "binary":
+        sub[cols[0]] = pred[:, 1]
+        return sub, "probability"
+    sub[cols] = pred[:, [classes.index(c) for c in cols]]
+    return sub, "distribution"
 
 
 def ensemble(preds: list[np.ndarray], ids, normalize: bool = True) -> tuple[np.ndarray, int]:

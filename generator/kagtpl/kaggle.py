@@ -45,6 +45,8 @@ KAGGLE_IMAGE = frozenset(
         "transformers",
         "tokenizers",
         "safetensors",
+        "sentencepiece",
+        "protobuf",
         "lightgbm",
         "xgboost",
         "catboost",
