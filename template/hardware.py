@@ -420,6 +420,35 @@ TEXT_LARGE_PARAMS_M = 300.0  # deberta-v3-large (435M), roberta-large (355M): ch
 TEXT_CHECKPOINTING_MEMORY_GB = 24.0
 
 
+# Sizes of the usual Kaggle text models (million parameters), for the rules before a folder is read
+TEXT_MODEL_PARAMS_M = (
+    ("mdeberta-v3-base", 278.0),
+    ("deberta-v3-xsmall", 70.0),
+    ("deberta-v3-small", 141.0),
+    ("deberta-v3-base", 184.0),
+    ("deberta-v3-large", 435.0),
+    ("roberta-large", 355.0),
+    ("roberta-base", 125.0),
+    ("distilbert", 66.0),
+    ("distilroberta", 82.0),
+    ("bert-large", 335.0),
+    ("bert-base", 110.0),
+    ("electra-large", 335.0),
+    ("electra-base", 110.0),
+    ("minilm-l6", 22.7),
+    ("minilm-l12", 33.4),
+)
+
+
+def text_params(model: str) -> tuple[float, str]:
+    """(million parameters, where the figure comes from) for a hub name."""
+    name = model.lower()
+    for pattern, params in TEXT_MODEL_PARAMS_M:
+        if pattern in name:
+            return params, f"kagtpl's table ({pattern})"
+    return TEXT_ANCHOR_PARAMS_M, "not in kagtpl's table: a base-size model assumed"
+
+
 def text_max_len_cap(profile: Profile) -> tuple[int, str]:
     """The longest max_len a profile trains at: attention's memory grows with its square."""
     if not profile.is_gpu:

@@ -36,6 +36,8 @@ EXPECTED_FILES = {
     "tests/test_project.py",
 }
 IMAGE_ONLY = {"images.py"}  # the decode cache and timm weights: tabular projects do not ship them
+TEXT_ONLY = {"texts.py"}  # the offline model folder, token cache and length-grouped batches
+TASK_FILES = {"image": IMAGE_ONLY, "tabular": set(), "text": TEXT_ONLY}
 
 
 def files_of(project):
@@ -60,11 +62,29 @@ TABULAR_MATRIX = [
 ]
 
 
-@pytest.mark.parametrize("data", MATRIX + TABULAR_MATRIX, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+TEXT_MATRIX = [
+    {"task": "text", "gpu": "t4", "problem": "multiclass", "text_cols": "text", "target": "author"},
+    {"task": "text", "gpu": "a100-80", "problem": "binary", "submission": "label", "metric": "accuracy"},
+    {
+        "task": "text",
+        "gpu": "cpu",
+        "problem": "regression",
+        "metric": "qwk",
+        "target": "cohesion,syntax",
+        "model": "microsoft/deberta-v3-large",
+        "model_dir": "/models/deberta-v3-large",
+    },
+]
+
+
+@pytest.mark.parametrize(
+    "data", MATRIX + TABULAR_MATRIX + TEXT_MATRIX, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items())
+)
 def test_render_matrix(tmp_path, data):
     project = render(tmp_path / "my-comp", **data)
-    tabular = data.get("task") == "tabular"
-    assert files_of(project) == EXPECTED_FILES | (set() if tabular else IMAGE_ONLY)
+    task = data.get("task", "image")
+    tabular = task == "tabular"
+    assert files_of(project) == EXPECTED_FILES | TASK_FILES[task]
     for path in project.rglob("*"):
         if path.is_file():
             text = path.read_text()
@@ -73,9 +93,12 @@ def test_render_matrix(tmp_path, data):
     for key, value in data.items():
         assert answers[key] == value
     train = (project / "train.py").read_text()
-    assert ("class TabularMLP" in train) == tabular and ("import albumentations" in train) != tabular
-    assert ("image_size" in answers) != tabular and ("problem" in answers) == tabular
-    if tabular:
+    assert ("class TabularMLP" in train) == tabular and ("import albumentations" in train) == (task == "image")
+    assert ("class TextModel" in train) == (task == "text") and ("model_dir" in answers) == (task == "text")
+    assert ("image_size" in answers) == (task == "image") and ("problem" in answers) == (task != "image")
+    requirements = (project / "requirements.txt").read_text()
+    assert ("transformers" in requirements) == (task == "text") and ("timm" in requirements) == (task == "image")
+    if task != "image":
         assert f'PROBLEM = "{data["problem"]}"' in train and f'METRIC = "{data["metric"]}"' in train
     assert f'GPU_PROFILE = "{data["gpu"]}"' in train
     if "image_size" in data:
@@ -103,7 +126,7 @@ def test_typo_in_template_fails_with_strict_undefined(tmp_path):
 
 def test_rendered_project_is_ruff_clean(tmp_path):
     ruff = shutil.which("ruff") or str(__import__("pathlib").Path(sys.executable).parent / "ruff")
-    for data in (MATRIX[1], MATRIX[-1], TABULAR_MATRIX[0], TABULAR_MATRIX[2]):
+    for data in (MATRIX[1], MATRIX[-1], TABULAR_MATRIX[0], TABULAR_MATRIX[2], TEXT_MATRIX[2]):
         project = render(tmp_path / f"{data.get('task', 'image')}-{data['gpu']}", **data)
         check = subprocess.run([ruff, "check", "."], cwd=project, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr

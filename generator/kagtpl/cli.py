@@ -86,14 +86,22 @@ def main(
 @boundary
 def new_cmd(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Project folder name, e.g. dog-breed.")],
-    task: Annotated[Optional[str], typer.Option(metavar="TASK", help="Competition type: image or tabular.")] = None,
+    task: Annotated[
+        Optional[str], typer.Option(metavar="TASK", help="Competition type: image, tabular or text.")
+    ] = None,
     gpu: Annotated[
         Optional[str], typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus), or auto to detect.")
     ] = None,
     data: Annotated[
         Optional[Path], typer.Option(metavar="DIR", help="Competition data folder; its layout is detected.")
     ] = None,
-    model: Annotated[Optional[str], typer.Option(metavar="MODEL", help="timm model name.")] = None,
+    model: Annotated[
+        Optional[str], typer.Option(metavar="MODEL", help="timm model name (image); Hugging Face name (text).")
+    ] = None,
+    model_dir: Annotated[
+        Optional[str],
+        typer.Option(metavar="DIR", help="Text: the local Hugging Face model folder (on Kaggle, an attached dataset)."),
+    ] = None,
     image_size: Annotated[
         Optional[int], typer.Option(metavar="IMAGE_SIZE", help="Square input size in pixels.")
     ] = None,
@@ -138,7 +146,11 @@ def new_cmd(
         Optional[str], typer.Option(metavar="TEST_CSV", help="Tables: override the test table.")
     ] = None,
     target: Annotated[
-        Optional[str], typer.Option(metavar="TARGET", help="Tables: override the detected target column.")
+        Optional[str],
+        typer.Option(metavar="TARGET", help="Tables, text: override the detected target column(s), comma-separated."),
+    ] = None,
+    text_cols: Annotated[
+        Optional[str], typer.Option(metavar="COLS", help="Text: override the detected text column(s), comma-separated.")
     ] = None,
     problem: Annotated[
         Optional[str], typer.Option(metavar="PROBLEM", help="Tables: binary, multiclass or regression.")
@@ -163,6 +175,7 @@ def new_cmd(
         "test_csv": test_csv,
         "target": target,
         "problem": problem,
+        "text_cols": text_cols,
     }
     answers = new.NewAnswers(
         name=name,
@@ -171,6 +184,7 @@ def new_cmd(
         gpu=gpu,
         data=data,
         model=model,
+        model_dir=model_dir,
         image_size=image_size,
         folds=folds,
         epochs=epochs,
@@ -195,9 +209,14 @@ def gpus_cmd() -> None:
 @app.command("recommend")
 @boundary
 def recommend_cmd(
-    task: Annotated[str, typer.Option(metavar="TASK", help="Competition type: image or tabular.")] = "image",
+    task: Annotated[str, typer.Option(metavar="TASK", help="Competition type: image, tabular or text.")] = "image",
     gpu: Annotated[str, typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus).")] = "t4",
-    model: Annotated[Optional[str], typer.Option(metavar="MODEL", help="timm model name.")] = None,
+    model: Annotated[
+        Optional[str], typer.Option(metavar="MODEL", help="timm model name; text: a Hugging Face name.")
+    ] = None,
+    max_len: Annotated[
+        Optional[int], typer.Option(metavar="MAX_LEN", help="Text: tokens per text (default: the profile's cap).")
+    ] = None,
     image_size: Annotated[
         Optional[int],
         typer.Option(
@@ -212,6 +231,9 @@ def recommend_cmd(
     ] = None,
 ) -> None:
     """Print the settings kagtpl would choose, and why."""
+    if task == "text":
+        show(recommend.text_table(gpu, model, max_len, budget))
+        return
     show(recommend.recommend_table(task, gpu, model, image_size, budget, data))
 
 

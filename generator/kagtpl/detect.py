@@ -217,3 +217,82 @@ def detect_tabular(data: Path, overrides: dict[str, str | None]) -> dict[str, st
         "submission": submission,
         "metric": metric,
     }
+
+
+TEXT_KEYS = (*TABULAR_KEYS, "text_cols")
+TEXT_METRICS = {
+    "binary": ("auc", "logloss", "accuracy"),
+    "multiclass": ("logloss", "accuracy", "auc"),
+    "regression": ("rmse", "qwk"),
+}
+TEXT_MIN_CHARS, TEXT_MIN_WORDS = 15, 3  # a column of prose, not a category or a code
+
+
+def _looks_like_text(path: Path, column: str, limit: int = 200) -> bool:
+    """Mean length >= 15 characters and >= 3 words over the first `limit` non-empty values."""
+    chars = words = n = 0
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            v = (row.get(column) or "").strip()
+            if not v:
+                continue
+            try:
+                float(v)
+                return False  # a number column
+            except ValueError:
+                pass
+            chars, words, n = chars + len(v), words + len(v.split()), n + 1
+            if n >= limit:
+                break
+    return n > 0 and chars / n >= TEXT_MIN_CHARS and words / n >= TEXT_MIN_WORDS
+
+
+def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
+    """Answers for a text competition: the table layout (as for tables), the text column(s), and
+    several regression targets when the sample submission names several columns of train.csv
+    (essay scores)."""
+    if not data.is_dir():
+        raise KagtplError(f"--data {data}: no such folder")
+    o = {k: overrides.get(k) for k in TEXT_KEYS}
+    sample = _pick_submission(data, o["sample_submission"], "submission CSV", "a text")
+    train = _pick(data, o["train_csv"], ("train.csv",), "train.csv", Path.is_file, "a text")
+    test = _pick(data, o["test_csv"], ("test.csv",), "test.csv", Path.is_file, "a text")
+    sample_cols, train_cols, test_cols = (_header(data / f) for f in (sample, train, test))
+    scores = [c for c in sample_cols[1:] if c in train_cols and c not in test_cols]
+    if len(sample_cols) > 2 and len(scores) == len(sample_cols) - 1 and not o["target"]:
+        found = {
+            "train_csv": train,
+            "test_csv": test,
+            "sample_submission": sample,
+            "id_col": o["id_col"] or sample_cols[0],
+            "target": ",".join(scores),
+            "problem": o["problem"] or "regression",
+            "submission": "label",
+            "metric": "rmse",
+        }
+        if found["problem"] != "regression":
+            raise KagtplError(f"{data / sample}: {len(scores)} target columns: a regression problem (--problem)")
+    else:
+        found = detect_tabular(data, {**o, "metric": None})
+        if found["metric"] == "rmsle":
+            found["metric"] = "rmse"
+    if o["metric"]:
+        found["metric"] = o["metric"]
+    if found["metric"] not in TEXT_METRICS[found["problem"]]:
+        raise KagtplError(
+            f"metric {found['metric']!r} does not fit a {found['problem']} text problem; use one of "
+            f"{', '.join(TEXT_METRICS[found['problem']])}"
+        )
+    targets = found["target"].split(",")
+    text_cols = o["text_cols"]
+    if text_cols:
+        for c in text_cols.split(","):
+            if c not in train_cols or c not in test_cols:
+                raise KagtplError(f"--text-cols {c}: not a column of both {train} and {test}")
+    else:
+        common = [c for c in train_cols if c in test_cols and c != found["id_col"] and c not in targets]
+        texts = [c for c in common if _looks_like_text(data / train, c)]
+        if not texts:
+            raise KagtplError(f"{data / train}: no text column among {common[:8]}; pass --text-cols")
+        text_cols = ",".join(texts)
+    return {**found, "text_cols": text_cols}

@@ -17,7 +17,7 @@ from kagtpl import detect, kaggle, paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, planner, source
 
-TASKS = ("image", "tabular")
+TASKS = ("image", "tabular", "text")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -29,6 +29,7 @@ class NewAnswers:
     gpu: str | None = None
     data: Path | None = None
     model: str | None = None
+    model_dir: str | None = None  # text: the local Hugging Face folder
     image_size: int | None = None
     folds: int | None = None
     epochs: int | None = None
@@ -132,6 +133,19 @@ def check_destination(answers: NewAnswers) -> None:
     paths.check_writable_folder(target.parent, "--dest")
 
 
+# flags that only some tasks take: the tasks, and what the error says otherwise
+FOR_TASK = {
+    "model": (("image", "text"), "for image (timm) and text (Hugging Face) competitions; tables get an MLP"),
+    "model_dir": (("text",), "for text competitions (the local Hugging Face folder)"),
+    "image_size": (("image",), "for image competitions"),
+}
+DETECTORS = {
+    "image": (detect.detect_image, detect.LAYOUT_KEYS),
+    "tabular": (detect.detect_tabular, detect.TABULAR_KEYS),
+    "text": (detect.detect_text, detect.TEXT_KEYS),
+}
+
+
 def copier_data(answers: NewAnswers) -> dict:
     """Answers for Copier: flags given, plus the data layout detected from --data."""
     data: dict = {"project_name": answers.name}
@@ -141,23 +155,22 @@ def copier_data(answers: NewAnswers) -> dict:
         data["task"] = answers.task
     if answers.gpu is not None:
         data["gpu"] = detect_gpu() if answers.gpu == "auto" else answers.gpu
-    for key in ("model", "image_size", "folds", "epochs", "batch_size", "budget"):
-        if answers.task == "tabular" and key in ("model", "image_size") and getattr(answers, key) is not None:
-            raise KagtplError(f"--{key.replace('_', '-')} is for image competitions; tables get an MLP")
+    task = answers.task or "image"
+    for key in ("model", "model_dir", "image_size", "folds", "epochs", "batch_size", "budget"):
+        if getattr(answers, key) is not None and key in FOR_TASK and task not in FOR_TASK[key][0]:
+            raise KagtplError(f"--{key.replace('_', '-')} is {FOR_TASK[key][1]}")
         if getattr(answers, key) is not None:
             data[key] = getattr(answers, key)
-    tabular = answers.task == "tabular"
     overrides = {**answers.layout, "metric": answers.metric}
+    detector, keys = DETECTORS[task]
     if answers.data is not None:
         data["data_dir"] = str(answers.data.resolve())
-        detector = detect.detect_tabular if tabular else detect.detect_image
         data.update(detector(answers.data.resolve(), overrides))
-        if not tabular and answers.image_size is None:  # small images: do not upscale them 16x
+        if task == "image" and answers.image_size is None:  # small images: do not upscale them 16x
             profile = hardware().PROFILES[data.get("gpu", hardware().DEFAULT_PROFILE)]
             data["image_size"], why = detect.image_size(answers.data.resolve(), data, profile)
             print(f"Image size: {data['image_size']} px ({why}; --image-size overrides)")
     else:
-        keys = detect.TABULAR_KEYS if tabular else detect.LAYOUT_KEYS
         data.update({k: v for k, v in overrides.items() if v and k in keys})
     return data
 

