@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 MODULES = ("train", "engine", "gpu", "hardware", "planner")
+EXTRA = {"image": ("images",), "text": ("texts",)}  # task-only modules
 
 
 def rendered(task: str, **answers):
@@ -24,7 +25,7 @@ def rendered(task: str, **answers):
     data = {"project_name": "bench", "task": task, "gpu": "cpu", **answers}
     copier.run_copy(str(ROOT), dest, data=data, defaults=True, vcs_ref="HEAD", quiet=True)
     sys.path.insert(0, str(dest))
-    names = (*MODULES, "images") if task == "image" else MODULES
+    names = (*MODULES, *EXTRA.get(task, ()))
     for name in names:
         sys.modules.pop(name, None)
     return SimpleNamespace(**{m: importlib.import_module(m) for m in names})

@@ -18,6 +18,8 @@ SCRIPTS = [
     "small_data_recipe.py",
     "input_headroom.py",
     "fold_parallel.py",
+    "text_padding.py",
+    "text_score.py",
 ]
 
 if __name__ == "__main__":

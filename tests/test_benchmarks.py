@@ -125,3 +125,13 @@ def test_fold_parallel_smoke():
     )
     assert seq > 0 and par > 0 and ratio == pytest.approx(par / seq, abs=0.01), out
     assert "folds per worker: {'cpu0': 1, 'cpu1': 1}" in out  # each worker trained a fold
+
+
+def test_text_padding_smoke():
+    out = bench("text_padding.py", "--rows", "48", "--batch", "8")
+    fixed, dynamic, ratio = figures(
+        out, r"pad to max_len\s+", r"dynamic \+ length-grouped\s+", "RATIO dynamic/fixed real tokens per second:"
+    )
+    assert fixed > 0 and dynamic > 0 and ratio == pytest.approx(dynamic / fixed, abs=0.01), out
+    padding = [int(p) for p in re.findall(r"\((\d+)% padding\)", out)]
+    assert len(padding) == 3 and padding[2] < padding[0], out  # length grouping computes fewer pad tokens

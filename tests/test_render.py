@@ -99,7 +99,7 @@ def test_render_matrix(tmp_path, data):
     requirements = (project / "requirements.txt").read_text()
     assert ("transformers" in requirements) == (task == "text") and ("timm" in requirements) == (task == "image")
     if task != "image":
-        assert f'PROBLEM = "{data["problem"]}"' in train and f'METRIC = "{data["metric"]}"' in train
+        assert f'PROBLEM = "{data["problem"]}"' in train and f'METRIC = "{answers["metric"]}"' in train
     assert f'GPU_PROFILE = "{data["gpu"]}"' in train
     if "image_size" in data:
         assert f"IMAGE_SIZE = {data['image_size']}\n" in train

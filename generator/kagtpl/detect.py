@@ -154,15 +154,20 @@ def _is_int(v: str) -> bool:
         return False
 
 
-def detect_tabular(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
-    """Answers for a table competition: files, id and target columns, problem, submission, metric."""
+def _tables(data: Path, o: dict, task: str) -> list[tuple[str, list[str]]]:
+    """(file, header) of the sample submission, train.csv and test.csv, found or as given."""
     if not data.is_dir():
         raise KagtplError(f"--data {data}: no such folder")
+    sample = _pick_submission(data, o["sample_submission"], "submission CSV", task)
+    train = _pick(data, o["train_csv"], ("train.csv",), "train.csv", Path.is_file, task)
+    test = _pick(data, o["test_csv"], ("test.csv",), "test.csv", Path.is_file, task)
+    return [(f, _header(data / f)) for f in (sample, train, test)]
+
+
+def detect_tabular(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
+    """Answers for a table competition: files, id and target columns, problem, submission, metric."""
     o = {k: overrides.get(k) for k in TABULAR_KEYS}
-    sample = _pick_submission(data, o["sample_submission"], "submission CSV", "a table")
-    train = _pick(data, o["train_csv"], ("train.csv",), "train.csv", Path.is_file, "a table")
-    test = _pick(data, o["test_csv"], ("test.csv",), "test.csv", Path.is_file, "a table")
-    sample_cols, train_cols, test_cols = (_header(data / f) for f in (sample, train, test))
+    (sample, sample_cols), (train, train_cols), (test, test_cols) = _tables(data, o, "a table")
     if len(sample_cols) < 2:
         raise KagtplError(f"{data / sample}: a submission template needs an id column and at least one more")
     id_col = o["id_col"] or sample_cols[0]
@@ -251,13 +256,8 @@ def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for a text competition: the table layout (as for tables), the text column(s), and
     several regression targets when the sample submission names several columns of train.csv
     (essay scores)."""
-    if not data.is_dir():
-        raise KagtplError(f"--data {data}: no such folder")
     o = {k: overrides.get(k) for k in TEXT_KEYS}
-    sample = _pick_submission(data, o["sample_submission"], "submission CSV", "a text")
-    train = _pick(data, o["train_csv"], ("train.csv",), "train.csv", Path.is_file, "a text")
-    test = _pick(data, o["test_csv"], ("test.csv",), "test.csv", Path.is_file, "a text")
-    sample_cols, train_cols, test_cols = (_header(data / f) for f in (sample, train, test))
+    (sample, sample_cols), (train, train_cols), (test, test_cols) = _tables(data, o, "a text")
     scores = [c for c in sample_cols[1:] if c in train_cols and c not in test_cols]
     if len(sample_cols) > 2 and len(scores) == len(sample_cols) - 1 and not o["target"]:
         found = {
