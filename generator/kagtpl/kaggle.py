@@ -133,6 +133,11 @@ def plan(req: KaggleRequest) -> Package:
             f"{project.name} trains from pretrained {answers.get('model')} weights and Kaggle kernels run offline: "
             "pass --weights FILE (they travel as a dataset), or --no-pretrained to train from scratch"
         )
+    if answers.get("task") == "text" and req.model_dir is None:
+        raise KagtplError(
+            f"{project.name} fine-tunes {answers.get('model')} from a local folder and Kaggle kernels run offline: "
+            "pass --model-dir DIR (config, weights and tokenizer files travel as a dataset)"
+        )
     base = slugify(str(answers.get("project_name", project.name)))[:40].strip("-")
     slugs = {kind: check_slug(f"the {kind} slug", f"{base}-{kind}") for kind in ("code", "wheels", "weights")}
     slugs["kernel"] = check_slug("the kernel slug", f"{base}-submission")
