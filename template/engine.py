@@ -553,6 +553,38 @@ def set_lr(optimizer, lr: float) -> None:
         group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
+def fixed_folds(out: Path, ids, y, k: int, seed: int, stratify: bool) -> tuple[list, str]:
+    """The project's folds, made once and reused by every model and every later run, so their OOF
+    scores compare and their OOF sets blend: output/folds-k{k}-seed{seed}.csv (id, fold). Another
+    --folds or --seed is another file, never an overwrite; a file whose ids are not train.csv's
+    is a DataError. Returns the (train, validation) index pairs and the file's name."""
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    path = Path(out) / f"folds-k{k}-seed{seed}.csv"
+    ids = np.asarray(ids).astype(str)
+    if path.is_file():
+        saved = pd.read_csv(path, dtype={"id": str})
+        fold_of = dict(zip(saved["id"], saved["fold"], strict=True))
+        if len(saved) != len(ids) or not all(i in fold_of for i in ids):
+            raise DataError(f"{path}: made for another train.csv (its ids differ); move it away to make new folds")
+        folds = np.array([fold_of[i] for i in ids])
+        print(f"FOLDS: {path.name} reused ({k} folds, seed {seed}): every model and run is scored on the same rows")
+    else:
+        split = (StratifiedKFold if stratify else KFold)(n_splits=k, shuffle=True, random_state=seed)
+        folds = np.empty(len(ids), np.int64)
+        for f, (_, val_idx) in enumerate(split.split(ids, y)):
+            folds[val_idx] = f
+        storage.write_csv_atomic(pd.DataFrame({"id": ids, "fold": folds}), path)
+        print(f"FOLDS: {path.name} written ({k} folds, seed {seed}); later runs and models reuse it")
+    return [(np.flatnonzero(folds != f), np.flatnonzero(folds == f)) for f in range(k)], path.name
+
+
+def copy_oof(out: Path, source: str, name: str) -> None:
+    """A model's OOF file under the blend's name (oof_<model>.csv), when the run wrote one."""
+    if (Path(out) / source).is_file() and parallel.writes() and not parallel.fold_worker():
+        storage.write_csv_atomic(pd.read_csv(Path(out) / source), Path(out) / name)
+
+
 def write_oof(comp, fold: Fold, y: np.ndarray, pred: np.ndarray, path: Path) -> None:
     """The fold's validation predictions beside their ids and targets (oof_fold{k}.csv)."""
     oof = pd.DataFrame({comp.id_col: fold.ids_valid[: len(pred)], "fold": fold.index, **target_columns(y)})

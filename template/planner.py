@@ -124,6 +124,7 @@ class TimePlanner:
         self.stop_reason: str | None = None
         self.planned = False  # the first estimate (after warm-up) has been made
         self.parallel = 1  # fold workers sharing the folds (--parallel folds); DDP ranks share each fold
+        self.share = 1.0  # of the training time left, what this model's plan may use (tables: 1 / models left)
         self._fold = self._epoch = self._batches = self._valid_batches = 0
         self._fold_finished = False
         self._steady_epoch_s = 0.0  # epoch time from the timed steps after warm-up
@@ -264,7 +265,7 @@ class TimePlanner:
             return False
         if self._need(epoch_s, self.folds, self.planned_epochs) <= self._need(epoch_s, self.folds, self.epochs):
             return False  # no epoch left in the plan that more epochs would add to (the last fold has ended)
-        limit = self.GIVE_BACK_FRACTION * self.training_left()
+        limit = self.GIVE_BACK_FRACTION * self.training_left() * self.share
         epochs = self._fit_epochs(epoch_s, self.folds, limit, most=self.planned_epochs)
         if epochs < min(self.planned_epochs, self.epochs + max(2, self.epochs // 5)):  # worth a change: +20%
             return False
@@ -283,7 +284,7 @@ class TimePlanner:
         and cut no more epochs than needed, and give epochs back (up to the configured plan) when
         measured epochs show more fit. Epochs never go below the floor before folds go."""
         fraction = self.PLAN_FRACTION if first else self.REPLAN_FRACTION
-        limit = fraction * self.training_left()
+        limit = fraction * self.training_left() * self.share
         need = self._need(epoch_s, self.folds, self.epochs)
         if need <= limit:
             return False if first else self._give_back(epoch_s)
@@ -316,9 +317,10 @@ class TimePlanner:
         if not cuts:
             return False
         label = f"estimate {fmt_s(need)}" if first else f"{why}: need {fmt_s(need)}"
+        share = f" (this model's share: 1/{round(1 / self.share)})" if self.share < 1 else ""
         self.log(
-            f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, self.training_left()))} training time left "
-            f"-> {', '.join(cuts)}"
+            f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, self.training_left() * self.share))} training "
+            f"time left{share} -> {', '.join(cuts)}"
         )
         self.folds, self.epochs = folds, epochs
         return True

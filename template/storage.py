@@ -145,6 +145,25 @@ def write_csv_atomic(df, path: Path) -> None:
     atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
+def write_config(out_dir: Path, config: dict, classes: list) -> None:
+    """output/config.json: a run's resolved config and class list, for models that leave no
+    checkpoint (the trees): predict.py reads it when there is no model_fold*.pth."""
+    import json
+
+    text = json.dumps({"config": config, "classes": list(classes)}, indent=1, default=str)
+    atomic_write(Path(out_dir) / "config.json", lambda tmp: Path(tmp).write_text(text))
+
+
+def read_config(out_dir: Path) -> tuple[dict, list]:
+    import json
+
+    path = Path(out_dir) / "config.json"
+    if not path.is_file():
+        raise RunError(f"no model_fold*.pth and no config.json in {out_dir}: run train.py first (nothing was written)")
+    saved = json.loads(path.read_text())
+    return saved["config"], saved["classes"]
+
+
 def save_checkpoint(path: Path, model, config: dict, classes: list, **meta) -> None:
     """state_dict + resolved config + class list: predict.py rebuilds the model from this alone."""
     import torch
