@@ -217,6 +217,11 @@ class TimePlanner:
         folds_s = self.folds * (model_s + per_sample * test_rows * views)
         self.predict_s = self.PREDICT_MARGIN * (self.startup_s + folds_s + decode_s_per_image * test_rows)
 
+    def note_startup(self) -> None:
+        """Models that measure no validation pass (the trees): the reserve still covers predict.py's
+        start (interpreter and imports, as train.py paid them), with the usual margin."""
+        self.predict_s = max(self.predict_s, self.PREDICT_MARGIN * self.startup_s)
+
     # --- planning
     def _epoch_estimate(self) -> float:
         """The slowest of the last 3 epochs (estimates err on the safe side), leaving out the

@@ -1,0 +1,135 @@
+"""Gradient-boosted trees beside the MLP (--models), the fixed folds file, one time budget for every
+model, and predict.py's hill-climbing blend: real LightGBM, XGBoost and CatBoost on the realistic
+tables `kagtpl table` writes (NaN in a third of the numeric columns, string categories with gaps)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import render, run_script
+from kagtpl import table
+
+ANSWERS = {
+    "binary": {"problem": "binary", "metric": "auc", "target": "target", "submission": "probs"},
+    "multiclass": {"problem": "multiclass", "metric": "logloss", "target": "label", "submission": "probs"},
+    "regression": {"problem": "regression", "metric": "rmse", "target": "target", "submission": "label"},
+}
+
+
+def project_for(tmp_path, kind: str, **extra):
+    data = table.write_table(tmp_path / "data", kind)
+    answers = {"task": "tabular", "gpu": "cpu", "data_dir": str(data), "id_col": "row_id", "folds": 3, "epochs": 8}
+    return render(tmp_path / "comp", **answers, **ANSWERS[kind], **extra), data
+
+
+def blend_lines(log: str) -> tuple[dict[str, float], float, dict[str, float]]:
+    members = {m: float(v) for m, v in re.findall(r"^BLEND: member (\w+): OOF \w+=([\d.]+)", log, re.M)}
+    found = re.search(r"^BLEND: weights (.*) -> OOF \w+=([\d.]+)", log, re.M)
+    weights = {n: float(w) for n, w in (part.rsplit(" ", 1) for part in found.group(1).split(", "))}
+    return members, float(found.group(2)), weights
+
+
+# ----------------------------------------------------------------------------- fast: the blend itself
+
+
+def test_hill_climbing_never_scores_below_its_best_member(tmp_path):
+    project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="multiclass", metric="logloss")
+    sys.path.insert(0, str(project))
+    try:
+        blend = importlib.import_module("blend")
+        from sklearn.metrics import log_loss
+    finally:
+        sys.path.remove(str(project))
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 400)
+    truth = np.eye(3)[y]
+
+    def noisy(scale):  # a model: the truth blurred by its own noise
+        p = np.exp(np.log(truth * 0.8 + 0.1) + rng.normal(0, scale, truth.shape))
+        return p / p.sum(1, keepdims=True)
+
+    oofs = {"a": noisy(1.0), "b": noisy(1.0), "c": noisy(1.1)}
+    score = lambda yy, p: log_loss(yy, p, labels=range(3))  # noqa: E731
+    weights, blended = blend.hill_climb(oofs, y, score, higher=False)
+    best = min(score(y, p) for p in oofs.values())
+    assert blended <= best and blended < best - 0.005  # independent errors: the mix is better
+    assert abs(sum(weights.values()) - 1) < 1e-9 and all(w > 0 for w in weights.values()) and len(weights) > 1
+    mix = sum(w * oofs[n] for n, w in weights.items())
+    assert score(y, mix) == pytest.approx(blended)  # the weights are the blend that was scored
+
+
+# ----------------------------------------------------------------------------- slow: render and run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind,models",
+    [("binary", "lgbm"), ("multiclass", "xgb"), ("regression", "cat"), ("multiclass", "lgbm,xgb,cat,mlp")],
+)
+def test_each_booster_alone_and_all_together_train_and_submit(tmp_path, kind, models):
+    project, data = project_for(tmp_path, kind)
+    log = run_script(project, "train.py", "--device", "cpu", "--models", models).stdout
+    assert f"MODELS: {models.replace(',', ', ')} (set by you)" in log
+    for name in models.split(","):
+        if name != "mlp":
+            assert f"BOOSTER: {name} (" in log and f"({name})" in log  # its OOF line
+            assert re.search(rf"^FOLD 2 {name}: \d+ trees, ", log, re.M), log[-2000:]
+            oof = pd.read_csv(project / "output" / f"oof_{name}.csv")
+            assert len(oof) == len(pd.read_csv(data / "train.csv")) and set(oof["fold"]) == {0, 1, 2}
+    pred = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "SUBMISSION:" in pred
+    if "," in models:
+        members, blended, weights = blend_lines(pred)
+        assert set(members) == set(models.split(","))
+        assert blended <= min(members.values()) + 1e-12  # log loss: the blend is no worse than its best member
+        assert abs(sum(weights.values()) - 1) < 0.011
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    sample = pd.read_csv(data / "sample_submission.csv")
+    assert list(sub.columns) == list(sample.columns) and sub.iloc[:, 0].tolist() == sample.iloc[:, 0].tolist()
+    solution = pd.read_csv(tmp_path / "data_solution.csv")
+    if kind == "regression":  # the trees beat predicting the mean on held-out rows
+        assert np.sqrt(np.mean((sub["target"] - solution.iloc[:, 1]) ** 2)) < solution.iloc[:, 1].std()
+    else:
+        assert np.allclose(sub.iloc[:, 1:].sum(axis=1), 1.0, atol=1e-6) if sub.shape[1] > 2 else True
+
+
+@pytest.mark.slow
+def test_folds_are_reused_and_a_rerun_adds_a_model_to_the_blend(tmp_path):
+    project, _ = project_for(tmp_path, "binary")
+    first = run_script(project, "train.py", "--models", "lgbm").stdout
+    assert "FOLDS: folds-k3-seed42.csv written (3 folds, seed 42)" in first
+    folds_file = project / "output" / "folds-k3-seed42.csv"
+    before = folds_file.read_bytes()
+    assert "BLEND: one model (lgbm)" in run_script(project, "predict.py").stdout
+    second = run_script(project, "train.py", "--models", "xgb").stdout
+    assert "FOLDS: folds-k3-seed42.csv reused" in second and folds_file.read_bytes() == before
+    lgbm, xgb = (pd.read_csv(project / "output" / f"oof_{m}.csv") for m in ("lgbm", "xgb"))
+    assert dict(zip(lgbm["row_id"], lgbm["fold"], strict=True)) == dict(zip(xgb["row_id"], xgb["fold"], strict=True))
+    members, blended, _ = blend_lines(run_script(project, "predict.py").stdout)
+    assert set(members) == {"lgbm", "xgb"} and blended >= max(members.values())  # AUC: higher is better
+    again = run_script(project, "train.py", "--models", "xgb").stdout
+    assert again.count("xgb is complete, skipping (resume)") == 3
+    other = run_script(project, "train.py", "--models", "lgbm", "--seed", "7", "--out-dir", "output").stdout
+    assert "FOLDS: folds-k3-seed7.csv written" in other and folds_file.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_budget_that_runs_out_cuts_the_models_at_the_end_and_still_submits(tmp_path):
+    project, data = project_for(tmp_path, "multiclass")
+    slow_trees = ["--booster-lr", "0.0005", "--booster-rounds", "100000", "--early-stop", "10000"]
+    t0 = time.time()
+    r = run_script(project, "run.py", "--budget", "40s", "--models", "cat,lgbm,mlp", *slow_trees)
+    wall = time.time() - t0
+    log = r.stdout
+    assert re.search(r"^MODELS: cut (lgbm, mlp|mlp) \(deadline\)$", log, re.M), log[-3000:]
+    assert "STOPPED: cat before fold" in log or "FOLD 0 cat:" in log
+    assert "SUBMISSION:" in log and wall <= 40, wall
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    assert len(sub) == len(pd.read_csv(data / "sample_submission.csv"))
