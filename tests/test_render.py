@@ -37,7 +37,8 @@ EXPECTED_FILES = {
 }
 IMAGE_ONLY = {"images.py"}  # the decode cache and timm weights: tabular projects do not ship them
 TEXT_ONLY = {"texts.py"}  # the offline model folder, token cache and length-grouped batches
-TASK_FILES = {"image": IMAGE_ONLY, "tabular": set(), "text": TEXT_ONLY}
+TABULAR_ONLY = {"boosters.py", "blend.py"}  # the trees and predict.py's hill-climbing blend
+TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY}
 
 
 def files_of(project):
@@ -98,6 +99,7 @@ def test_render_matrix(tmp_path, data):
     assert ("image_size" in answers) == (task == "image") and ("problem" in answers) == (task != "image")
     requirements = (project / "requirements.txt").read_text()
     assert ("transformers" in requirements) == (task == "text") and ("timm" in requirements) == (task == "image")
+    assert ("lightgbm" in requirements) == tabular and ("catboost" in requirements) == tabular
     if task != "image":
         assert f'PROBLEM = "{data["problem"]}"' in train and f'METRIC = "{answers["metric"]}"' in train
     assert f'GPU_PROFILE = "{data["gpu"]}"' in train
