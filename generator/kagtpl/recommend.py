@@ -58,7 +58,7 @@ def recommend_table(
 def tabular_table(profile, gpu: str, budget: str | None) -> Table:
     hw = hardware()
     rec = hw.recommend(profile, "mlp", 224)
-    table = Table(title=f"tabular on {profile.label} ({gpu}), an MLP with category embeddings")
+    table = Table(title=f"tabular on {profile.label} ({gpu}): gradient-boosted trees and an MLP, blended")
     for col in ("setting", "value", "why"):
         table.add_column(col)
     rows = [
@@ -66,6 +66,12 @@ def tabular_table(profile, gpu: str, budget: str | None) -> Table:
             "batch_size",
             hw.tabular_batch(profile, 10**7),
             f"{hw.tabular_batch_why(profile, 10**7)}; a table of 5,000 rows: {hw.tabular_batch(profile, 5000)}",
+        ),
+        (
+            "models",
+            "lgbm, xgb, cat, mlp",
+            "--models auto: the installed boosters (xgb and cat on the GPU when there is one), then the MLP; "
+            "predict.py blends them by hill climbing on their OOF predictions",
         ),
         ("batching", "in memory", "the whole table as tensors on the device; batches are slices of a permutation"),
         ("num_workers", 0, "no per-row Dataset or collate: nothing to parallelise"),
