@@ -132,6 +132,6 @@ def test_text_padding_smoke():
     fixed, dynamic, ratio = figures(
         out, r"pad to max_len\s+", r"dynamic \+ length-grouped\s+", "RATIO dynamic/fixed real tokens per second:"
     )
-    assert fixed > 0 and dynamic > 0 and ratio == pytest.approx(dynamic / fixed, abs=0.01), out
+    assert fixed > 0 and dynamic > 0 and ratio == pytest.approx(dynamic / fixed, rel=0.03), out  # rates print rounded
     padding = [int(p) for p in re.findall(r"\((\d+)% padding\)", out)]
     assert len(padding) == 3 and padding[2] < padding[0], out  # length grouping computes fewer pad tokens
