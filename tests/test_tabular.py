@@ -134,7 +134,9 @@ def test_oof_score_is_competitive_with_a_sklearn_baseline(tmp_path, kind, metric
 
     project, data = new_tabular(tmp_path, kind, "--folds", "5")
     log = run_script(project, "train.py", "--device", "cpu").stdout
-    ours = float(re.search(rf"^OOF: {metric}=([\d.]+)", log, re.M).group(1))
+    ours = float(
+        re.search(rf"^OOF: {metric}=([\d.]+) over \d+ rows from folds \[[\d, ]+\]$", log, re.M).group(1)
+    )  # the MLP's
     oof = pd.read_csv(project / "output" / "oof.csv")
     train = pd.read_csv(data / "train.csv")
     train["row_id"] = train["row_id"].astype(str)
