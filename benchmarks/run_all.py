@@ -20,6 +20,7 @@ SCRIPTS = [
     "fold_parallel.py",
     "text_padding.py",
     "text_score.py",
+    "tabular_models.py",
 ]
 
 if __name__ == "__main__":

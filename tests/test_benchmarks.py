@@ -135,3 +135,10 @@ def test_text_padding_smoke():
     assert fixed > 0 and dynamic > 0 and ratio == pytest.approx(dynamic / fixed, rel=0.03), out  # rates print rounded
     padding = [int(p) for p in re.findall(r"\((\d+)% padding\)", out)]
     assert len(padding) == 3 and padding[2] < padding[0], out  # length grouping computes fewer pad tokens
+
+
+def test_tabular_models_smoke():
+    out = bench("tabular_models.py", "--kinds", "binary", "--folds", "2")
+    scores = {m: float(v) for m, v in re.findall(rf"^(lgbm|xgb|cat|mlp|blend)\s+{NUMBER}", out, re.M)}
+    assert set(scores) == {"lgbm", "xgb", "cat", "mlp", "blend"}, out
+    assert scores["blend"] >= max(v for m, v in scores.items() if m != "blend") - 1e-4, out  # AUC
