@@ -329,7 +329,7 @@ def test_a_killed_fold_worker_loses_only_its_fold_and_a_rerun_resumes(tmp_path):
     done = sorted(int(x) for x in re.findall(r"^\[cpu0\] FOLD (\d) DONE", log, re.M))
     assert done == sorted(set(range(4)) - {k}), (done, k)  # the other worker took every other fold
     rerun = run_script(project, *flags, *slow).stdout
-    assert len(re.findall(r"is complete, skipping \(resume\)", rerun)) == 3
+    assert len(re.findall(r"model_fold\d\.pth is complete, skipping \(resume\)", rerun)) == 3  # the MLP's folds
     assert re.search(rf"^\[cpu\d\] FOLD {k} DONE", rerun, re.M), rerun[-3000:]
 
 
