@@ -250,10 +250,12 @@ def same_run(found: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
     return kept
 
 
-def ensemble_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:
+def ensemble_checkpoints(out_dir: Path, required: bool = True) -> list[tuple[Path, dict]]:
     """predict.py's start: every loadable fold checkpoint of the newest run, announced; none at
-    all is an error."""
+    all is an error, unless not `required` (tables: the trees may have been trained alone)."""
     found = fold_checkpoints(out_dir)
+    if not found and not required:
+        return []
     if not found:
         raise RunError(f"no loadable model_fold*.pth in {out_dir}: run train.py first (nothing was written)")
     found = same_run(found)
