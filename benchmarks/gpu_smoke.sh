@@ -12,10 +12,11 @@
 #      card it runs on; an OOM halves it);
 #   4. runs run.py --budget 10m (the probe's PROBE: lines, the planner, a submission);
 #   5. runs kagtpl doctor on that log;
-#   6. with 2+ GPUs (or on CPU), dry-runs --parallel folds and --parallel ddp through torchrun.
+#   6. with 2+ GPUs (or on CPU), dry-runs --parallel folds and --parallel ddp through torchrun;
+#   7. runs tune.py with 2 workers sharing the card (each capped at its share; probe per trial).
 # Every step's output is kept in WORKDIR/logs; the last line says which steps failed.
 # SMOKE_DEVICE=cpu runs the same steps on CPU, skipping the CUDA-only ones (to check the script);
-# SMOKE_BUDGET sets step 4's budget (default 10m).
+# SMOKE_BUDGET sets step 4's budget (default 10m), SMOKE_TUNE_BUDGET step 7's (default 5m).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -104,6 +105,11 @@ if [ "$DEVICE" = cpu ] || [ "$NGPU" -ge 2 ]; then
 else
     echo "== folds, ddp: skipped ($NGPU GPU visible; they need 2)"
 fi
+
+# 7. two tune.py workers on one card: each allocator capped at half, the probe sizing each trial in it
+step tune "$PY" tune.py --trials 4 --workers 2 --budget "${SMOKE_TUNE_BUDGET:-5m}" --device "$DEVICE" --no-pretrained --epochs 3 --out-dir out-tune
+grep -q "^TUNE BEST: " "$WORK/logs/tune.log" || FAILED+=("tune-best")
+grep -q "^\[tune1\] TUNE: trial=" "$WORK/logs/tune.log" || FAILED+=("tune-workers")
 
 echo "logs: $WORK/logs"
 if [ ${#FAILED[@]} -gt 0 ]; then

@@ -21,6 +21,8 @@ SCRIPTS = [
     "text_padding.py",
     "text_score.py",
     "tabular_models.py",
+    "tune_storage.py",
+    "tune_pruners.py",
 ]
 
 if __name__ == "__main__":

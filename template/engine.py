@@ -32,6 +32,8 @@ The competition is a plain object (train.py's `Competition`) with:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import signal
@@ -131,6 +133,50 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
         help="auto: folds with 2+ GPUs and folds >= GPUs (Kaggle T4x2), ddp under torchrun, else none",
     )
     p.add_argument("--devices", default="", help="for --parallel folds: cuda:0,cuda:1 (default: every GPU); cpu,cpu")
+    # tune.py's results and its trials (docs/tuning.md)
+    p.add_argument(
+        "--params", default="", help="tune.py's output/best_params.json: its values; flags you give still win"
+    )
+    p.add_argument("--train-folds", type=int, default=0, help="train only the first N folds of the split (0 = all)")
+    p.add_argument(
+        "--predict-reserve",
+        type=float,
+        default=-1,
+        help="seconds of the budget kept for predict.py; -1 = the rule (15%% or the measured need); tune's trials: 0",
+    )
+
+
+def parse_args(p, argv=None):
+    """argparse, then --params FILE: the file's values become the parser's defaults and the
+    command line is read again, so a flag you give still wins over the file."""
+    args = p.parse_args(argv)
+    if args.params:
+        p.set_defaults(**read_params(Path(args.params), p))
+        args = p.parse_args(argv)
+    return args
+
+
+def read_params(path: Path, p) -> dict:
+    """{flag dest: value} from tune.py's best_params.json ({"params": {...}, ...}), each key a flag
+    of this script and each value of its flag's type (a choice among its choices); anything else
+    is a RunError naming the file and the key, before anything runs."""
+    try:
+        params = json.loads(path.read_text()).get("params")
+    except (OSError, ValueError, AttributeError) as e:
+        raise RunError(f"--params {path}: cannot read it as tune.py's JSON ({e})") from None
+    if not isinstance(params, dict):
+        raise RunError(f'--params {path}: no "params" object (tune.py writes output/best_params.json)')
+    flags = {a.dest: a for a in p._actions}
+    for key, value in params.items():
+        action = flags.get(key)
+        if action is None or key in ("params", "help"):
+            raise RunError(f"--params {path}: {key!r} is not a flag of {p.prog}")
+        want = type(action.default) if action.type is None else action.type
+        ok = isinstance(value, bool) if want is bool else not isinstance(value, bool)
+        ok = ok and (isinstance(value, (int, float)) if want is float else isinstance(value, want))
+        if not ok or (action.choices and value not in action.choices):
+            raise RunError(f"--params {path}: {key} = {value!r} is not a valid --{key.replace('_', '-')}")
+    return params
 
 
 # Every numeric flag both tasks share, with its range: a value outside is one ERROR line before
@@ -145,6 +191,8 @@ FLAG_RANGES = {
     "batch_size": (0, 65_536),  # 0 = the rule for the GPU
     "accum_steps": (0, 4096),  # 0 = the rule (tables: 1)
     "seed": (0, 2**32 - 1),  # numpy's seed range
+    "train_folds": (0, 100),
+    "predict_reserve": (-1, 10**7),
 }
 
 
@@ -225,7 +273,10 @@ def profile(gpu_flag: str, device: torch.device) -> hardware.Profile:
 def make_planner(args, machine: Machine) -> TimePlanner:
     """The run's time planner (planner.py), timing real steps: CUDA is synchronised before each reading."""
     sync = torch.cuda.synchronize if machine.device.type == "cuda" else None
-    planner = time_planner.make_planner(args.budget, args.start_time, args.folds, args.epochs, sync)
+    folds = min(args.folds, args.train_folds or args.folds)  # --train-folds 1: fold 0 only (tune.py's trials)
+    planner = time_planner.make_planner(args.budget, args.start_time, folds, args.epochs, sync)
+    if args.predict_reserve >= 0:
+        planner.fixed_reserve = args.predict_reserve
     worker = parallel.fold_worker()
     planner.parallel = worker[1] if worker else 1  # the folds left are shared by this many workers
     return planner
@@ -279,6 +330,29 @@ def checkpoint_config(args, machine: Machine, batching: Batching) -> dict:
     return {**vars(args), **used, "amp": machine.amp.mode, "channels_last": machine.channels_last}
 
 
+# ----------------------------------------------------------------------------- the epoch watcher
+
+# tune.py's one seam into the loop: a watcher's epoch(fold, epoch, val_loss, metric) is called
+# after every validated epoch (a returned string stops the run, as the deadline does, with that
+# reason), and its stopped(reason) when cross_validate ends (None: it ran to its end).
+_WATCHERS: list = []
+
+
+@contextlib.contextmanager
+def watching(watcher):
+    """Every cross_validate inside this block reports its epochs to `watcher` (optuna's trial)."""
+    _WATCHERS.append(watcher)
+    try:
+        yield watcher
+    finally:
+        _WATCHERS.remove(watcher)
+
+
+def tell_watchers(fold: int, epoch: int, val_loss: float, metric: float) -> str | None:
+    reasons = [w.epoch(fold, epoch, val_loss, metric) for w in _WATCHERS]
+    return next((r for r in reasons if r), None)
+
+
 # ----------------------------------------------------------------------------- cross-validation
 
 
@@ -307,6 +381,8 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
         parallel.finish_ddp()
         return {}
     scores = finish(comp, args, machine, batching, planner, jlog, trained)
+    for watcher in _WATCHERS:
+        watcher.stopped(planner.stop_reason)
     parallel.finish_ddp()
     if lost:
         raise RunError("; ".join(lost) + ": rerun train.py to train the lost fold(s) (finished ones are skipped)")
@@ -505,6 +581,8 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         }
         print(logs.epoch_line(epoch, stats, comp.metric_name, monitor.field()))
         print(planner.status_line())
+        if reason := tell_watchers(k, epoch, val_loss, metric):  # tune.py: optuna pruned the trial
+            planner.request_stop(reason)
         peak = monitor.peak()
         if drop := logs.memory_drop_line(last_peak, peak):
             print(drop)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from contextlib import nullcontext
 
@@ -101,6 +102,26 @@ class Amp:
 
 # ----------------------------------------------------------------------------- GPU memory
 
+# tune.py --workers K runs K processes on one card; each learns its share through this variable
+SHARE_ENV = "KAGTPL_GPU_SHARE"
+CONTEXT_GB = 0.5  # a process's CUDA context and library handles, outside the allocator (~0.3-0.5 GB)
+
+
+def memory_share() -> float:
+    """This process's share of its GPU (1.0 unless tune.py's workers split it), from SHARE_ENV."""
+    try:
+        share = float(os.environ.get(SHARE_ENV, "1"))
+    except ValueError:
+        return 1.0
+    return min(1.0, max(0.05, share)) if math.isfinite(share) else 1.0
+
+
+def share_of_card(total_bytes: int, share: float) -> tuple[float, int]:
+    """(allocator cap as a fraction of the card, the bytes this process's percentages are of).
+    The cap leaves this process's context outside its share, so K workers at their caps still fit."""
+    mine = int(total_bytes * share)
+    return max(0.01, (mine - CONTEXT_GB * GB) / total_bytes), mine
+
 
 class GpuMonitor:
     """Peak GPU memory of a window (a step or an epoch).
@@ -120,6 +141,10 @@ class GpuMonitor:
             # handles, other processes; measured once here, against mem_get_info's total.
             free, total = torch.cuda.mem_get_info(device)
             outside = max(0, total - free - torch.cuda.memory_reserved(device))
+            if memory_share() < 1:  # tune.py's workers: the other workers' memory is not ours to count
+                cap, total = share_of_card(total, memory_share())
+                torch.cuda.set_per_process_memory_fraction(cap, device)  # past it: a real OOM, as on a full card
+                outside = int(CONTEXT_GB * GB)
             reader = lambda: (torch.cuda.max_memory_reserved(device) + outside, total)  # noqa: E731
             reset = lambda: torch.cuda.reset_peak_memory_stats(device)  # noqa: E731
         self._reader, self._reset = reader, reset

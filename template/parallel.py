@@ -283,7 +283,7 @@ def visible_gpu(index: int) -> str:
     return mine[index] if index < len(mine) else str(index)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """A worker gets SIGTERM when its parent train.py dies (even by SIGKILL): no orphan trains on."""
     try:
         import ctypes
@@ -293,7 +293,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
+def relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
     for line in proc.stdout:
         with lock:
             sys.stdout.write(f"[{tag}] {line}")
@@ -325,10 +325,10 @@ def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, sta
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         print(f"PARALLEL: {tag} started, pid {proc.pid}", flush=True)
-        thread = threading.Thread(target=_relay, args=(proc, tag, lock), daemon=True)
+        thread = threading.Thread(target=relay, args=(proc, tag, lock), daemon=True)
         thread.start()
         procs.append((proc, tag, thread))
     forwarded = False

@@ -124,6 +124,7 @@ class TimePlanner:
         self.stop_reason: str | None = None
         self.planned = False  # the first estimate (after warm-up) has been made
         self.parallel = 1  # fold workers sharing the folds (--parallel folds); DDP ranks share each fold
+        self.fixed_reserve = None  # seconds, instead of the rule (train.py --predict-reserve)
         self.share = 1.0  # of the training time left, what this model's plan may use (tables: 1 / models left)
         self._fold = self._epoch = self._batches = self._valid_batches = 0
         self._fold_finished = False
@@ -135,6 +136,8 @@ class TimePlanner:
         return self.clock() - self.t0
 
     def reserve(self) -> float:
+        if self.fixed_reserve is not None:  # --predict-reserve: a run that never predicts keeps 0
+            return self.fixed_reserve if self.budget else 0.0
         return max(self.RESERVE_FRACTION * self.budget, self.predict_s) if self.budget else 0.0
 
     def training_left(self) -> float:

@@ -100,13 +100,16 @@ PROJECT_MODULES = (
     "planner",
     "storage",
     "submission",
+    "tuning",
+    "tune",
 )
 
 
 @pytest.fixture(scope="session")
 def project_modules(tmp_path_factory, digits_dir):
     """The modules of one rendered image project, imported for in-process checks: m.train, m.engine,
-    m.gpu, m.errors, m.experiments, m.hardware, m.images, m.logs, m.planner, m.storage, m.submission."""
+    m.gpu, m.errors, m.experiments, m.hardware, m.images, m.logs, m.planner, m.storage, m.submission,
+    m.tuning, m.tune."""
     import importlib
     from types import SimpleNamespace
 

@@ -77,14 +77,20 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
     the script itself (rendering, flags, the checks on its logs) cannot rot between GPU days."""
     r = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_smoke.sh"), str(tmp_path / "smoke")],
-        env={**RUN_ENV, "SMOKE_DEVICE": "cpu", "SMOKE_BUDGET": "45s", "PYTHON": sys.executable},
+        env={
+            **RUN_ENV,
+            "SMOKE_DEVICE": "cpu",
+            "SMOKE_BUDGET": "45s",
+            "SMOKE_TUNE_BUDGET": "60s",
+            "PYTHON": sys.executable,
+        },
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "GPU SMOKE: all steps passed on cpu"
-    assert "== dry-run-off:" in r.stdout and "== run-budget:" in r.stdout
+    assert "== dry-run-off:" in r.stdout and "== run-budget:" in r.stdout and "== tune:" in r.stdout
     assert (tmp_path / "smoke" / "digits" / "output" / "submission.csv").is_file()
 
 
@@ -142,3 +148,20 @@ def test_tabular_models_smoke():
     scores = {m: float(v) for m, v in re.findall(rf"^(lgbm|xgb|cat|mlp|blend)\s+{NUMBER}", out, re.M)}
     assert set(scores) == {"lgbm", "xgb", "cat", "mlp", "blend"}, out
     assert scores["blend"] >= max(v for m, v in scores.items() if m != "blend") - 1e-4, out  # AUC
+
+
+def test_tune_storage_smoke():
+    out = bench("tune_storage.py", "--stress-trials", "20", "--steps", "5", "--trials", "4")
+    assert re.search(rf"^journal\s+{NUMBER}\s+40\s+0$", out, re.M), out  # every stress trial done, no error
+    assert re.search(rf"^sqlite\s+{NUMBER}\s+40\s+\d+$", out, re.M), out
+    assert len(re.findall(rf"^[12]\s+{NUMBER}\s+4\s+0$", out, re.M)) == 2, out  # 1 and 2 workers, 4 trials each
+    figures(out, "journal / sqlite trials per minute:", "2 workers / 1 worker trials per minute:")
+
+
+def test_tune_pruners_smoke():
+    out = bench("tune_pruners.py", "--trials", "6", "--epochs", "4")
+    rows = re.findall(rf"^(field notes, before|default|median|none)\s+(\d+)%\s+(\d+)\s+{NUMBER}\s+{NUMBER}$", out, re.M)
+    assert [r[0] for r in rows] == ["field notes, before", "default", "median", "none"], out
+    none = rows[-1]
+    assert none[1] == "0" and int(none[2]) == 6 * 4, out  # no pruner: every trial trains every epoch
+    assert all(int(epochs) <= 24 for _, _, epochs, _, _ in rows), out

@@ -104,6 +104,9 @@ def test_the_notebook_runs_offline_in_a_simulated_kaggle_tree(project, digits_di
     from nbclient import NotebookClient
 
     args = ["--user", "alice", "--no-wheels", "--budget", "2m", "--no-pretrained"]  # offline: from scratch
+    (project / "output").mkdir()  # tune.py's result travels with the code; run.py on Kaggle reads it
+    best = {"params": {"lr": 0.002, "crop_scale": 0.5}, "trial": 7}
+    (project / "output" / "best_params.json").write_text(json.dumps(best))
     r = kagtpl("kaggle", str(project), *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     root = tmp_path / "kaggle-root"
@@ -125,6 +128,8 @@ def test_the_notebook_runs_offline_in_a_simulated_kaggle_tree(project, digits_di
     sample = pd.read_csv(digits_dir / "sample_submission.csv", dtype={"id": str})
     assert list(sub.columns) == list(sample.columns) and list(sub["id"]) == list(sample["id"])
     assert (sub.iloc[:, 1:].sum(axis=1) - 1).abs().max() < 1e-4
+    run_log = (root / "working" / "run.log").read_text()
+    assert f"RUN: train.py --params {root / 'working' / 'best_params.json'} (tune.py's trial 7" in run_log, run_log
     print(f"notebook: {took:.0f}s\n{printed[-2500:]}")
 
 

@@ -33,6 +33,8 @@ EXPECTED_FILES = {
     "report.py",
     "storage.py",
     "submission.py",
+    "tune.py",
+    "tuning.py",
     "tests/test_project.py",
 }
 IMAGE_ONLY = {"images.py"}  # the decode cache and timm weights: tabular projects do not ship them

@@ -166,6 +166,9 @@ def write_code(pkg: Package, out: Path, user: str) -> None:
         for f in sorted(pkg.project.glob(pattern)):
             if f.is_file():
                 shutil.copy2(f, code / f.name)
+    best = pkg.project / "output" / "best_params.json"
+    if best.is_file():  # tune.py's result: on Kaggle it lands in /kaggle/working, where run.py looks for it
+        shutil.copy2(best, code / best.name)
     dataset_metadata(code, user, pkg.slugs["code"])
     pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'code'}")
 
