@@ -141,8 +141,9 @@ class GpuMonitor:
             # handles, other processes; measured once here, against mem_get_info's total.
             free, total = torch.cuda.mem_get_info(device)
             outside = max(0, total - free - torch.cuda.memory_reserved(device))
-            if memory_share() < 1:  # tune.py's workers: the other workers' memory is not ours to count
-                cap, total = share_of_card(total, memory_share())
+            share = memory_share()
+            if share < 1:  # tune.py's workers: the other workers' memory is not ours to count
+                cap, total = share_of_card(total, share)
                 torch.cuda.set_per_process_memory_fraction(cap, device)  # past it: a real OOM, as on a full card
                 outside = int(CONTEXT_GB * GB)
             reader = lambda: (torch.cuda.max_memory_reserved(device) + outside, total)  # noqa: E731

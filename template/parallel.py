@@ -300,6 +300,40 @@ def relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
             sys.stdout.flush()
 
 
+def run_tagged(workers: list[tuple[list[str], dict, str]], stopping, announce: str | None = None) -> list:
+    """Start each (command, environment, tag) as a child that dies with this process, relay its
+    lines with a [tag] prefix, send SIGTERM once to every child still running when `stopping()`
+    turns true (a container stop: each saves its work), and wait for all. `announce` prints
+    "{announce}: {tag} started, pid {pid}" as each starts. Returns [(process, tag)]."""
+    lock, procs = threading.Lock(), []
+    for cmd, env, tag in workers:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            preexec_fn=die_with_parent,
+        )
+        if announce:
+            print(f"{announce}: {tag} started, pid {proc.pid}", flush=True)
+        thread = threading.Thread(target=relay, args=(proc, tag, lock), daemon=True)
+        thread.start()
+        procs.append((proc, tag, thread))
+    forwarded = False
+    while any(p.poll() is None for p, _, _ in procs):
+        if stopping() and not forwarded:
+            for p, _, _ in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            forwarded = True
+        time.sleep(0.2)
+    for _, _, thread in procs:
+        thread.join(timeout=5)
+    return [(p, tag) for p, tag, _ in procs]
+
+
 def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, start_time: float, planner) -> dict:
     """Start one train.py per device, relay their lines with a [gpuN] / [cpuN] prefix, forward
     SIGTERM, wait. Returns {"claims": {fold: pid}, "failed": [(tag, exit code, folds lost)],
@@ -307,7 +341,7 @@ def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, sta
     queue = FoldQueue(out / ".folds")
     queue.reset(folds)
     n, cpus = len(devices), hardware.machine_cpus()
-    lock, procs = threading.Lock(), []
+    workers = []
     for i, name in enumerate(devices):
         env = {**os.environ, WORKER_ENV: f"{i}/{n}", RUN_ID_ENV: run_id, hardware.CPU_SHARE_ENV: str(n)}
         if name == "cpu":
@@ -318,33 +352,10 @@ def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, sta
             flag, tag = "cuda", f"gpu{name.split(':')[1]}"
         # the same command line, with the worker's device and the run's start (one deadline for all)
         cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--device={flag}", f"--start-time={start_time}"]
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            preexec_fn=die_with_parent,
-        )
-        print(f"PARALLEL: {tag} started, pid {proc.pid}", flush=True)
-        thread = threading.Thread(target=relay, args=(proc, tag, lock), daemon=True)
-        thread.start()
-        procs.append((proc, tag, thread))
-    forwarded = False
-    while any(p.poll() is None for p, _, _ in procs):
-        if planner.stop_reason == "SIGTERM" and not forwarded:  # a container stop: every worker saves
-            for p, _, _ in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            forwarded = True
-        time.sleep(0.2)
-    for _, _, thread in procs:
-        thread.join(timeout=5)
+        workers.append((cmd, env, tag))
+    procs = run_tagged(workers, lambda: planner.stop_reason == "SIGTERM", announce="PARALLEL")
     claims = queue.claims()
     failed = [
-        (tag, p.returncode, sorted(k for k, pid in claims.items() if pid == p.pid))
-        for p, tag, _ in procs
-        if p.returncode
+        (tag, p.returncode, sorted(k for k, pid in claims.items() if pid == p.pid)) for p, tag in procs if p.returncode
     ]
     return {"claims": claims, "failed": failed, "cap": queue.cap(folds)}

@@ -27,9 +27,7 @@ import re
 import signal
 import socket
 import statistics
-import subprocess
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -286,7 +284,7 @@ def run_trial(study, search: Search, space, train_main) -> tuple[str, str | None
     trial.set_user_attr("pid", os.getpid())
     folder = trial_folder(search, trial.number)
     watcher, error, params = TrialWatcher(trial, search.epochs), None, {}
-    with open(folder / "train.log", "w") as log:
+    with open(folder / "train.log", "w", buffering=1) as log:  # line by line: `tail -f` follows a trial
         try:
             params = space(trial)
             trial.set_user_attr("flags", params)  # what train.py got; best_params.json repeats it
@@ -364,10 +362,8 @@ def why_stop(study, search: Search, stop: dict, failures: int) -> str | None:
     return None
 
 
-def work(search: Search, space, train_main, worker: int = 0) -> int:
+def work(study, search: Search, space, train_main) -> int:
     """One process's trials, until why_stop says no more. Returns how many failed."""
-    storage_obj = open_storage(search)
-    study = open_study(search, storage_obj, worker)
     stop = {}
 
     def on_sigterm(*_):
@@ -417,32 +413,10 @@ def worker_env(i: int, k: int, gpus: int) -> dict:
 def run_workers(k: int, gpus: int, start: float) -> list[int]:
     """Start k copies of this tune.py as workers on the shared study, relay their lines with a
     [tuneN] prefix, forward SIGTERM, wait. Returns their exit codes."""
-    lock, procs = threading.Lock(), []
-    for i in range(k):
-        proc = subprocess.Popen(
-            [sys.executable, sys.argv[0], *sys.argv[1:], f"--tune-start={start}"],  # one deadline for all
-            env=worker_env(i, k, gpus),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            preexec_fn=parallel.die_with_parent,
-        )
-        thread = threading.Thread(target=parallel.relay, args=(proc, f"tune{i}", lock), daemon=True)
-        thread.start()
-        procs.append((proc, thread))
     stop = {}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
-    forwarded = False
-    while any(p.poll() is None for p, _ in procs):
-        if stop and not forwarded:
-            for p, _ in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            forwarded = True
-        time.sleep(0.2)
-    for _, thread in procs:
-        thread.join(timeout=5)
+    cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--tune-start={start}"]  # one deadline for all
+    procs = parallel.run_tagged([(cmd, worker_env(i, k, gpus), f"tune{i}") for i in range(k)], lambda: bool(stop))
     return [p.returncode for p, _ in procs]
 
 
@@ -531,10 +505,9 @@ def save_plots(study, folder: Path) -> str:
     return f"PLOTS: {', '.join(saved)}" if saved else "PLOTS: none (too few finished trials)"
 
 
-def report(search: Search) -> int:
+def report(study, search: Search) -> int:
     """After the trials: the table, the best line, best_params.json and the plots. Exit code:
     0 with a best_params.json, 1 without one (no trial reported a finite value)."""
-    study = open_study(search, open_storage(search))
     print(*summary_lines(study), sep="\n")
     path = write_best(study, search)
     best, value = best_trial(study)
@@ -559,7 +532,7 @@ def main(search: Search, space, train_main, workers_why: str) -> int:
         raise RunError("tune.py needs optuna: pip install optuna (Kaggle's images have it)") from None
     worker = this_worker()
     if worker:
-        work(search, space, train_main, worker[0])
+        work(open_study(search, open_storage(search), worker[0]), search, space, train_main)
         return 0
     storage_obj = open_storage(search)
     study = open_study(search, storage_obj)  # made once here: K workers creating it at once would race
@@ -578,9 +551,9 @@ def main(search: Search, space, train_main, workers_why: str) -> int:
             + (f"; stale RUNNING -> FAILED: {stale}" if stale else "")
         )
     if search.workers == 1:
-        work(search, space, train_main)
+        work(study, search, space, train_main)
     else:
         codes = run_workers(search.workers, search.gpus, search.start)
         if any(codes):
             print(f"WARNING: tune workers exited {codes}; their finished trials are in the study")
-    return report(search)
+    return report(study, search)  # the study reads the storage anew: the workers' trials are in it

@@ -233,7 +233,9 @@ def test_sigterm_stops_the_running_trial_and_the_search_exits_0_with_its_results
     project = tabular_project(tmp_path)
     cmd = ["tune.py", "--trials", "50", "--device", "cpu", "--epochs", "60", "--patience", "60", "--pruner", "none"]
     proc, seen = start_until(project, cmd, "TUNE: trial=1 ")
-    time.sleep(1.5)  # inside trial 2
+    log = project / "output/tune/trial_0002/train.log"
+    while "Epoch 1:" not in (log.read_text() if log.exists() else ""):  # trial 2 is training (on any machine)
+        time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGTERM)  # a container's stop reaches the whole process group
     rest, _ = proc.communicate(timeout=120)
     out = "".join(seen) + rest
