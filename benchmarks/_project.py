@@ -10,20 +10,40 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "generator"))
+from kagtpl import table  # noqa: E402
+
+# the answers of a project for each of `kagtpl table`'s tables (their target column and problem)
+TABLE_ANSWERS = {
+    "binary": {"problem": "binary", "metric": "auc", "target": "target", "submission": "probs"},
+    "multiclass": {"problem": "multiclass", "metric": "logloss", "target": "label", "submission": "probs"},
+    "regression": {"problem": "regression", "metric": "rmse", "target": "target", "submission": "label"},
+}
 
 
 MODULES = ("train", "engine", "gpu", "hardware", "planner")
 EXTRA = {"image": ("images",), "text": ("texts",)}  # task-only modules
 
 
+def render(dest: Path, task: str, **answers) -> Path:
+    """A project rendered by Copier at HEAD (with uncommitted changes) into `dest`, for the CPU."""
+    import copier
+
+    data = {"project_name": "bench", "task": task, "gpu": "cpu", **answers}
+    copier.run_copy(str(ROOT), dest, data=data, defaults=True, vcs_ref="HEAD", quiet=True)
+    return dest
+
+
+def table_project(work: Path, kind: str, **answers) -> Path:
+    """`kagtpl table`'s `kind` table in work/data and a tabular project for it in work/proj."""
+    data = table.write_table(work / "data", kind)
+    return render(work / "proj", "tabular", data_dir=str(data), id_col="row_id", **TABLE_ANSWERS[kind], **answers)
+
+
 def rendered(task: str, extra_modules: tuple = (), **answers):
     """A namespace of a freshly rendered project's modules: .train, .engine, .gpu, .hardware, .planner
     (and .images for an image project), and any `extra_modules` of it (tune, tuning)."""
-    import copier
-
-    dest = Path(tempfile.mkdtemp(prefix=f"kagtpl-bench-{task}-")) / "proj"
-    data = {"project_name": "bench", "task": task, "gpu": "cpu", **answers}
-    copier.run_copy(str(ROOT), dest, data=data, defaults=True, vcs_ref="HEAD", quiet=True)
+    dest = render(Path(tempfile.mkdtemp(prefix=f"kagtpl-bench-{task}-")) / "proj", task, **answers)
     sys.path.insert(0, str(dest))
     names = (*MODULES, *EXTRA.get(task, ()), *extra_modules)
     for name in names:

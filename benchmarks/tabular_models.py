@@ -19,17 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _project import TABLE_ANSWERS as ANSWERS
+from _project import table_project
 from sklearn.metrics import log_loss, mean_squared_error, roc_auc_score
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "generator"))
-from kagtpl import table  # noqa: E402
-
-ANSWERS = {
-    "binary": {"problem": "binary", "metric": "auc", "target": "target", "submission": "probs"},
-    "multiclass": {"problem": "multiclass", "metric": "logloss", "target": "label", "submission": "probs"},
-    "regression": {"problem": "regression", "metric": "rmse", "target": "target", "submission": "label"},
-}
 MODELS = ("lgbm", "xgb", "cat", "mlp")
 
 
@@ -42,22 +35,9 @@ def held_out(kind: str, truth: pd.Series, pred: np.ndarray) -> float:
 
 
 def run_kind(kind: str, folds: int) -> None:
-    import copier
-
     work = Path(tempfile.mkdtemp(prefix=f"kagtpl-models-{kind}-"))
-    data = table.write_table(work / "data", kind)
-    answers = {
-        "project_name": "t",
-        "task": "tabular",
-        "gpu": "cpu",
-        "data_dir": str(data),
-        "id_col": "row_id",
-        "folds": folds,
-        "epochs": 50,
-        **ANSWERS[kind],
-    }
-    project = work / "proj"
-    copier.run_copy(str(ROOT), project, data=answers, defaults=True, vcs_ref="HEAD", quiet=True)
+    project = table_project(work, kind, folds=folds, epochs=50)
+    data = work / "data"
     run = subprocess.run(
         [sys.executable, "train.py", "--device", "cpu", "--models", ",".join(MODELS)],
         cwd=project,

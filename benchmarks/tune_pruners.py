@@ -20,16 +20,11 @@ import argparse
 import contextlib
 import io
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _project import rendered
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "generator"))
-from kagtpl import table  # noqa: E402
+from _project import TABLE_ANSWERS, rendered, table
 
 
 def pruners(epochs: int) -> dict:
@@ -57,8 +52,7 @@ def main() -> None:
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kagtpl-pruners-"))
     data = table.write_table(work / "data", "binary")
-    answers = {"data_dir": str(data), "id_col": "row_id", "folds": 3, "epochs": args.epochs, "problem": "binary"}
-    answers |= {"metric": "auc", "target": "target", "submission": "probs"}
+    answers = {"data_dir": str(data), "id_col": "row_id", "folds": 3, "epochs": args.epochs, **TABLE_ANSWERS["binary"]}
     m = rendered("tabular", **answers, extra_modules=("tune", "tuning"))
     print(f"{args.trials} trials, {args.epochs} epochs each (patience {args.epochs}: only the pruner stops a trial)")
     print(f"{'pruner':<22} {'pruned':>7} {'epochs':>7} {'wall_s':>7} {'best AUC':>9}")

@@ -21,9 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "generator"))
-from kagtpl import table  # noqa: E402
+from _project import table_project
 
 STRESS = """
 import sys, time, optuna
@@ -73,28 +71,6 @@ def stress(url: str, trials: int, steps: int) -> tuple[float, int, int]:
     return 60 * done / wall, done, errors
 
 
-def tabular_project(work: Path) -> Path:
-    import copier
-
-    data = table.write_table(work / "data", "binary")
-    answers = {
-        "project_name": "t",
-        "task": "tabular",
-        "gpu": "cpu",
-        "data_dir": str(data),
-        "id_col": "row_id",
-        "folds": 3,
-        "epochs": 10,
-        "problem": "binary",
-        "metric": "auc",
-        "target": "target",
-        "submission": "probs",
-    }
-    project = work / "proj"
-    copier.run_copy(str(ROOT), project, data=answers, defaults=True, vcs_ref="HEAD", quiet=True)
-    return project
-
-
 def tune(project: Path, study: str, trials: int, *flags: str) -> tuple[float, int, int, str]:
     """One tune.py run: (finished trials per minute, finished, failed trials + lock errors, log)."""
     t0 = time.time()
@@ -129,7 +105,7 @@ def main() -> None:
         print(f"{name:<10} {rate:>11.0f} {done:>6} {errors:>7}")
     print(f"journal / sqlite trials per minute: {rates['journal'] / rates['sqlite']:.2f}x")
 
-    project = tabular_project(work)
+    project = table_project(work, "binary", folds=3, epochs=10)
     print(f"\n2. tune.py --workers 2, {args.trials} trials of the tabular MLP (10 epochs, CPU)")
     print(f"{'storage':<10} {'trials/min':>11} {'finished':>9} {'errors':>7}")
     for name, flags in (("journal", []), ("sqlite", ["--storage", f"sqlite:///{work / 'tune.db'}"])):
