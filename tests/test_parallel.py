@@ -207,10 +207,7 @@ lr = optimizer.param_groups[0]["lr"]
 # one file per rank: two ranks printing to one shared stdout can interleave within a line
 with open(f"{sys.argv[2]}/rank{rank}.txt", "w") as f:
     f.write(f"rank {rank}: {batching.size} x {batching.accum_steps} x {batching.world} lr {lr:.3e}")
-# leave together, as train.py does (parallel.finish_ddp): a rank that exits while its peer's gloo
-# connection is open can take the peer down with SIGABRT (seen once in CI)
-dist.barrier()
-parallel.finish_ddp()
+parallel.finish_ddp()  # a barrier, then leave: as train.py does
 """
 
 
