@@ -302,10 +302,19 @@ def die_with_parent() -> None:
 
 
 def relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
+    """Copy a child's lines to stdout with a [tag] prefix until the child ends. If the reader of
+    stdout goes away (`| head`, a closed terminal), stdout becomes /dev/null and the copying goes
+    on: a child whose pipe filled up (64 KB, seconds of epoch lines) would block in its next
+    print, past its deadline and its SIGTERM (two fold workers were seen stuck for 10 minutes)."""
     for line in proc.stdout:
         with lock:
-            sys.stdout.write(f"[{tag}] {line}")
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(f"[{tag}] {line}")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, sys.stdout.fileno())
+                os.close(null)
 
 
 def run_tagged(workers: list[tuple[list[str], dict, str]], stopping, announce: str | None = None) -> list:

@@ -310,6 +310,28 @@ def test_sigterm_to_train_py_reaches_every_fold_worker(tmp_path):
 
 
 @pytest.mark.slow
+def test_fold_workers_reach_their_deadline_after_the_log_reader_goes_away(tmp_path):
+    """`python train.py ... | head`: the reader closes the pipe mid-run. train.py goes on draining
+    its workers' lines (into /dev/null), so they still stop at the deadline and save their folds,
+    and it scores them and exits 0. Were its relay to stop, each worker would fill its pipe in
+    seconds and block in its next print, past any deadline (what this test saw before the fix)."""
+    project, _ = new_tabular(tmp_path, "binary")
+    flags = ["--parallel", "folds", "--devices", "cpu,cpu", "--folds", "4", "--models", "mlp"]
+    args = ["train.py", "--device", "cpu", *flags, "--budget", "30s", "--epochs", "5000", "--patience", "5000"]
+    proc, seen = start_until(project, args, "[cpu1] Epoch 3:")
+    proc.stdout.close()  # the reader is gone: train.py's next write to stdout fails with EPIPE
+    try:
+        assert proc.wait(timeout=120) == 0  # no hang: at the deadline, the workers stop and train.py scores
+    finally:
+        if proc.poll() is None:  # the hang this test is for: leave no process behind
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = project / "output"
+    assert len(list(out.glob("model_fold*.pth"))) == 2  # each worker saved the fold it was on
+    records = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert {r["fold"] for r in records} == {0, 1} and max(r["epoch"] for r in records) > 3
+
+
+@pytest.mark.slow
 def test_a_killed_fold_worker_loses_only_its_fold_and_a_rerun_resumes(tmp_path):
     project, _ = new_tabular(tmp_path, "binary")
     flags = ["train.py", "--device", "cpu", "--parallel", "folds", "--devices", "cpu,cpu", "--folds", "4"]
