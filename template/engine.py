@@ -48,13 +48,14 @@ import pandas as pd
 import torch
 
 import experiments
+import gpu
 import hardware
 import logs
 import parallel
 import planner as time_planner
 import storage
 from errors import DataError, RunError, one_line_errors
-from gpu import Amp, GpuMonitor, describe_gpu, free_gpu_memory, is_oom, probe_batch, resolve_device, seed_everything
+from gpu import Amp, GpuMonitor, describe_gpu, free_gpu_memory, is_oom, resolve_device, seed_everything
 from planner import TimePlanner
 
 
@@ -79,6 +80,7 @@ class Batching:
     lr: float  # peak LR for that effective batch
     parts: int = 1  # OOM recovery: each batch is split into this many micro-batches (doubles on OOM)
     world: int = field(default_factory=parallel.world_size)  # DDP ranks averaging their gradients
+    eval_size: int = 0  # validation rows per forward, sized on its own by the probe; 0 = 2 x size
 
     def __post_init__(self):
         # train.py's LR rule saw one process's batch; under DDP the gradient averages `world` of
@@ -89,6 +91,11 @@ class Batching:
     @property
     def effective(self) -> int:
         return self.size * self.accum_steps * self.world
+
+    @property
+    def eval_rows(self) -> int:
+        """Validation batch: no gradients, so 2x the training batch unless the probe measured it."""
+        return self.eval_size or self.size * 2
 
 
 @dataclass
@@ -231,12 +238,12 @@ def begin(args, ranges: dict | None = None) -> torch.device:
         raise RunError(f"--budget: {e}") from None
     if args.dry_run:
         args.epochs, args.folds = 1, 2
+    device = resolve_device(args.device)  # a card this torch has no kernels for: ERROR before anything is written
     out = Path(args.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise RunError(f"--out-dir {out}: cannot create it ({e.strerror})") from None
-    device = resolve_device(args.device)
     worker = parallel.fold_worker()
     if worker:  # started by a --parallel folds train.py, which holds the lock and swept the folder
         args.parallel, why = "folds", f"worker {worker[0] + 1} of {worker[1]} on {device.type}: the next free fold"
@@ -256,17 +263,25 @@ def begin(args, ranges: dict | None = None) -> torch.device:
 
 
 def profile(gpu_flag: str, device: torch.device) -> hardware.Profile:
-    """The --gpu profile; `auto` reads the card (an unlisted one gets a profile built from its
-    memory and compute capability, with a warning)."""
-    if gpu_flag not in ("auto", "cpu") and device.type != "cuda":  # the a10 batch on a CPU: 23 GB, killed
-        print(f"WARNING: --gpu {gpu_flag} but training on {device.type}: batch and workers follow the CPU profile")
+    """The profile every rule reads (batch, workers, text max_len and checkpointing). On CUDA the
+    detected card wins over --gpu (the project's rendered profile): a project rendered for an A100
+    and run on a T4 takes the T4's rules, with a WARNING line naming both. An unlisted card gets a
+    profile built from its memory and compute capability. On CPU: the cpu profile."""
+    if device.type != "cuda":
+        if gpu_flag not in ("auto", "cpu"):  # the a10 batch on a CPU: 23 GB, killed
+            print(f"WARNING: --gpu {gpu_flag} but training on {device.type}: batch and workers follow the CPU profile")
         return hardware.PROFILES["cpu"]
-    if gpu_flag != "auto":
-        return hardware.PROFILES[gpu_flag]
     name, total_gb, capability = describe_gpu(device)
     found, warning = hardware.profile_for(name, total_gb, capability, hardware.usable_cpus())
     if warning:
         print(f"WARNING: {warning}")
+    wanted = hardware.PROFILES.get(gpu_flag)
+    same = wanted is not None and (wanted.memory_gb, wanted.capability) == (found.memory_gb, found.capability)
+    if wanted is not None and not same:
+        print(
+            f"WARNING: --gpu {gpu_flag} ({wanted.label}, {wanted.memory_gb:g} GB) but this card is {name} "
+            f"({total_gb:.0f} GB, compute capability {capability[0]}.{capability[1]}): its rules are used"
+        )
     return found
 
 
@@ -283,17 +298,42 @@ def make_planner(args, machine: Machine) -> TimePlanner:
 
 
 def make_machine(device: torch.device, amp_flag: str, loader: dict, channels_last: bool) -> Machine:
-    """Precision from --amp (auto: bf16 on compute capability >= 8, fp16 + GradScaler on T4/V100)."""
+    """Precision from --amp (gpu.training_amp: auto is bf16 on compute capability >= 8, fp16 +
+    GradScaler on T4/V100; bf16 asked for on a T4/V100 becomes fp16 with a warning)."""
     capability = describe_gpu(device)[2]
-    mode = amp_flag if amp_flag != "auto" else hardware.amp_mode(capability)
-    if mode == "fp32" and device.type == "cuda":
-        print(f"WARNING: compute capability {capability} has no tensor cores: training in fp32 (AMP off)")
+    mode, warning = gpu.training_amp(amp_flag, capability)
+    if warning and device.type == "cuda":
+        print(f"WARNING: {warning}")
+    return machine_for(device, mode, loader, channels_last)
+
+
+def inference_machine(device: torch.device, trained_amp: str | None, loader: dict, channels_last: bool) -> Machine:
+    """predict.py's machine: the precision the checkpoint was trained with where this device runs
+    it, else fp32 (gpu.inference_amp), printed as a PRECISION: line."""
+    mode, why = gpu.inference_amp(trained_amp, describe_gpu(device)[2])
+    print(f"PRECISION: {mode} ({why})")
+    return machine_for(device, mode, loader, channels_last)
+
+
+def machine_for(device: torch.device, mode: str, loader: dict, channels_last: bool) -> Machine:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune the conv kernels once
     on_cuda = device.type == "cuda"
     return Machine(
         device, Amp(mode, device), loader, on_cuda and channels_last, GpuMonitor(device), hardware.usable_cpus()
     )
+
+
+def can_compile(device: torch.device) -> tuple[bool, str]:
+    """torch.compile's GPU code is Triton's, which needs compute capability >= 7.0 (a P100 fails
+    inside Triton at the first step)."""
+    capability = describe_gpu(device)[2]
+    if device.type == "cuda" and capability < (7, 0):
+        return (
+            False,
+            f"--compile needs compute capability >= 7.0 (Triton); this card has {capability[0]}.{capability[1]}",
+        )
+    return True, ""
 
 
 def print_start(machine: Machine, batching: Batching, why: str) -> None:
@@ -492,14 +532,20 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         else:  # per GPU, on the bare model (no all-reduce); under DDP every rank takes the smallest batch
             autoscale(comp, fold, n_train // batching.world, model, optimizer, machine, batching, args.lr)
             agree_batching(batching, args.lr, machine.device, optimizer)
+    bare = model  # validation runs on the module itself: DDP's forward holds collectives
     model = parallel.wrap(model, machine.device)  # DDP: rank 0's weights broadcast to every rank
+    grads = parallel.GradSync(model, machine.device)  # DDP: local backward, OOM agreed, one all-reduce
     if args.compile:
-        model = torch.compile(model)
+        ok, why = can_compile(machine.device)
+        if ok:
+            model = torch.compile(model)
+        elif first:
+            print(f"WARNING: {why}: running without it")
 
     train_sampler = parallel.sampler(fold.train, train=True, seed=args.seed)  # None without DDP
     train_batches = loader(comp, fold.train, batching.size, True, train_sampler)
     valid_sampler = parallel.sampler(fold.valid, train=False, seed=args.seed)
-    valid_batches = loader(comp, fold.valid, batching.size * 2, False, valid_sampler)  # no gradients: 2x rows
+    valid_batches = loader(comp, fold.valid, batching.eval_rows, False, valid_sampler)  # sized on its own
     n_batches = min(len(train_batches), 3 if args.dry_run else len(train_batches))
     scheduler = warmup_cosine(optimizer, math.ceil(n_batches / batching.accum_steps), lambda: planner.epochs)
 
@@ -507,6 +553,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         return comp.batch_loss(model, to_device(batch, machine))
 
     def first_step():
+        monitor.measure_outside()  # cuBLAS/cuDNN handles exist after the first real step
         print(*logs.memory_used_lines(monitor.peak(), batching.size), sep="\n")
 
     best, bad_epochs, saved, last_peak = math.inf, 0, False, None
@@ -554,6 +601,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             batching,
             on_first_step,
             should_stop,
+            grads,
         )
         train_time, on_first_step = time.time() - t0, None
         train_loss, seen = parallel.mean(train_loss, machine.device), seen * batching.world
@@ -563,7 +611,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             print(f"STOPPED: fold {k} epoch {epoch} ({planner.stop_reason}); best checkpoint kept")
             break
 
-        pred = predict(comp.predict, model, valid_batches, machine, max_batches=2 if args.dry_run else None)
+        pred = predict(comp.predict, bare, valid_batches, machine, max_batches=2 if args.dry_run else None)
         if epoch == 1:  # validation speed -> the prediction estimate -> the reserve
             valid_s = time.time() - t0 - train_time
             planner.note_inference(valid_s, len(pred), comp.test_rows, comp.test_views, comp.decode_s, model_s)
@@ -684,6 +732,8 @@ def agree_batching(batching: Batching, base_lr: float, device, optimizer) -> Non
         return
     batching.size = parallel.smallest(batching.size, device)
     batching.accum_steps = -parallel.smallest(-batching.accum_steps, device)
+    if batching.eval_size:
+        batching.eval_size = parallel.smallest(batching.eval_size, device)
     batching.lr = hardware.scaled_lr(base_lr, batching.effective)
     set_lr(optimizer, batching.lr)
 
@@ -755,7 +805,7 @@ def predict(predict_fn, model, batches, machine: Machine, max_batches=None) -> n
                     done = [predict_fn(model, piece).float() for piece in pieces]
                 out += done
                 break
-            except (torch.OutOfMemoryError, RuntimeError) as e:
+            except RuntimeError as e:  # gpu.OutOfMemoryError is one
                 if not is_oom(e) or parts * 2 > batch_rows(batch):
                     raise
                 free_gpu_memory()
@@ -763,7 +813,9 @@ def predict(predict_fn, model, batches, machine: Machine, max_batches=None) -> n
     return torch.cat(out).cpu().numpy()
 
 
-def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, batching, on_first_step=None, should_stop=None):
+def run_epoch(
+    batches, n, batch_loss, optimizer, scheduler, amp, batching, on_first_step=None, should_stop=None, grads=None
+):
     """One training pass over the first `n` of `batches` with gradient accumulation.
 
     `batch_loss(batch)` is the competition code: it returns (mean loss, rows) under autocast.
@@ -776,10 +828,16 @@ def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, batching, on_fi
     micro-batches each: the micro-batch halves, the accumulation doubles, the effective batch
     stays. The halved micro-batch is made permanent (`batching.parts`, kept for later epochs
     and folds) only once it has carried a whole group through its optimizer step.
+
+    Under DDP (`grads`, parallel.GradSync) every backward is local (no_sync) and every rank
+    votes after each batch whether it ran out of memory: if any did, every rank drops the group
+    and splits alike, so the ranks' collectives stay matched; the group's gradients are then
+    averaged in one bucketed all-reduce before the optimizer step.
     `on_first_step()` runs once after the first optimizer step (the GPU memory lines);
     `should_stop(i)` is asked after every batch (the time budget's deadline, SIGTERM).
     Returns (mean loss, samples seen).
     """
+    grads = grads or parallel.GradSync(None, None)
     accum, parts = batching.accum_steps, batching.parts
     total, seen = None, 0
     group, group_stats = [], []  # this group's batches (kept to redo it after an OOM) and their (loss x rows, rows)
@@ -793,11 +851,12 @@ def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, batching, on_fi
         todo = [batch]
         while True:
             try:
-                stats = [_backward(b, batch_loss, amp, group_size, parts) for b in todo]
+                stats = grads.agreed(_backward_all, todo, batch_loss, amp, group_size, parts, grads)
                 if closes:
-                    amp.step(optimizer)
+                    grads.reduce()
+                    grads.agreed(amp.step, optimizer, after_step=True)
                 break
-            except (torch.OutOfMemoryError, RuntimeError) as e:
+            except RuntimeError as e:  # gpu.OutOfMemoryError is one; under DDP, any rank's
                 if not is_oom(e):
                     raise
                 optimizer.zero_grad(set_to_none=True)  # the group's partial gradients are dropped...
@@ -809,7 +868,7 @@ def run_epoch(batches, n, batch_loss, optimizer, scheduler, amp, batching, on_fi
                 print(
                     f"OOM: batch of {rows} did not fit at step {i}: micro-batch {-(-rows // parts)} -> "
                     f"{-(-rows // (2 * parts))}, accumulation {accum * parts} -> {accum * parts * 2}, "
-                    f"effective batch {rows * accum} unchanged",
+                    f"effective batch {rows * accum} unchanged" + grads.oom_note(),
                     flush=True,
                 )
                 parts, todo, group_stats = parts * 2, list(group), []  # redo the whole group, halved
@@ -844,14 +903,19 @@ def split_batch(batch, parts: int) -> list:
     return [type(batch)(p[k] for p in pieces) for k in range(parts)]
 
 
-def _backward(batch, batch_loss, amp, group: int, parts: int):
-    """Backward of one batch, as `parts` micro-batches whose gradients add up to the batch's.
-    Returns (loss x rows, rows) for the epoch's mean loss."""
+def _backward_all(batches, batch_loss, amp, group: int, parts: int, grads) -> list:
+    return [_backward(b, batch_loss, amp, group, parts, grads) for b in batches]
+
+
+def _backward(batch, batch_loss, amp, group: int, parts: int, grads):
+    """Backward of one batch, as `parts` micro-batches whose gradients add up to the batch's
+    (local under DDP: grads.local() is no_sync). Returns (loss x rows, rows) for the epoch's mean loss."""
     rows, loss_sum, size_sum = batch_rows(batch), None, 0
     for piece in split_batch(batch, parts) if parts > 1 else [batch]:
-        with amp.autocast():
+        with grads.local(), amp.autocast():
             loss, size = batch_loss(piece)
-        amp.backward(loss * (size / rows) / group)
+        with grads.local():
+            amp.backward(loss * (size / rows) / group)
         part = loss.detach().float() * size
         loss_sum, size_sum = (part if loss_sum is None else loss_sum + part), size_sum + size
     return loss_sum, size_sum
@@ -874,24 +938,36 @@ def warmup_cosine(optimizer, steps_per_epoch: int, epochs):
 # ----------------------------------------------------------------------------- the batch probe hook
 
 
-def autoscale(comp, fold: Fold, n_train: int, model, optimizer, machine: Machine, batching: Batching, base_lr) -> None:
+def autoscale(
+    comp, fold: Fold, n_train: int, model, optimizer, machine: Machine, batching: Batching, base_lr, clock=None
+) -> None:
     """Before the first fold, on CUDA, unless --batch-size or --accum-steps were given: time real
     training steps at growing batch sizes (gpu.probe_batch) and keep the smallest batch within 5%
-    of the best samples/s under the memory ceiling. The result is written to `batching` (and the
-    optimizer's LR)."""
+    of the best samples/s under the memory ceiling; then size the validation batch on its own
+    (gpu.probe_eval_batch). The result is written to `batching` (and the optimizer's LR). `clock`
+    is the probe's timer (time.perf_counter; the tests' fake GPU passes its own)."""
 
-    def step(b: int) -> None:
+    def fetch(b: int):  # one batch from the project's own loader, on the device (outside the timer)
+        return to_device(next(iter(comp.loader(fold.train, b, train=True))), machine)
+
+    def step(batch) -> None:
         model.train()
-        batch = next(iter(comp.loader(fold.train, b, train=True)))
         optimizer.zero_grad(set_to_none=True)
         with machine.amp.autocast():
-            loss, _ = comp.batch_loss(model, to_device(batch, machine))
+            loss, _ = comp.batch_loss(model, batch)
         machine.amp.backward(loss)
         machine.amp.step(optimizer)
 
+    @torch.no_grad()
+    def forward(batch) -> None:
+        model.eval()
+        with machine.amp.autocast():
+            comp.predict(model, batch)
+
     size_class = hardware.size_class(comp.name, sum(p.numel() for p in model.parameters()) / 1e6)
     max_batch = max(batching.size, min(4096, n_train // hardware.MIN_STEPS_PER_EPOCH))  # enough steps an epoch
-    batching.size, batching.accum_steps, batching.lr = probe_batch(
+    batching.size, batching.accum_steps, batching.lr = gpu.probe_batch(
+        fetch,
         step,
         model,
         optimizer,
@@ -902,8 +978,11 @@ def autoscale(comp, fold: Fold, n_train: int, model, optimizer, machine: Machine
         machine.monitor,
         max_batch,
         lambda effective: hardware.scaled_lr(base_lr, effective),
+        clock=clock,
     )
     set_lr(optimizer, batching.lr)
+    batching.eval_size = gpu.probe_eval_batch(fetch, forward, batching.size, machine.monitor)
+    model.train()
 
 
 # ----------------------------------------------------------------------------- in-memory tables

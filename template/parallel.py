@@ -16,6 +16,7 @@ may replace it, so keep your own code in train.py and predict.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -136,12 +137,22 @@ def agree_plan(planner, device: torch.device) -> bool:
     counts in the next call, on every rank at once. Every stop decision under DDP goes through here."""
     if not ddp():
         return planner.stop_reason is not None
-    t = torch.tensor([-STOPS.index(planner.stop_reason), planner.folds, planner.epochs], device=device)
+    t = on_device([-STOPS.index(planner.stop_reason), planner.folds, planner.epochs], device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    stop, planner.folds, planner.epochs = (int(v) for v in t.tolist())
+    stop, planner.folds, planner.epochs = (int(v) for v in t.tolist())  # the one sync of the vote
     if stop and planner.stop_reason is None:
         planner.request_stop(STOPS[-stop])
     return bool(stop)
+
+
+def on_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A small int64 tensor on the collective's device without a blocking copy: built in pinned host
+    memory and copied asynchronously (torch.tensor(..., device="cuda") waits for the copy, a second
+    sync per step beside the read of the result)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def smallest(value: int, device: torch.device) -> int:
@@ -194,6 +205,80 @@ class DDP(torch.nn.parallel.DistributedDataParallel):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self.module, name)
+
+
+class GradSync:
+    """How gradients meet under DDP, with an out-of-memory error agreed by every rank.
+
+    DDP's own all-reduce runs inside backward: a rank that runs out of memory and redoes its batch
+    as two micro-batches makes extra backward passes, and the ranks' collectives no longer match
+    ("Expected to have finished reduction", or an NCCL hang until the timeout). So every backward
+    here is local (`local()` is DDP's no_sync), and after each batch every rank votes in one
+    all-reduce whether it ran out of memory (`agreed`): if any did, every rank raises the same
+    OOM and splits alike. The group's gradients are then averaged in bucketed all-reduces
+    (`reduce`) before the optimizer step. The cost: the reduction no longer overlaps the backward.
+    Without DDP every method is a no-op and errors pass through untouched."""
+
+    BUCKET = 25 * 1024 * 1024 // 4  # elements per all-reduce (DDP's default bucket: 25 MB of fp32)
+
+    def __init__(self, model, device):
+        self.model, self.device = model, device
+        self.on = model is not None and ddp() and isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+    def local(self):
+        return self.model.no_sync() if self.on else contextlib.nullcontext()
+
+    def agreed(self, fn, *args, after_step: bool = False):
+        """fn(*args), with every rank told whether any rank ran out of memory in it."""
+        if not self.on:
+            return fn(*args)
+        from gpu import OutOfMemoryError, is_oom
+
+        result, error = None, None
+        try:
+            result = fn(*args)
+        except RuntimeError as e:
+            if not is_oom(e):
+                raise
+            error = e
+        t = on_device([1 if error is not None else 0], self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if not int(t.item()):
+            return result
+        if after_step:  # the other ranks have already applied the step: no redo keeps them equal
+            raise RunError(
+                "DDP: out of GPU memory in optimizer.step on a rank while the others stepped: "
+                "rerun with a smaller --batch-size (the ranks' weights would differ)"
+            )
+        raise error if error is not None else OutOfMemoryError("out of memory on another DDP rank")
+
+    def oom_note(self) -> str:
+        """The OOM: line's ending under DDP: the split is every rank's."""
+        return " (every DDP rank splits alike)" if self.on else ""
+
+    def reduce(self) -> None:
+        """Average the group's gradients over the ranks, in buckets of one dtype."""
+        if not self.on:
+            return
+        world = dist.get_world_size()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:  # unused this group on this rank: zeros, so every rank's buckets match
+                p.grad = torch.zeros_like(p)
+        bucket: list[torch.Tensor] = []
+        for p in [*params, None]:
+            full = bucket and (
+                p is None or p.grad.dtype != bucket[0].dtype or sum(g.numel() for g in bucket) >= self.BUCKET
+            )
+            if full:
+                flat = torch._utils._flatten_dense_tensors(bucket)
+                dist.all_reduce(flat)
+                flat /= world
+                for g, reduced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket), strict=True):
+                    g.copy_(reduced)
+                bucket = []
+            if p is not None:
+                bucket.append(p.grad)
 
 
 def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -89,6 +89,7 @@ def project(tmp_path, digits_dir) -> Path:
 
 PROJECT_MODULES = (
     "train",
+    "predict",
     "engine",
     "errors",
     "experiments",
@@ -107,7 +108,7 @@ PROJECT_MODULES = (
 
 @pytest.fixture(scope="session")
 def project_modules(tmp_path_factory, digits_dir):
-    """The modules of one rendered image project, imported for in-process checks: m.train, m.engine,
+    """The modules of one rendered image project, imported for in-process checks: m.train, m.predict, m.engine,
     m.gpu, m.errors, m.experiments, m.hardware, m.images, m.logs, m.planner, m.storage, m.submission,
     m.tuning, m.tune."""
     import importlib

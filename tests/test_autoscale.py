@@ -14,32 +14,38 @@ import torch
 from fake_gpu import GB, FakeGpu
 
 
-def setup(project_modules, gpu, amp_mode="off"):
+def setup(project_modules, gpu, monkeypatch, amp_mode="off"):
+    """A real model, optimizer and AMP on CPU; the monitor is the project's own GpuMonitor on
+    "cuda", reading the fake card through torch.cuda's (strict, faked) functions."""
     m = project_modules
+    gpu.install(monkeypatch)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     amp = m.gpu.Amp(amp_mode, torch.device("cpu"))
-    monitor = m.gpu.GpuMonitor(torch.device("cpu"), reader=gpu.reader, reset=gpu.reset)
+    monitor = m.gpu.GpuMonitor(torch.device("cuda"))
 
-    def real_step(b):
-        x, y = torch.randn(b, 8), torch.randint(0, 3, (b,))
+    def make(b):
+        return torch.randn(b, 8), torch.randint(0, 3, (b,))
+
+    def real_step(batch):
+        x, y = batch
         opt.zero_grad()
         with amp.autocast():
             loss = torch.nn.functional.cross_entropy(model(x).float(), y)
         amp.backward(loss)
         amp.step(opt)
 
-    return m.gpu, model, opt, amp, monitor, gpu.step(real_step)
+    return m.gpu, model, opt, amp, monitor, gpu.fetch(make), gpu.step(real_step, rows=lambda batch: len(batch[0]))
 
 
-def probe(project_modules, gpu, start=128, accum=1, max_batch=4096, amp_mode="off", size_class="small"):
-    kit, model, opt, amp, monitor, step = setup(project_modules, gpu, amp_mode)
+def probe(project_modules, gpu, monkeypatch, start=128, accum=1, max_batch=4096, amp_mode="off", size_class="small"):
+    kit, model, opt, amp, monitor, fetch, step = setup(project_modules, gpu, monkeypatch, amp_mode)
     lines = []
     lr_for = lambda e: project_modules.hardware.scaled_lr(1e-3, e)  # noqa: E731
     result = kit.probe_batch(
-        step, model, opt, amp, start, accum, size_class, monitor, max_batch, lr_for, log=lines.append,
-        clock=gpu.clock, sync=lambda: None,
+        fetch, step, model, opt, amp, start, accum, size_class, monitor, max_batch, lr_for, log=lines.append,
+        clock=gpu.clock,
     )  # fmt: skip
     return result, lines
 
@@ -61,10 +67,10 @@ def probe(project_modules, gpu, start=128, accum=1, max_batch=4096, amp_mode="of
     ],
 )
 def test_probe_keeps_the_smallest_batch_within_5_percent_of_the_best_speed(
-    project_modules, gb_per_sample, start, accum, max_batch, expected, why
+    project_modules, monkeypatch, gb_per_sample, start, accum, max_batch, expected, why
 ):
     gpu = FakeGpu(gb_per_sample)
-    (batch, new_accum, lr), lines = probe(project_modules, gpu, start, accum, max_batch)
+    (batch, new_accum, lr), lines = probe(project_modules, gpu, monkeypatch, start, accum, max_batch)
     assert (batch, new_accum) == expected, lines
     assert all(b % 8 == 0 for b in set(gpu.steps)), gpu.steps  # every candidate a multiple of 8
     # the one LR rule: --lr (1e-3) up to an effective batch of 128, x sqrt(effective / 128) above
@@ -79,11 +85,11 @@ def test_probe_keeps_the_smallest_batch_within_5_percent_of_the_best_speed(
     assert re.match(rf"BATCH PROBE: batch {start} x {accum} -> {batch} x {new_accum} \(", lines[-1]), lines[-1]
 
 
-def test_probe_reads_the_steady_need_not_the_first_steps_autotune_spike(project_modules):
+def test_probe_reads_the_steady_need_not_the_first_steps_autotune_spike(project_modules, monkeypatch):
     """At 512 the first step's workspace spike takes 23.6 GB (98%): read as the need it would reject
     512; the steady steps after it take 20.6 GB (86%), under the ceiling, and 512 is the fastest."""
     gpu = FakeGpu(0.035, spike_gb=3.0)
-    (batch, accum, _), lines = probe(project_modules, gpu)
+    (batch, accum, _), lines = probe(project_modules, gpu, monkeypatch)
     assert gpu.use(512) > 0.9 * 24 or 512 in gpu.seen  # the spike did happen at 512's first step
     line = next(x for x in lines if x.startswith("PROBE: batch=512 ->"))
     pct = float(re.search(r"\(([\d.]+)%\)", line).group(1))
@@ -91,14 +97,14 @@ def test_probe_reads_the_steady_need_not_the_first_steps_autotune_spike(project_
     assert (batch, accum) == (512, 1), lines
 
 
-def test_probing_does_not_train_the_model_and_leaves_a_fresh_fp16_scaler(project_modules):
+def test_probing_does_not_train_the_model_and_leaves_a_fresh_fp16_scaler(project_modules, monkeypatch):
     gpu = FakeGpu(0.045)
-    kit, model, opt, amp, monitor, step = setup(project_modules, gpu, amp_mode="fp16")
+    kit, model, opt, amp, monitor, fetch, step = setup(project_modules, gpu, monkeypatch, amp_mode="fp16")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     scale = amp.scaler.get_scale()
     kit.probe_batch(
-        step, model, opt, amp, 128, 1, "large", monitor, 4096, lambda e: 1e-3, log=lambda _: None, clock=gpu.clock,
-        sync=lambda: None,
+        fetch, step, model, opt, amp, 128, 1, "large", monitor, 4096, lambda e: 1e-3, log=lambda _: None,
+        clock=gpu.clock,
     )  # fmt: skip
     assert len(gpu.steps) >= 8  # real optimizer steps were taken while probing (a real GradScaler)...
     for k, v in model.state_dict().items():
@@ -167,10 +173,10 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
     fold = comp.fold(0, np.arange(64), np.arange(64, 80))
     model = comp.build_model(fold)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sizes, peak = [], {"gb": 0.0}
+    sizes, eval_sizes, peak = [], [], {"gb": 0.0}
 
     def seen(module, inputs, output):  # the fake memory follows the batch the real step ran
-        sizes.append(inputs[0].shape[0])
+        (sizes if module.training else eval_sizes).append(inputs[0].shape[0])
         peak["gb"] = max(peak["gb"], 1.0 + 0.1 * inputs[0].shape[0])
 
     model.register_forward_hook(seen)
@@ -185,7 +191,11 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
     probed = sizes[::4]
     assert sizes == [b for b in probed for _ in range(4)] and probed == [8 * 2**k for k in range(len(probed))]
     assert max(probed) <= 64
-    final = re.match(r"BATCH PROBE: batch 8 x 4 -> (\d+) x (\d+) ", lines[-1])
+    final = re.match(r"BATCH PROBE: batch 8 x 4 -> (\d+) x (\d+) ", lines[-2])
+    # the validation batch, sized on its own: one no-grad forward at 2x the training batch (it fits)
+    assert eval_sizes == [2 * batching.size] and batching.eval_size == 2 * batching.size
+    eval_line = f"EVAL BATCH: {2 * batching.size} (2x the training batch {batching.size}, halved until"
+    assert lines[-1].startswith(eval_line)
     assert final, lines
     assert (batching.size, batching.accum_steps) == (int(final.group(1)), int(final.group(2)))
     assert batching.effective >= 32 and opt.param_groups[0]["lr"] == batching.lr

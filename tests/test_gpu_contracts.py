@@ -1,0 +1,555 @@
+"""The CUDA paths, checked on a machine without a GPU (issue 22): each numbered item of
+docs/gpu-check.md's "What a read of the CUDA paths found" has a test here that failed before its
+fix. GPU-only behaviour goes through tests/fake_gpu.py's one seam (strict fakes of the torch.cuda
+functions the project calls, with PyTorch's own argument checks and the caching allocator's
+rules); CatBoost and XGBoost get their real GPU parameters; fp16 numerics run for real on CPU;
+DDP runs for real under torchrun with gloo."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from fake_gpu import GB, FakeCuda, FakeGpu
+
+from conftest import RUN_ENV, render, run_script
+
+# what torch 2.14.1's CUDA 13.0 wheel is built for (torch.cuda.get_arch_list()): no sm_60, no sm_70
+CU130_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+
+
+# ----------------------------------------------------------------------------- the fakes' fidelity
+
+
+def test_fake_cuda_checks_arguments_with_pytorchs_own_code(monkeypatch):
+    cuda = FakeCuda("t4").install(monkeypatch)
+    with pytest.raises(ValueError, match="Expected a torch.device with a specified index or an integer, but got:cuda"):
+        torch.cuda.set_per_process_memory_fraction(0.5, torch.device("cuda"))  # item 1's call
+    with pytest.raises(TypeError, match="Invalid type for fraction argument"):
+        torch.cuda.set_per_process_memory_fraction(1, 0)
+    with pytest.raises(ValueError, match="Invalid fraction value"):
+        torch.cuda.set_per_process_memory_fraction(1.5, 0)
+    with pytest.raises(AssertionError, match="Invalid device id"):
+        torch.cuda.get_device_properties(1)  # one card: cuda:1 does not exist
+    with pytest.raises(ValueError, match="Expected a cuda device"):
+        torch.cuda.mem_get_info(torch.device("cpu"))
+    torch.cuda.set_per_process_memory_fraction(0.5, 0)
+    assert cuda.fraction == 0.5
+    assert torch.cuda.get_device_capability(torch.device("cuda")) == (7, 5)  # optional index: the current card
+
+
+def test_fake_allocator_keeps_freed_blocks_reserved_and_resets_the_peak_to_reserved():
+    cuda = FakeCuda("a10", total_gb=24, context_gb=0.5)
+    work = cuda.malloc(3 * GB)
+    cuda.free(work)
+    assert cuda.memory_reserved(0) == 3 * GB and cuda.allocated == 0  # cached, still reserved
+    cuda.reset_peak_memory_stats(0)
+    assert cuda.max_memory_reserved(0) == 3 * GB  # reset to the current reserved memory, not 0
+    small = cuda.malloc(1 * GB)  # served from the cache: reserved does not grow
+    assert cuda.memory_reserved(0) == 3 * GB
+    cuda.free(small)
+    cuda.empty_cache()
+    assert cuda.memory_reserved(0) == 0 and cuda.mem_get_info(0) == (int(23.5 * GB), 24 * GB)
+    cuda.malloc(20 * GB)
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="CUDA out of memory"):
+        cuda.malloc(4 * GB)  # 24 - 0.5 context - 20: after releasing the (empty) cache, still no room
+    cuda.set_per_process_memory_fraction(0.5, 0)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        cuda.malloc(1 * GB)  # past this process's fraction
+
+
+# ----------------------------------------------------------------------------- item 1
+
+
+def test_item1_memory_share_caps_the_allocator_of_the_card_by_index(project_modules, monkeypatch):
+    """tune.py --workers: GpuMonitor on torch.device('cuda') (no index) capped the allocator with
+    set_per_process_memory_fraction(cap, device): PyTorch's ValueError, every trial failed."""
+    m = project_modules
+    cuda = FakeCuda("t4").install(monkeypatch)
+    monkeypatch.setenv(m.gpu.SHARE_ENV, "0.5")
+    monitor = m.gpu.GpuMonitor(torch.device("cuda"))
+    assert cuda.fraction == pytest.approx((0.5 * cuda.total - 0.5 * GB) / cuda.total)
+    used, total, _ = monitor.peak()
+    assert total == pytest.approx(cuda.total / GB / 2) and used == pytest.approx(0.5)  # its own context only
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        cuda.malloc(0.5 * cuda.total)  # past its share: a real OOM, as on a full card
+
+
+# ----------------------------------------------------------------------------- items 2 and 3: tables
+
+
+@pytest.fixture(scope="module")
+def price_table(tmp_path_factory):
+    """A tabular regression project whose target is in the hundreds of thousands (diabetes x 1000):
+    above fp16's 65504, like raw prices and counts."""
+    from kagtpl import table
+
+    root = tmp_path_factory.mktemp("prices")
+    data = table.write_table(root / "data", "regression")
+    train = pd.read_csv(data / "train.csv")
+    train["target"] = train["target"] * 1000.0
+    train.to_csv(data / "train.csv", index=False)
+    sample = pd.read_csv(data / "sample_submission.csv")
+    sample["target"] = 150_000.0
+    sample.to_csv(data / "sample_submission.csv", index=False)
+    args = ["new", "prices", "--task", "tabular", "--gpu", "cpu", "--data", str(data), "--folds", "2"]
+    r = subprocess.run([sys.executable, "-m", "kagtpl", *args], cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return root / "prices"
+
+
+def in_project(project, code: str) -> subprocess.CompletedProcess:
+    """Python code run in a rendered project (its modules importable), in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=project,
+        env=RUN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_item2_catboost_and_xgboost_take_their_gpu_parameters(price_table):
+    """CatBoost checks its arguments before it opens a device: with callbacks and task_type=GPU it
+    raised 'User defined callbacks are not supported for GPU' (the table's train.py crashed). Now
+    its arguments pass, and on this machine the fit gets as far as opening the (absent) device."""
+    r = in_project(
+        price_table,
+        """
+        import warnings
+        import numpy as np, pandas as pd
+        import boosters
+        rng = np.random.default_rng(0)
+        x = pd.DataFrame(rng.random((300, 4)), columns=list("abcd"))
+        y = (x["a"] > 0.5).astype(int).to_numpy()
+        data = (x, y, x, y, x)
+        params = {"rounds": 30, "early_stop": 5, "lr": 0.1}
+        try:
+            boosters.fit("cat", params, "binary", "auc", data, "cuda", 2, 0, lambda: False)
+            print("CAT: fitted")
+        except Exception as e:
+            print("CAT:", type(e).__name__, e)
+        print("CATNOTE:", boosters.gpu_fit_notes("cat", "cuda", "binary", "auc"))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            val, test, kept = boosters.fit("xgb", params, "binary", "auc", data, "cuda", 2, 0, lambda: False)
+        print("XGB:", val.shape, kept, [str(w.message)[:80] for w in seen if "mismatched" in str(w.message)])
+        """,
+    )
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    cat = next(x for x in out.splitlines() if x.startswith("CAT:"))
+    assert "callbacks" not in cat, cat  # the bug
+    assert cat == "CAT: fitted" or "CUDA" in cat or "GPU" in cat, cat  # a card: fitted; none: the device open fails
+    note = next(x for x in out.splitlines() if x.startswith("CATNOTE:"))
+    assert "early stopping on Logloss (its GPU has no AUC)" in note and "gpu_ram_part 0.5" in note
+    assert "XGB: (300, 2)" in out and out.rstrip().endswith("[]")  # no fallback warning when predicting
+
+
+def test_item3_table_regression_output_is_fp32_under_fp16_autocast(price_table):
+    """head(x) * y_std + y_mean under fp16 autocast stayed fp16: a target above 65504 was inf."""
+    r = in_project(
+        price_table,
+        """
+        import torch
+        from train import TabularMLP
+        torch.manual_seed(0)
+        model = TabularMLP(4, [], 1, [16], 0.0, y_mean=150_000.0, y_std=70_000.0).eval()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(torch.randn(64, 4), torch.zeros(64, 0, dtype=torch.long))
+        print("OUT:", out.dtype, bool(torch.isfinite(out).all()), float(out.abs().max()))
+        """,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "OUT: torch.float32 True" in r.stdout, r.stdout
+
+
+@pytest.mark.slow
+def test_item3_fp16_training_on_a_price_target_gives_a_finite_oof(price_table):
+    """--amp fp16 --device cpu: real half-precision numerics. Before the fix every prediction was
+    inf, the GradScaler skipped every step and no fold produced a finite val loss."""
+    log = run_script(
+        price_table,
+        "train.py",
+        "--device",
+        "cpu",
+        "--amp",
+        "fp16",
+        "--models",
+        "mlp",
+        "--epochs",
+        "4",
+        "--out-dir",
+        "fp16",
+    ).stdout
+    assert "not finite" not in log and "never produced a finite val loss" not in log, log[-3000:]
+    rmse = float(re.search(r"^OOF: rmse=([\d.]+) over", log, re.M).group(1))
+    assert np.isfinite(rmse) and rmse < 100_000  # the target's std is ~77,000: the MLP learned something
+    pred = run_script(price_table, "predict.py", "--device", "cpu", "--out-dir", "fp16").stdout
+    assert "PRECISION: off (CPU (trained in fp16): fp32)" in pred
+
+
+# ----------------------------------------------------------------------------- item 4
+
+
+@pytest.mark.parametrize(
+    "card,trained,expected",
+    [
+        ("t4", "fp32", "fp32"),  # mDeBERTa forced to fp32 on a T4: fp16 would be NaN in every fold
+        ("t4", "fp16", "fp16"),
+        ("t4", "bf16", "fp32"),  # trained on an A100, predicted on a T4: no native bf16, fp16 too narrow
+        ("a100", "bf16", "bf16"),
+        ("a100", "fp16", "fp16"),
+        ("a100", "off", "fp32"),
+        ("t4", None, "fp32"),  # a checkpoint that does not say
+    ],
+)
+def test_item4_prediction_uses_the_checkpoints_precision(project_modules, monkeypatch, capsys, card, trained, expected):
+    m = project_modules
+    FakeCuda(card).install(monkeypatch)
+    machine = m.engine.inference_machine(torch.device("cuda"), trained, {}, channels_last=False)
+    assert machine.amp.mode == expected
+    assert capsys.readouterr().out.startswith(f"PRECISION: {expected} (")
+    cpu = m.engine.inference_machine(torch.device("cpu"), trained, {}, channels_last=False)
+    assert cpu.amp.mode == "off" and not cpu.amp.enabled
+
+
+def test_item4_every_predict_py_asks_for_the_checkpoints_precision():
+    """All three predict.py files chose AMP with "auto" (this card's training rule)."""
+    from conftest import ROOT
+
+    for task in ("image", "text", "tabular"):
+        source = (ROOT / "template" / f"{{% if task == '{task}' %}}predict.py{{% endif %}}").read_text()
+        assert 'make_machine(device, "auto"' not in source, task
+        assert re.search(r"engine\.inference_machine\(device, c\w*(\.get\(\"amp\"\)|\[\"amp\"\])", source), task
+
+
+# ----------------------------------------------------------------------------- items 5, 6, 7: the probe
+
+
+def _probe_kit(m, gpu, monkeypatch, amp_mode="off"):
+    gpu.install(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    amp = m.gpu.Amp(amp_mode, torch.device("cpu"))
+
+    def real_step(batch):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+        opt.step()
+
+    fetch = gpu.fetch(lambda b: (torch.randn(b, 8), torch.randint(0, 3, (b,))))
+    step = gpu.step(real_step, rows=lambda batch: len(batch[0]))
+    return model, opt, amp, m.gpu.GpuMonitor(torch.device("cuda")), fetch, step
+
+
+def _probe(m, gpu, monkeypatch, start=128, accum=1, max_batch=4096):
+    model, opt, amp, monitor, fetch, step = _probe_kit(m, gpu, monkeypatch)
+    lines = []
+    result = m.gpu.probe_batch(
+        fetch, step, model, opt, amp, start, accum, "large", monitor, max_batch,
+        lambda e: m.hardware.scaled_lr(1e-3, e), log=lines.append, clock=gpu.clock,
+    )  # fmt: skip
+    return result, lines, monitor
+
+
+def test_item5_the_probe_times_the_gpu_step_not_the_loader(project_modules, digits_dir, tmp_path, monkeypatch, capsys):
+    """engine.autoscale on the image project's real Competition, real loader and real timm model;
+    the fake card charges each new loader's start and augmentation (0.5 s + 10 ms an image) and
+    each step's GPU time (50 ms + batch / 100 images/s) to one clock. GPU samples/s: 8: 62,
+    16: 76, 32: 86, 64: 93, 128: 96 (+3.7%: saturated) -> 64. Timing the loader with each step
+    (the old probe) gives 11, 18, 27, 35, 41 (+18%): it would grow to 128 and past."""
+    m = project_modules
+    gpu = FakeGpu(0.002, total_gb=16.0, spike_gb=0.1, overhead_s=0.05, peak_rate=100.0, loader_s=0.5,
+                  loader_per_sample_s=0.01).install(monkeypatch)  # fmt: skip
+    args = m.train.get_args(["--data-dir", str(digits_dir), "--out-dir", str(tmp_path), "--no-pretrained"])
+    machine = m.engine.make_machine(torch.device("cpu"), "off", m.hardware.loader_settings(1, False), False)
+    machine = dataclasses.replace(machine, monitor=m.gpu.GpuMonitor(torch.device("cuda")))
+    comp = m.train.Competition(args, machine)
+    comp.loader = gpu.loader(comp.loader)
+    fold = comp.fold(0, np.arange(200), np.arange(200, 240))
+    model = comp.build_model(fold)
+    model.register_forward_hook(lambda mod, inp, out: gpu.forward(inp[0].shape[0], mod.training))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batching = m.engine.Batching(8, 4, 1e-3)
+    capsys.readouterr()
+    m.engine.autoscale(comp, fold, 200 * 30, model, opt, machine, batching, 1e-3, clock=gpu.clock)
+    lines = capsys.readouterr().out.splitlines()
+    rates = {int(b): float(r) for b, r in re.findall(r"^PROBE: batch=(\d+) -> (\d+) samples/s", "\n".join(lines), re.M)}
+    assert rates == {8: 62, 16: 76, 32: 86, 64: 93, 128: 96}, lines  # the GPU's curve, not the loader's
+    assert (batching.size, batching.accum_steps) == (64, 1), lines
+    # one batch fetched per candidate (train), then one for the eval batch's forward
+    assert gpu.fetched == [8, 16, 32, 64, 128, 128], gpu.fetched
+
+
+def test_item6_the_probe_reads_the_steady_need_with_the_warm_ups_workspace_returned(project_modules, monkeypatch):
+    """At 512 the warm-up's 3 GB cuDNN workspace is live beside 17.9 GB of activations, then freed
+    but cached: reset_peak_memory_stats resets the peak to that reserved 21.2 GB (+0.6 context =
+    91%, 'over the 90% ceiling'). With empty_cache() after the warm-up the timed steps read the
+    steady 18.2 GB + context + the handles."""
+    m = project_modules
+    gpu = FakeGpu(0.035, spike_gb=3.0, handles_gb=0.8)
+    (batch, accum, _), lines, monitor = _probe(m, gpu, monkeypatch)
+    line = next(x for x in lines if x.startswith("PROBE: batch=512 ->"))
+    used = float(re.search(r"([\d.]+) GB \(", line).group(1))
+    assert used == pytest.approx(gpu.use(512) + 0.8, abs=0.01), line  # steady need + context + handles
+    assert "over the 90% ceiling" not in line and (batch, accum) == (512, 1), lines
+    assert monitor.outside == int(0.6 * GB) + int(0.8 * GB)  # re-read after the first step: the handles count
+
+
+def test_item6_the_snapshot_of_the_probed_model_is_a_host_copy(project_modules):
+    m = project_modules
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    saved = m.gpu.snapshot(model, opt, m.gpu.Amp("off", torch.device("cpu")))
+    tensors = [*saved[0].values(), *(v for s in saved[1]["state"].values() for v in s.values())]
+    assert tensors and all(t.device.type == "cpu" for t in tensors)
+    assert all(
+        t.data_ptr() != p.data_ptr() for t, p in zip(saved[0].values(), model.state_dict().values(), strict=True)
+    )
+
+
+def test_item7_a_batch_under_8_is_accepted_with_a_warning(project_modules, monkeypatch):
+    """4 GB an image on a 24 GB card: 8 does not fit, 4 does. The old floor raised 'not even a batch
+    of 8 fits' and the run ended; now 4 x 32 keeps the effective batch 128."""
+    m = project_modules
+    gpu = FakeGpu(4.0, spike_gb=2.0)
+    (batch, accum, lr), lines, _ = _probe(m, gpu, monkeypatch)
+    assert (batch, accum) == (4, 32), lines
+    assert "PROBE: batch=8 -> out of memory" in lines
+    warning = next(x for x in lines if x.startswith("WARNING: only a batch of 4 fits"))
+    assert "--grad-checkpointing" in warning and "--image-size" in warning and "--max-len" in warning
+
+
+def test_item7_nothing_fits_is_one_error_naming_the_way_out(project_modules, monkeypatch):
+    m = project_modules
+    with pytest.raises(m.errors.RunError, match="not even a batch of 1 fits.*--grad-checkpointing"):
+        _probe(m, FakeGpu(30.0), monkeypatch)
+
+
+def test_eval_batch_is_sized_on_its_own(project_modules, monkeypatch):
+    """A forward at 2x the training batch that does not fit halves the *validation* batch only."""
+    m = project_modules
+    gpu = FakeGpu(0.06, total_gb=16.0, spike_gb=0.0).install(monkeypatch)
+    monitor = m.gpu.GpuMonitor(torch.device("cuda"))
+    lines = []
+
+    def forward(b):  # a no-grad forward holds a third of a training step's activations here
+        gpu.forward(b, train=False)
+
+    size = m.gpu.probe_eval_batch(lambda b: b, forward, 512, monitor, log=lines.append)
+    assert size == 512 and lines == [
+        "EVAL BATCH: 512 (2x the training batch 512, halved until a forward pass fits under 90%)"
+    ]
+
+
+# ----------------------------------------------------------------------------- item 8
+
+
+@pytest.mark.parametrize(
+    "capability,archs,runs",
+    [
+        ((6, 0), CU130_ARCHS, False),  # Kaggle's P100 on a CUDA 13 wheel
+        ((7, 0), CU130_ARCHS, False),  # V100: dropped from CUDA 13 builds too
+        ((7, 5), CU130_ARCHS, True),
+        ((8, 9), CU130_ARCHS, True),  # L4: sm_86 code runs on sm_89
+        ((12, 1), CU130_ARCHS, True),
+        ((9, 0), ["sm_80", "sm_86"], False),  # no sm_9x cubin and no PTX
+        ((9, 0), ["sm_80", "compute_80"], True),  # PTX: the driver compiles it
+        ((10, 0), ["sm_90a", "sm_100f"], True),
+    ],
+)
+def test_item8_kernel_targets_against_the_cards_capability(project_modules, capability, archs, runs):
+    assert project_modules.gpu.runs_on(archs, capability) is runs
+
+
+def test_item8_a_card_this_torch_cannot_run_is_one_error_before_anything_is_written(
+    project_modules, digits_dir, tmp_path, monkeypatch
+):
+    m = project_modules
+    FakeCuda("p100", arch_list=CU130_ARCHS).install(monkeypatch)
+    out = tmp_path / "out"
+    message = r"GPU Tesla P100-PCIE-16GB \(compute capability 6\.0, sm_60\) cannot run this torch .*--device cpu"
+    with pytest.raises(m.errors.RunError, match=message):
+        m.train.main(["--data-dir", str(digits_dir), "--out-dir", str(out), "--device", "cuda", "--no-pretrained"])
+    with pytest.raises(m.errors.RunError, match=message):
+        m.train.main(["--data-dir", str(digits_dir), "--out-dir", str(out), "--no-pretrained"])  # --device auto
+    assert not out.exists()
+    with pytest.raises(m.errors.RunError, match=message):
+        m.predict.main(["--data-dir", str(digits_dir), "--out-dir", str(out), "--device", "cuda"])
+    assert not out.exists()
+    FakeCuda("t4", arch_list=CU130_ARCHS).install(monkeypatch)
+    assert m.gpu.resolve_device("cuda") == torch.device("cuda")
+
+
+# ----------------------------------------------------------------------------- item 9: DDP
+
+
+DDP_OOM = """
+import datetime, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+import engine, gpu, parallel
+
+rank, cpu = dist.get_rank(), torch.device("cpu")
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 3)
+ref = torch.nn.Linear(8, 3)
+ref.load_state_dict(model.state_dict())
+ddp = parallel.wrap(model, cpu)
+data = {r: [(torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(3)]
+        for r, g in ((r, torch.Generator().manual_seed(10 + r)) for r in range(2))}
+calls = []
+
+def batch_loss(batch):
+    x, y = batch
+    calls.append(len(x))
+    if rank == 1 and len(x) > 4 and len(calls) > 1:  # rank 1 runs out of memory from its 2nd batch on
+        raise gpu.OutOfMemoryError("fake: CUDA out of memory on rank 1")
+    return torch.nn.functional.cross_entropy(ddp(x), y), len(x)
+
+opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+batching = engine.Batching(8, 1, 0.5)
+grads = parallel.GradSync(ddp, cpu) if os.environ["AGREE"] == "1" else None  # None: DDP's own all-reduce
+engine.run_epoch(data[rank], 3, batch_loss, opt, sched, gpu.Amp("off", cpu), batching, grads=grads)
+parallel.check_in_sync(ddp, cpu)
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)  # one process: the mean of both ranks' losses
+for i in range(3):
+    ref_opt.zero_grad()
+    sum(torch.nn.functional.cross_entropy(ref(data[r][i][0]), data[r][i][1]) / 2 for r in range(2)).backward()
+    ref_opt.step()
+same = all(torch.allclose(p, q, atol=1e-6) for p, q in zip(model.parameters(), ref.parameters()))
+print(f"RANK {rank}: parts={batching.parts} calls={calls} same_as_one_process={same}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def _torchrun_oom(tmp_path, project, agree: str):
+    script = tmp_path / "ddp_oom.py"
+    script.write_text(DDP_OOM)
+    env = {**RUN_ENV, "AGREE": agree, "PYTHONPATH": str(project)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def image_project(tmp_path_factory, digits_dir):
+    return render(tmp_path_factory.mktemp("ddp-oom") / "proj", data_dir=str(digits_dir))
+
+
+@pytest.mark.slow
+def test_item9_ddp_an_oom_on_one_rank_is_agreed_and_every_rank_splits_alike(tmp_path, image_project):
+    r = _torchrun_oom(tmp_path, image_project, "1")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ranks = sorted(re.findall(r"RANK \d: parts=\d+ calls=\[[\d, ]*\] same_as_one_process=\w+", r.stdout))
+    # rank 0 never ran out of memory, yet splits its batches exactly as rank 1 does (batch 2 was
+    # tried whole, then both ranks redo it and batch 3 as 2 x 4), and both equal one process
+    assert ranks == [
+        "RANK 0: parts=2 calls=[8, 8, 4, 4, 4, 4] same_as_one_process=True",
+        "RANK 1: parts=2 calls=[8, 8, 4, 4, 4, 4] same_as_one_process=True",
+    ], r.stdout
+    assert "every DDP rank splits alike" in r.stdout
+
+
+@pytest.mark.slow
+def test_item9_without_the_agreement_ddps_collectives_no_longer_match(tmp_path, image_project):
+    """The old loop (DDP's own all-reduce inside backward): rank 1 alone splits, its extra backward
+    passes meet rank 0's next all-reduce; the ranks' collectives no longer line up and both hang
+    until the process group's timeout (NCCL on a card: its watchdog, 10 minutes by default)."""
+    r = _torchrun_oom(tmp_path, image_project, "0")
+    assert r.returncode != 0, r.stdout[-3000:]
+    # measured here: both ranks wait in mismatched gloo collectives until the 20 s timeout
+    assert re.search(r"Timed out waiting|Expected to have finished reduction|mismatch", r.stderr), r.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- item 10
+
+
+def test_item10_a_torch_without_torch_outofmemoryerror_still_recovers(project_modules):
+    """torch.OutOfMemoryError is new in 2.5; on 2.3 (which pyproject allows) the first real OOM
+    raised AttributeError inside the except clause."""
+    project = project_modules.gpu.__file__.rsplit("/", 1)[0]
+    r = in_project(
+        project,
+        """
+        import torch
+        del torch.OutOfMemoryError  # torch < 2.5
+        import engine, gpu
+        x, y = torch.randn(24, 8), torch.randint(0, 3, (24,))
+        model = torch.nn.Linear(8, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        calls = []
+        def batch_loss(batch):
+            calls.append(len(batch[0]))
+            if len(batch[0]) > 4 and len(calls) > 1:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+            return torch.nn.functional.cross_entropy(model(batch[0]), batch[1]), len(batch[0])
+        batching = engine.Batching(8, 1, 0.1)
+        batches = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 24, 8)]
+        engine.run_epoch(batches, 3, batch_loss, opt, sched, gpu.Amp("off", torch.device("cpu")), batching)
+        print("PARTS:", batching.parts, gpu.OutOfMemoryError is torch.cuda.OutOfMemoryError)
+        """,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "PARTS: 2 True" in r.stdout
+
+
+# ----------------------------------------------------------------------------- the lesser list
+
+
+def test_the_detected_card_wins_over_the_rendered_profile(project_modules, monkeypatch, capsys):
+    m = project_modules
+    FakeCuda("t4").install(monkeypatch)
+    found = m.engine.profile("a100-40", torch.device("cuda"))
+    assert found.name == "t4"
+    assert capsys.readouterr().out.startswith(
+        "WARNING: --gpu a100-40 (NVIDIA A100 40GB, 40 GB) but this card is Tesla T4"
+    )
+    assert m.engine.profile("t4", torch.device("cuda")).name == "t4" and capsys.readouterr().out == ""
+    rec = m.hardware.recommend(found, "resnet50", 224)
+    assert rec.batch_size < m.hardware.recommend(m.hardware.PROFILES["a100-40"], "resnet50", 224).batch_size
+
+
+def test_bf16_on_a_card_without_it_trains_in_fp16_with_a_warning(project_modules, monkeypatch, capsys):
+    m = project_modules
+    FakeCuda("t4").install(monkeypatch)
+    machine = m.engine.make_machine(torch.device("cuda"), "bf16", {}, channels_last=False)
+    assert machine.amp.mode == "fp16" and machine.amp.scaler.is_enabled()
+    assert "WARNING: --amp bf16 on compute capability 7.5" in capsys.readouterr().out
+    FakeCuda("a100").install(monkeypatch)
+    assert m.engine.make_machine(torch.device("cuda"), "bf16", {}, channels_last=False).amp.mode == "bf16"
+
+
+def test_compile_needs_compute_capability_7(project_modules, monkeypatch):
+    m = project_modules
+    FakeCuda("p100").install(monkeypatch)
+    ok, why = m.engine.can_compile(torch.device("cuda"))
+    assert not ok and "Triton" in why
+    FakeCuda("t4").install(monkeypatch)
+    assert m.engine.can_compile(torch.device("cuda"))[0]
+    assert m.engine.can_compile(torch.device("cpu"))[0]
+
+
+def test_image_normalize_builds_its_constants_once_per_device(project_modules):
+    train = project_modules.train
+    x = torch.randint(0, 255, (2, 3, 4, 4), dtype=torch.uint8)
+    a, b = train.imagenet_stats(x.device), train.imagenet_stats(x.device)
+    assert a[0] is b[0] and a[1] is b[1]
+    expected = (x.float() - torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255) / (
+        torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+    )
+    torch.testing.assert_close(train.normalize(x), expected)
