@@ -1,6 +1,7 @@
 """Batch probe choice on simulated GPUs: the generated project's gpu.probe_batch, run against
-tests/fake_gpu.py's model of a card (context, reserved vs allocated memory, first-step spike,
-optimizer state, a saturating samples/s curve on a fake clock). For each card and data size it
+tests/fake_gpu.py's model of a card (strict torch.cuda fakes with the caching allocator's rules:
+context, reserved vs allocated memory, a first-step workspace that stays cached until
+empty_cache, optimizer state, a saturating samples/s curve on a fake clock). For each card and data size it
 prints the chosen batch's samples/s as a share of the best measured (goal >= 0.95) and the
 optimizer steps an epoch it leaves (goal >= 30), beside what the former memory-filling rule
 (the largest batch under the 90% ceiling) would have left.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 import sys
 
+import pytest
 import torch
 from _project import ROOT, rendered
 
@@ -39,23 +41,27 @@ def main() -> None:
         model = torch.nn.Linear(8, 3)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         amp = gpu_mod.Amp("off", torch.device("cpu"))
-        monitor = gpu_mod.GpuMonitor(torch.device("cpu"), reader=gpu.reader, reset=gpu.reset)
 
-        def real_step(b, model=model, opt=opt):
+        def real_step(batch, model=model, opt=opt):
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(torch.randn(b, 8)), torch.randint(0, 3, (b,))).backward()
+            torch.nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
             opt.step()
 
         lines = []
         start, start_accum = hardware.fit_to_steps(128, 1, rows)  # as train.py does before the probe
         max_batch = max(start, min(4096, rows // hardware.MIN_STEPS_PER_EPOCH))  # as engine.autoscale does
-        batch, accum, _ = gpu_mod.probe_batch(
-            gpu.step(real_step), model, opt, amp, start, start_accum, "large", monitor, max_batch,
-            lambda e: hardware.scaled_lr(1e-3, e), log=lines.append, clock=gpu.clock, sync=lambda: None,
-        )  # fmt: skip
+        fetch = gpu.fetch(lambda b: (torch.randn(b, 8), torch.randint(0, 3, (b,))))
+        step = gpu.step(real_step, rows=lambda batch: len(batch[0]))
+        with pytest.MonkeyPatch.context() as patch:  # torch.cuda's functions: the fake card's
+            gpu.install(patch)
+            monitor = gpu_mod.GpuMonitor(torch.device("cuda"))
+            batch, accum, _ = gpu_mod.probe_batch(
+                fetch, step, model, opt, amp, start, start_accum, "large", monitor, max_batch,
+                lambda e: hardware.scaled_lr(1e-3, e), log=lines.append, clock=gpu.clock,
+            )  # fmt: skip
         rates = {int(b): float(r) for b, r in re.findall(r"PROBE: batch=(\d+) -> (\d+) samples/s", "\n".join(lines))}
         chosen = batch if accum == 1 else min(b for b in rates if b >= batch)
-        fill = max(b for b in range(8, 65536, 8) if gpu.use(b) - gpu.spike <= 0.9 * gpu.total)
+        fill = max(b for b in range(8, 65536, 8) if gpu.use(b) <= 0.9 * gpu.total)
         print(
             f"{name:52}{batch * accum:>8}{rates[chosen] / max(rates.values()):>15.3f}"
             f"{rows // (batch * accum):>13}{fill:>19}{rows // fill:>11}"
