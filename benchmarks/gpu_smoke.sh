@@ -13,7 +13,12 @@
 #   4. runs run.py --budget 10m (the probe's PROBE: lines, the planner, a submission);
 #   5. runs kagtpl doctor on that log;
 #   6. with 2+ GPUs (or on CPU), dry-runs --parallel folds and --parallel ddp through torchrun;
-#   7. runs tune.py with 2 workers sharing the card (each capped at its share; probe per trial).
+#   7. runs tune.py with 2 workers sharing the card (each capped at its share; probe per trial);
+#   8. the items of issue 22 that only a card can show (docs/gpu-check.md, "What a read of the CUDA
+#      paths found"), each checked for the line it expects: the kernel targets (8), bf16 asked for
+#      on a card without it, predict.py in the checkpoint's precision (4), the probe's EVAL BATCH
+#      and steady memory (5, 6), a batch under 8 (7), --compile below 7.0, the detected card over
+#      --gpu, and a table on the card: CatBoost and XGBoost on CUDA (2), an fp16 price target (3).
 # Every step's output is kept in WORKDIR/logs; the last line says which steps failed.
 # SMOKE_DEVICE=cpu runs the same steps on CPU, skipping the CUDA-only ones (to check the script);
 # SMOKE_BUDGET sets step 4's budget (default 10m), SMOKE_TUNE_BUDGET step 7's (default 5m).
@@ -27,6 +32,15 @@ DEVICE="${SMOKE_DEVICE:-cuda}"
 BUDGET="${SMOKE_BUDGET:-10m}"
 mkdir -p "$WORK/logs"
 FAILED=()
+
+expect() {  # expect LOG REGEX WHAT: the line a step must print (grep -E), else a failure named after WHAT
+    local log="$1" regex="$2" what="$3"
+    if grep -Eq "$regex" "$WORK/logs/$log.log"; then
+        echo "   expected line found ($what): $(grep -Em1 "$regex" "$WORK/logs/$log.log" | cut -c1-160)"
+    else
+        echo "   MISSING ($what): no line matching /$regex/ in logs/$log.log"; FAILED+=("$what")
+    fi
+}
 
 step() {  # step NAME CMD...: run in the project, log to logs/NAME.log, remember failures
     local name="$1"; shift
@@ -110,6 +124,69 @@ fi
 step tune "$PY" tune.py --trials 4 --workers 2 --budget "${SMOKE_TUNE_BUDGET:-5m}" --device "$DEVICE" --no-pretrained --epochs 3 --out-dir out-tune
 grep -q "^TUNE BEST: " "$WORK/logs/tune.log" || FAILED+=("tune-best")
 grep -q "^\[tune1\] TUNE: trial=" "$WORK/logs/tune.log" || FAILED+=("tune-workers")
+
+# 8. issue 22's items on the card
+if [ "$DEVICE" = cuda ]; then
+    # item 8: this torch has kernels for this card (else train.py and predict.py print one ERROR line)
+    step kernels "$PY" -c 'import torch, gpu; gpu.resolve_device("cuda"); print("KERNELS: ok:", torch.cuda.get_device_name(), torch.cuda.get_device_capability(), torch.__version__, torch.version.cuda, torch.cuda.get_arch_list())'
+    expect kernels "^KERNELS: ok: " item8-kernel-targets
+    # lesser: bf16 asked for on a card without it trains in fp16, with a warning
+    if [ "$CAP" -lt 8 ]; then
+        step bf16-on-fp16-card "$PY" train.py --dry-run --device cuda --amp bf16 --no-pretrained --out-dir out-bf16
+        expect bf16-on-fp16-card "^WARNING: --amp bf16 on compute capability" bf16-warning
+    fi
+    # item 4: predict.py runs in the precision the checkpoint was trained with (fp32 here, on any card)
+    step predict-fp32 "$PY" predict.py --device cuda --out-dir out-fp32
+    expect predict-fp32 "^PRECISION: fp32 \(trained in fp32\)" item4-predict-precision
+    # items 5, 6: the probe timed steps on a fetched batch, read the steady memory, sized the eval batch
+    expect run-budget "^BATCH PROBE: batch [0-9]+ x [0-9]+ -> " item5-probe-result
+    expect run-budget "^EVAL BATCH: [0-9]+ " item6-eval-batch
+    # item 7: 2.5 GB of the card and 1024 px images: only a batch under 8 fits, and training goes on
+    step small-batch "$PY" -c '
+import runpy, sys, torch
+torch.cuda.set_per_process_memory_fraction(2.5 * 1024**3 / torch.cuda.get_device_properties(0).total_memory)
+sys.argv = ["train.py", "--device", "cuda", "--no-pretrained", "--image-size", "1024", "--epochs", "1",
+            "--folds", "2", "--train-folds", "1", "--out-dir", "out-small"]
+runpy.run_path("train.py", run_name="__main__")'
+    expect small-batch "^WARNING: only a batch of [1-7] fits" item7-small-batch
+    expect small-batch "^FOLD 0 DONE" item7-trained
+    # lesser: --compile below compute capability 7.0 (Triton) is switched off with a warning
+    if [ "$CAP" -lt 7 ]; then
+        step compile-old-card "$PY" train.py --dry-run --device cuda --compile --no-pretrained --out-dir out-compile
+        expect compile-old-card "^WARNING: --compile needs compute capability" compile-warning
+    fi
+    # lesser: the detected card wins over --gpu, with a WARNING naming both
+    OTHER=t4; grep -qi "T4" "$WORK/logs/gpu.txt" 2>/dev/null && OTHER=a100-80
+    step profile-mismatch "$PY" train.py --dry-run --device cuda --gpu "$OTHER" --no-pretrained --out-dir out-profile
+    expect profile-mismatch "^WARNING: --gpu $OTHER .* but this card is " profile-warning
+    # items 2, 3: a table on the card: CatBoost (no callbacks, Logloss) and XGBoost on CUDA, and the
+    # MLP on a price target above fp16's 65504 under --amp fp16
+    "$PY" - "$WORK" <<'EOF2' || FAILED+=("table-render")
+import sys
+from pathlib import Path
+
+import pandas as pd
+from kagtpl import new, table
+
+work = Path(sys.argv[1])
+for kind, name in (("binary", "table"), ("regression", "prices")):
+    data = table.write_table(work / f"{name}-data", kind)
+    if name == "prices":  # diabetes x 1000: up to ~350,000
+        train = pd.read_csv(data / "train.csv")
+        train["target"] *= 1000.0
+        train.to_csv(data / "train.csv", index=False)
+    new.new_project(new.NewAnswers(name=name, task="tabular", gpu="auto", data=data, folds=3, epochs=5, dest=work,
+                                   force=True))
+EOF2
+    (cd "$WORK/table" && "$PY" train.py --device cuda --models xgb,cat,mlp) >"$WORK/logs/table.log" 2>&1 || FAILED+=("table")
+    expect table "^BOOSTER: cat \(catboost\) on cuda .*early stopping on Logloss" item2-catboost-gpu
+    expect table "^OOF: auc=[0-9.]+ .*\(cat\)$" item2-catboost-oof
+    expect table "^OOF: auc=[0-9.]+ .*\(xgb\)$" item2-xgboost-oof
+    grep -q "Falling back to prediction using DMatrix" "$WORK/logs/table.log" && FAILED+=("xgb-device-fallback")
+    (cd "$WORK/prices" && "$PY" train.py --device cuda --amp fp16 --models mlp) >"$WORK/logs/prices.log" 2>&1 || FAILED+=("prices")
+    expect prices "^OOF: rmse=[0-9.]+ over" item3-fp16-price-target
+    grep -q "not finite" "$WORK/logs/prices.log" && FAILED+=("item3-not-finite")
+fi
 
 echo "logs: $WORK/logs"
 if [ ${#FAILED[@]} -gt 0 ]; then

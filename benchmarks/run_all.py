@@ -15,6 +15,7 @@ SCRIPTS = [
     "time_budget.py",
     "generator_latency.py",
     "batch_probe.py",
+    "probe_log.py",
     "small_data_recipe.py",
     "input_headroom.py",
     "fold_parallel.py",

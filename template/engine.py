@@ -307,10 +307,12 @@ def make_machine(device: torch.device, amp_flag: str, loader: dict, channels_las
     return machine_for(device, mode, loader, channels_last)
 
 
-def inference_machine(device: torch.device, trained_amp: str | None, loader: dict, channels_last: bool) -> Machine:
-    """predict.py's machine: the precision the checkpoint was trained with where this device runs
-    it, else fp32 (gpu.inference_amp), printed as a PRECISION: line."""
-    mode, why = gpu.inference_amp(trained_amp, describe_gpu(device)[2])
+def inference_machine(device: torch.device, checkpoints: list, loader: dict, channels_last: bool) -> Machine:
+    """predict.py's machine for the ensemble's [(path, checkpoint)]: the precision they were trained
+    with where this device runs it, else fp32 (gpu.inference_amp; folds trained in different
+    precisions, a resume with another --amp: fp32), printed as a PRECISION: line."""
+    trained = {ckpt["config"].get("amp") for _, ckpt in checkpoints}
+    mode, why = gpu.inference_amp(trained.pop() if len(trained) == 1 else "mixed", describe_gpu(device)[2])
     print(f"PRECISION: {mode} ({why})")
     return machine_for(device, mode, loader, channels_last)
 

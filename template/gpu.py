@@ -144,6 +144,8 @@ def inference_amp(trained: str | None, capability: tuple[int, int] | None) -> tu
         return "fp32", "trained in bf16, which this card has no native support for: fp32"
     if trained in ("fp32", "off"):
         return "fp32", f"trained in {trained}"
+    if trained == "mixed":
+        return "fp32", "the folds were trained in different precisions: fp32"
     return "fp32", "the checkpoint does not say how it was trained: fp32"
 
 

@@ -104,6 +104,17 @@ def test_batch_probe_choice_meets_its_goals():
         assert int(chosen) <= int(fill)  # never more than filling memory would take
 
 
+def test_probe_log_is_the_one_docs_gpu_check_shows():
+    """Deterministic (fake card, fake clock): every PROBE block docs/gpu-check.md prints is this
+    benchmark's output, line for line."""
+    out = bench("probe_log.py")
+    docs = (ROOT / "docs" / "gpu-check.md").read_text()
+    lines = [x for x in out.splitlines() if x.startswith(("PROBE:", "BATCH PROBE:", "EVAL BATCH:"))]
+    assert len(lines) == 14 and sum(x.startswith("EVAL BATCH:") for x in lines) == 2, out
+    for line in lines:
+        assert line in docs, line
+
+
 def test_small_data_recipe_smoke():
     out = bench("small_data_recipe.py", "--train", "120", "--budget", "60s")
     ours, base, ratio = figures(

@@ -215,11 +215,14 @@ def test_item3_fp16_training_on_a_price_target_gives_a_finite_oof(price_table):
 def test_item4_prediction_uses_the_checkpoints_precision(project_modules, monkeypatch, capsys, card, trained, expected):
     m = project_modules
     FakeCuda(card).install(monkeypatch)
-    machine = m.engine.inference_machine(torch.device("cuda"), trained, {}, channels_last=False)
+    checkpoints = [("model_fold0.pth", {"config": {"amp": trained}})] if trained else [("f.pth", {"config": {}})]
+    machine = m.engine.inference_machine(torch.device("cuda"), checkpoints, {}, channels_last=False)
     assert machine.amp.mode == expected
     assert capsys.readouterr().out.startswith(f"PRECISION: {expected} (")
-    cpu = m.engine.inference_machine(torch.device("cpu"), trained, {}, channels_last=False)
+    cpu = m.engine.inference_machine(torch.device("cpu"), checkpoints, {}, channels_last=False)
     assert cpu.amp.mode == "off" and not cpu.amp.enabled
+    mixed = [*checkpoints, ("model_fold1.pth", {"config": {"amp": "fp32" if trained != "fp32" else "fp16"}})]
+    assert m.engine.inference_machine(torch.device("cuda"), mixed, {}, channels_last=False).amp.mode == "fp32"
 
 
 def test_item4_every_predict_py_asks_for_the_checkpoints_precision():
@@ -229,7 +232,7 @@ def test_item4_every_predict_py_asks_for_the_checkpoints_precision():
     for task in ("image", "text", "tabular"):
         source = (ROOT / "template" / f"{{% if task == '{task}' %}}predict.py{{% endif %}}").read_text()
         assert 'make_machine(device, "auto"' not in source, task
-        assert re.search(r"engine\.inference_machine\(device, c\w*(\.get\(\"amp\"\)|\[\"amp\"\])", source), task
+        assert "engine.inference_machine(device, checkpoints," in source, task
 
 
 # ----------------------------------------------------------------------------- items 5, 6, 7: the probe
