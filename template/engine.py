@@ -606,6 +606,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             grads,
         )
         train_time, on_first_step = time.time() - t0, None
+        grads.sync_buffers()  # DDP: validate rank 0's BatchNorm statistics, the ones saved
         train_loss, seen = parallel.mean(train_loss, machine.device), seen * batching.world
         if parallel.agree_plan(planner, machine.device):  # deadline or SIGTERM mid-epoch: no time to validate
             if not saved:  # better an unvalidated model than no submission

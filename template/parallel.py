@@ -256,6 +256,13 @@ class GradSync:
         """The OOM: line's ending under DDP: the split is every rank's."""
         return " (every DDP rank splits alike)" if self.on else ""
 
+    def sync_buffers(self) -> None:
+        """Rank 0's buffers (BatchNorm's running statistics) to every rank, before validation: DDP
+        broadcasts them only in forwards that sync, and these never do; rank 0's are the ones saved."""
+        if self.on:
+            for buffer in self.model.module.buffers():
+                dist.broadcast(buffer, 0)
+
     def reduce(self) -> None:
         """Average the group's gradients over the ranks, in buckets of one dtype."""
         if not self.on:
