@@ -116,8 +116,14 @@ if [ "$DEVICE" = cpu ] || [ "$NGPU" -ge 2 ]; then
     step folds "$PY" train.py --dry-run --device "$DEVICE" --parallel folds "${DEVICES[@]}" --no-pretrained --out-dir out-folds
     step ddp "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 train.py --dry-run --device "$DEVICE" \
         --parallel ddp --no-pretrained --out-dir out-ddp
+    if [ "$DEVICE" = cuda ]; then  # item 9: an OOM on one NCCL rank, agreed by both (tests/ddp_oom.py)
+        step ddp-oom env DEVICE=cuda AGREE=1 PYTHONPATH="$WORK/digits" "$PY" -m torch.distributed.run --standalone \
+            --nproc-per-node=2 "$ROOT/tests/ddp_oom.py"
+        expect ddp-oom "RANK 0: parts=2 calls=\[8, 8, 4, 4, 4, 4\] same_as_one_process=True" item9-ddp-oom-rank0
+        expect ddp-oom "RANK 1: parts=2 calls=\[8, 8, 4, 4, 4, 4\] same_as_one_process=True" item9-ddp-oom-rank1
+    fi
 else
-    echo "== folds, ddp: skipped ($NGPU GPU visible; they need 2)"
+    echo "== folds, ddp, ddp-oom: skipped ($NGPU GPU visible; they need 2)"
 fi
 
 # 7. two tune.py workers on one card: each allocator capped at half, the probe sizing each trial in it

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -399,51 +400,10 @@ def test_item8_a_card_this_torch_cannot_run_is_one_error_before_anything_is_writ
 # ----------------------------------------------------------------------------- item 9: DDP
 
 
-DDP_OOM = """
-import datetime, os, sys
-import torch, torch.distributed as dist
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
-import engine, gpu, parallel
-
-rank, cpu = dist.get_rank(), torch.device("cpu")
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 3)
-ref = torch.nn.Linear(8, 3)
-ref.load_state_dict(model.state_dict())
-ddp = parallel.wrap(model, cpu)
-data = {r: [(torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(3)]
-        for r, g in ((r, torch.Generator().manual_seed(10 + r)) for r in range(2))}
-calls = []
-
-def batch_loss(batch):
-    x, y = batch
-    calls.append(len(x))
-    if rank == 1 and len(x) > 4 and len(calls) > 1:  # rank 1 runs out of memory from its 2nd batch on
-        raise gpu.OutOfMemoryError("fake: CUDA out of memory on rank 1")
-    return torch.nn.functional.cross_entropy(ddp(x), y), len(x)
-
-opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
-sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-batching = engine.Batching(8, 1, 0.5)
-grads = parallel.GradSync(ddp, cpu) if os.environ["AGREE"] == "1" else None  # None: DDP's own all-reduce
-engine.run_epoch(data[rank], 3, batch_loss, opt, sched, gpu.Amp("off", cpu), batching, grads=grads)
-parallel.check_in_sync(ddp, cpu)
-ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)  # one process: the mean of both ranks' losses
-for i in range(3):
-    ref_opt.zero_grad()
-    sum(torch.nn.functional.cross_entropy(ref(data[r][i][0]), data[r][i][1]) / 2 for r in range(2)).backward()
-    ref_opt.step()
-same = all(torch.allclose(p, q, atol=1e-6) for p, q in zip(model.parameters(), ref.parameters()))
-print(f"RANK {rank}: parts={batching.parts} calls={calls} same_as_one_process={same}", flush=True)
-dist.barrier()
-dist.destroy_process_group()
-"""
-
-
 def _torchrun_oom(tmp_path, project, agree: str):
-    script = tmp_path / "ddp_oom.py"
-    script.write_text(DDP_OOM)
-    env = {**RUN_ENV, "AGREE": agree, "PYTHONPATH": str(project)}
+    """tests/ddp_oom.py under torchrun: two gloo ranks, rank 1 alone out of memory."""
+    env = {**RUN_ENV, "AGREE": agree, "PYTHONPATH": str(project), "TIMEOUT_S": "20"}
+    script = Path(__file__).with_name("ddp_oom.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
 
