@@ -15,11 +15,10 @@ import re
 import sys
 
 import pytest
-import torch
 from _project import ROOT, rendered
 
 sys.path.insert(0, str(ROOT / "tests"))
-from fake_gpu import FakeGpu  # noqa: E402
+from fake_gpu import FakeGpu, ProbeBench  # noqa: E402
 
 CASES = [
     # name, fake GPU, training rows
@@ -37,28 +36,11 @@ def main() -> None:
     print(f"{'case':52}{'chosen':>8}{'share of best':>15}{'steps/epoch':>13}{'fill-memory batch':>19}{'its steps':>11}")
     for name, card, rows in CASES:
         gpu = FakeGpu(**card)
-        torch.manual_seed(0)
-        model = torch.nn.Linear(8, 3)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        amp = gpu_mod.Amp("off", torch.device("cpu"))
-
-        def real_step(batch, model=model, opt=opt):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
-            opt.step()
-
-        lines = []
         start, start_accum = hardware.fit_to_steps(128, 1, rows)  # as train.py does before the probe
         max_batch = max(start, min(4096, rows // hardware.MIN_STEPS_PER_EPOCH))  # as engine.autoscale does
-        fetch = gpu.fetch(lambda b: (torch.randn(b, 8), torch.randint(0, 3, (b,))))
-        step = gpu.step(real_step, rows=lambda batch: len(batch[0]))
         with pytest.MonkeyPatch.context() as patch:  # torch.cuda's functions: the fake card's
             gpu.install(patch)
-            monitor = gpu_mod.GpuMonitor(torch.device("cuda"))
-            batch, accum, _ = gpu_mod.probe_batch(
-                fetch, step, model, opt, amp, start, start_accum, "large", monitor, max_batch,
-                lambda e: hardware.scaled_lr(1e-3, e), log=lines.append, clock=gpu.clock,
-            )  # fmt: skip
+            (batch, accum, _), lines, _ = ProbeBench(gpu_mod, gpu).run(start, start_accum, max_batch)
         rates = {int(b): float(r) for b, r in re.findall(r"PROBE: batch=(\d+) -> (\d+) samples/s", "\n".join(lines))}
         chosen = batch if accum == 1 else min(b for b in rates if b >= batch)
         fill = max(b for b in range(8, 65536, 8) if gpu.use(b) <= 0.9 * gpu.total)

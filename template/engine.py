@@ -915,9 +915,9 @@ def _backward(batch, batch_loss, amp, group: int, parts: int, grads):
     (local under DDP: grads.local() is no_sync). Returns (loss x rows, rows) for the epoch's mean loss."""
     rows, loss_sum, size_sum = batch_rows(batch), None, 0
     for piece in split_batch(batch, parts) if parts > 1 else [batch]:
-        with grads.local(), amp.autocast():
-            loss, size = batch_loss(piece)
         with grads.local():
+            with amp.autocast():
+                loss, size = batch_loss(piece)
             amp.backward(loss * (size / rows) / group)
         part = loss.detach().float() * size
         loss_sum, size_sum = (part if loss_sum is None else loss_sum + part), size_sum + size

@@ -125,7 +125,7 @@ def training_amp(flag: str, capability: tuple[int, int] | None) -> tuple[str, st
         if mode == "fp32":
             return mode, f"compute capability {capability} has no tensor cores: training in fp32 (AMP off)"
         return mode, ""
-    if flag == "bf16" and capability is not None and capability < (8, 0):
+    if flag == "bf16" and capability is not None and hardware.amp_mode(capability) != "bf16":
         cc = "{}.{}".format(*capability)
         return "fp16", f"--amp bf16 on compute capability {cc} (no native bf16, emulated and slow): fp16 + GradScaler"
     return flag, ""
@@ -138,7 +138,7 @@ def inference_amp(trained: str | None, capability: tuple[int, int] | None) -> tu
     in fp32 (fp16 has less range than bf16). On CPU: fp32 (autocast only slows it down)."""
     if capability is None:
         return "off", f"CPU (trained in {trained or 'an unrecorded precision'}): fp32"
-    if trained in ("fp16", "bf16") and (trained == "fp16" or capability >= (8, 0)):
+    if trained == "fp16" or (trained == "bf16" and hardware.amp_mode(capability) == "bf16"):
         return trained, f"trained in {trained}"
     if trained == "bf16":
         return "fp32", "trained in bf16, which this card has no native support for: fp32"
@@ -337,19 +337,19 @@ def probe_batch(
     sync = sync or (torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None))
     target, ceiling = hardware.TARGET_PCT[size_class], hardware.BAND_MAX_PCT
     saved = snapshot(model, optimizer, amp)
-    total_gb, first = None, [True]
+    total_gb, first = None, True
 
     def trial(b: int) -> tuple[float, float] | None:
         """(samples/s, peak memory %) of b, or None when it does not fit."""
-        nonlocal total_gb
+        nonlocal total_gb, first
         free_gpu_memory()
         try:
             rows = fetch(b)  # untimed: the loader's start and one batch of augmentation
             step(rows)  # warm-up at this shape
             sync()
-            if first[0]:  # cuBLAS/cuDNN handles exist now: they are outside the allocator
+            if first:  # cuBLAS/cuDNN handles exist now: they are outside the allocator
                 monitor.measure_outside()
-                first[0] = False
+                first = False
             free_gpu_memory()  # the autotune workspace is cached, not freed, until this
             monitor.reset()  # the steady need, not the first step's autotune spike
             t0 = clock()
@@ -446,7 +446,8 @@ def probe_eval_batch(fetch, predict, batch, monitor, log=print) -> int:
             monitor.reset()
             predict(rows)
             del rows
-            pct = monitor.peak()[2] if monitor.peak() else 0.0
+            peak = monitor.peak()
+            pct = peak[2] if peak else 0.0
         except RuntimeError as e:
             if not is_oom(e):
                 raise

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 import hardware
 from errors import RunError
+from gpu import OutOfMemoryError, is_oom
 
 # A fold worker learns its place from the parent train.py through the environment, as a torchrun
 # rank does from RANK / WORLD_SIZE: "index/count" and the run id its JSON log records carry.
@@ -232,8 +233,6 @@ class GradSync:
         """fn(*args), with every rank told whether any rank ran out of memory in it."""
         if not self.on:
             return fn(*args)
-        from gpu import OutOfMemoryError, is_oom
-
         result, error = None, None
         try:
             result = fn(*args)
@@ -267,25 +266,28 @@ class GradSync:
         """Average the group's gradients over the ranks, in buckets of one dtype."""
         if not self.on:
             return
-        world = dist.get_world_size()
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:  # unused this group on this rank: zeros, so every rank's buckets match
                 p.grad = torch.zeros_like(p)
-        bucket: list[torch.Tensor] = []
-        for p in [*params, None]:
-            full = bucket and (
-                p is None or p.grad.dtype != bucket[0].dtype or sum(g.numel() for g in bucket) >= self.BUCKET
-            )
-            if full:
-                flat = torch._utils._flatten_dense_tensors(bucket)
-                dist.all_reduce(flat)
-                flat /= world
-                for g, reduced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket), strict=True):
-                    g.copy_(reduced)
-                bucket = []
-            if p is not None:
-                bucket.append(p.grad)
+        bucket, size = [], 0
+        for p in params:
+            if bucket and (p.grad.dtype != bucket[0].dtype or size >= self.BUCKET):
+                self.mean_over_ranks(bucket)
+                bucket, size = [], 0
+            bucket.append(p.grad)
+            size += p.grad.numel()
+        if bucket:
+            self.mean_over_ranks(bucket)
+
+    @staticmethod
+    def mean_over_ranks(tensors: list[torch.Tensor]) -> None:
+        """One all-reduce for tensors of one dtype, flattened together; each becomes the ranks' mean."""
+        flat = torch._utils._flatten_dense_tensors(tensors)
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        for t, reduced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors), strict=True):
+            t.copy_(reduced)
 
 
 def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -303,3 +303,37 @@ class FakeGpu:
 
     def clock(self) -> float:
         return self.now
+
+
+class ProbeBench:
+    """What gpu.probe_batch needs, on a FakeGpu card: a small real model (Linear, BatchNorm,
+    Linear), AdamW and the project's Amp on CPU, fed through `card.fetch` and stepped through
+    `card.step`, so the card's memory and clock follow every step the probe takes. `run()` probes
+    with the project's own GpuMonitor on "cuda": install the card (`card.install`) first."""
+
+    def __init__(self, gpu_module, card: FakeGpu, amp_mode: str = "off"):
+        torch.manual_seed(0)
+        self.gpu, self.card = gpu_module, card
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.amp = gpu_module.Amp(amp_mode, torch.device("cpu"))
+        self.fetch = card.fetch(lambda b: (torch.randn(b, 8), torch.randint(0, 3, (b,))))
+        self.step = card.step(self.train_step, rows=lambda batch: len(batch[0]))
+
+    def train_step(self, batch) -> None:
+        x, y = batch
+        self.opt.zero_grad()
+        with self.amp.autocast():
+            loss = torch.nn.functional.cross_entropy(self.model(x).float(), y)
+        self.amp.backward(loss)
+        self.amp.step(self.opt)
+
+    def run(self, start: int = 128, accum: int = 1, max_batch: int = 4096, size_class: str = "large"):
+        """gpu.probe_batch with the run's LR rule on --lr 1e-3: ((batch, accum, lr), log lines, monitor)."""
+        lines = []
+        monitor = self.gpu.GpuMonitor(torch.device("cuda"))
+        result = self.gpu.probe_batch(
+            self.fetch, self.step, self.model, self.opt, self.amp, start, accum, size_class, monitor, max_batch,
+            lambda effective: self.gpu.hardware.scaled_lr(1e-3, effective), log=lines.append, clock=self.card.clock,
+        )  # fmt: skip
+        return result, lines, monitor

@@ -12,42 +12,14 @@ import re
 import numpy as np
 import pytest
 import torch
-from fake_gpu import GB, FakeGpu
-
-
-def setup(project_modules, gpu, monkeypatch, amp_mode="off"):
-    """A real model, optimizer and AMP on CPU; the monitor is the project's own GpuMonitor on
-    "cuda", reading the fake card through torch.cuda's (strict, faked) functions."""
-    m = project_modules
-    gpu.install(monkeypatch)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    amp = m.gpu.Amp(amp_mode, torch.device("cpu"))
-    monitor = m.gpu.GpuMonitor(torch.device("cuda"))
-
-    def make(b):
-        return torch.randn(b, 8), torch.randint(0, 3, (b,))
-
-    def real_step(batch):
-        x, y = batch
-        opt.zero_grad()
-        with amp.autocast():
-            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
-        amp.backward(loss)
-        amp.step(opt)
-
-    return m.gpu, model, opt, amp, monitor, gpu.fetch(make), gpu.step(real_step, rows=lambda batch: len(batch[0]))
+from fake_gpu import GB, FakeGpu, ProbeBench
 
 
 def probe(project_modules, gpu, monkeypatch, start=128, accum=1, max_batch=4096, amp_mode="off", size_class="small"):
-    kit, model, opt, amp, monitor, fetch, step = setup(project_modules, gpu, monkeypatch, amp_mode)
-    lines = []
-    lr_for = lambda e: project_modules.hardware.scaled_lr(1e-3, e)  # noqa: E731
-    result = kit.probe_batch(
-        fetch, step, model, opt, amp, start, accum, size_class, monitor, max_batch, lr_for, log=lines.append,
-        clock=gpu.clock,
-    )  # fmt: skip
+    """gpu.probe_batch on a small real model on CPU; the monitor is the project's own GpuMonitor on
+    "cuda", reading the fake card through torch.cuda's (strict, faked) functions."""
+    gpu.install(monkeypatch)
+    result, lines, _ = ProbeBench(project_modules.gpu, gpu, amp_mode).run(start, accum, max_batch, size_class)
     return result, lines
 
 
@@ -87,14 +59,12 @@ def test_probe_keeps_the_smallest_batch_within_5_percent_of_the_best_speed(
 
 
 def test_probing_does_not_train_the_model_and_leaves_a_fresh_fp16_scaler(project_modules, monkeypatch):
-    gpu = FakeGpu(0.045)
-    kit, model, opt, amp, monitor, fetch, step = setup(project_modules, gpu, monkeypatch, amp_mode="fp16")
+    gpu = FakeGpu(0.045).install(monkeypatch)
+    bench = ProbeBench(project_modules.gpu, gpu, amp_mode="fp16")
+    model, opt, amp = bench.model, bench.opt, bench.amp
     before = {k: v.clone() for k, v in model.state_dict().items()}
     scale = amp.scaler.get_scale()
-    kit.probe_batch(
-        fetch, step, model, opt, amp, 128, 1, "large", monitor, 4096, lambda e: 1e-3, log=lambda _: None,
-        clock=gpu.clock,
-    )  # fmt: skip
+    bench.run(128, 1, 4096, "large")
     assert len(gpu.steps) >= 8  # real optimizer steps were taken while probing (a real GradScaler)...
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k  # ...and undone: weights and BatchNorm statistics

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from fake_gpu import GB, FakeCuda, FakeGpu
+from fake_gpu import GB, FakeCuda, FakeGpu, ProbeBench
 
 from conftest import RUN_ENV, render, run_script
 
@@ -108,14 +108,7 @@ def price_table(tmp_path_factory):
 
 def in_project(project, code: str) -> subprocess.CompletedProcess:
     """Python code run in a rendered project (its modules importable), in a process of its own."""
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=project,
-        env=RUN_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_script(project, "-c", textwrap.dedent(code), check=False)
 
 
 def test_item2_catboost_and_xgboost_take_their_gpu_parameters(price_table):
@@ -239,31 +232,10 @@ def test_item4_every_predict_py_asks_for_the_checkpoints_precision():
 # ----------------------------------------------------------------------------- items 5, 6, 7: the probe
 
 
-def _probe_kit(m, gpu, monkeypatch, amp_mode="off"):
+def _probe(m, gpu, monkeypatch):
+    """gpu.probe_batch from 128 on the fake card: ((batch, accum, lr), log lines, monitor)."""
     gpu.install(monkeypatch)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    amp = m.gpu.Amp(amp_mode, torch.device("cpu"))
-
-    def real_step(batch):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
-        opt.step()
-
-    fetch = gpu.fetch(lambda b: (torch.randn(b, 8), torch.randint(0, 3, (b,))))
-    step = gpu.step(real_step, rows=lambda batch: len(batch[0]))
-    return model, opt, amp, m.gpu.GpuMonitor(torch.device("cuda")), fetch, step
-
-
-def _probe(m, gpu, monkeypatch, start=128, accum=1, max_batch=4096):
-    model, opt, amp, monitor, fetch, step = _probe_kit(m, gpu, monkeypatch)
-    lines = []
-    result = m.gpu.probe_batch(
-        fetch, step, model, opt, amp, start, accum, "large", monitor, max_batch,
-        lambda e: m.hardware.scaled_lr(1e-3, e), log=lines.append, clock=gpu.clock,
-    )  # fmt: skip
-    return result, lines, monitor
+    return ProbeBench(m.gpu, gpu).run()
 
 
 def test_item5_the_probe_times_the_gpu_step_not_the_loader(project_modules, digits_dir, tmp_path, monkeypatch, capsys):
