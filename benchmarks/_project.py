@@ -21,7 +21,7 @@ TABLE_ANSWERS = {
 }
 
 
-MODULES = ("train", "engine", "gpu", "hardware", "planner")
+MODULES = ("train", "engine", "gpu", "hardware", "planner", "probe", "steps", "machine")
 EXTRA = {"image": ("images",), "text": ("texts",)}  # task-only modules
 
 

@@ -1,4 +1,4 @@
-"""Batch probe choice on simulated GPUs: the generated project's gpu.probe_batch, run against
+"""Batch probe choice on simulated GPUs: the generated project's probe.probe_batch, run against
 tests/fake_gpu.py's model of a card (strict torch.cuda fakes with the caching allocator's rules:
 context, reserved vs allocated memory, a first-step workspace that stays cached until
 empty_cache, optimizer state, a saturating samples/s curve on a fake clock). For each card and data size it
@@ -31,16 +31,16 @@ CASES = [
 
 def main() -> None:
     project = rendered("image", model="resnet18", image_size=64)
-    gpu_mod, hardware = project.gpu, project.hardware
-    print(f"batch probe on simulated GPUs (gpu.probe_batch, {gpu_mod.PROBE_STEPS} timed steps per candidate)")
+    hardware = project.hardware
+    print(f"batch probe on simulated GPUs (probe.probe_batch, {project.probe.PROBE_STEPS} timed steps per candidate)")
     print(f"{'case':52}{'chosen':>8}{'share of best':>15}{'steps/epoch':>13}{'fill-memory batch':>19}{'its steps':>11}")
     for name, card, rows in CASES:
         gpu = FakeGpu(**card)
         start, start_accum = hardware.fit_to_steps(128, 1, rows)  # as train.py does before the probe
-        max_batch = max(start, min(4096, rows // hardware.MIN_STEPS_PER_EPOCH))  # as engine.autoscale does
+        max_batch = max(start, min(4096, rows // hardware.MIN_STEPS_PER_EPOCH))  # as probe.autoscale does
         with pytest.MonkeyPatch.context() as patch:  # torch.cuda's functions: the fake card's
             gpu.install(patch)
-            (batch, accum, _), lines, _ = ProbeBench(gpu_mod, gpu).run(start, start_accum, max_batch)
+            (batch, accum, _), lines, _ = ProbeBench(project, gpu).run(start, start_accum, max_batch)
         rates = {int(b): float(r) for b, r in re.findall(r"PROBE: batch=(\d+) -> (\d+) samples/s", "\n".join(lines))}
         chosen = batch if accum == 1 else min(b for b in rates if b >= batch)
         fill = max(b for b in range(8, 65536, 8) if gpu.use(b) <= 0.9 * gpu.total)

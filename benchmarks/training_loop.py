@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     project = rendered("image", model="resnet18", image_size=args.size)
-    train, engine, hardware = project.train, project.engine, project.hardware
+    train, engine, hardware, steps = project.train, project.engine, project.hardware, project.steps
     torch.set_num_threads(max(1, hardware.usable_cpus()))
     rng = np.random.default_rng(0)
     images = rng.integers(0, 255, (args.images, args.size, args.size, 3), dtype=np.uint8)  # the decode cache's layout
@@ -52,7 +52,7 @@ def main() -> None:
         planner = project.planner.TimePlanner(None, 1, 2)
 
         def batch_loss(batch):  # what cross_validate gives run_epoch: the Competition's loss, on the device
-            x, y = engine.to_device(batch, machine)
+            x, y = steps.to_device(batch, machine)
             return train.loss_fn(model(train.normalize(x)), y), len(y)
 
         times = []
@@ -60,7 +60,7 @@ def main() -> None:
             t0 = time.perf_counter()
             model.train()
             stop = planner.tick if hooks else None
-            engine.run_epoch(loader, len(loader), batch_loss, opt, sched, machine.amp, batching, None, stop)
+            steps.run_epoch(loader, len(loader), batch_loss, opt, sched, machine.amp, batching, None, stop)
             times.append(time.perf_counter() - t0)
         return times[-1]
 

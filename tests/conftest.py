@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -103,7 +105,32 @@ PROJECT_MODULES = (
     "submission",
     "tuning",
     "tune",
+    "steps",
+    "probe",
+    "fold",
+    "artifacts",
+    "machine",
+    "runflags",
+    "workers",
+    "profiles",
+    "tuning_report",
 )
+USER_MODULES = ("train", "predict", "tune")  # the project's top-level files; the rest is machinery/
+
+
+def import_project(proj: Path, names: tuple[str, ...]) -> SimpleNamespace:
+    """A rendered project's modules by short name (train, engine, ...), imported in this process.
+    Another project's modules already imported leave sys.modules first: `machinery` is one package
+    name in every project, and a tabular project's machinery has no images.py."""
+    for name in [n for n in sys.modules if n.split(".")[0] in ("machinery", *USER_MODULES)]:
+        del sys.modules[name]
+    sys.path.insert(0, str(proj))
+    try:
+        return SimpleNamespace(
+            **{n: importlib.import_module(n if n in USER_MODULES else f"machinery.{n}") for n in names}
+        )
+    finally:
+        sys.path.remove(str(proj))
 
 
 @pytest.fixture(scope="session")
@@ -111,12 +138,5 @@ def project_modules(tmp_path_factory, digits_dir):
     """The modules of one rendered image project, imported for in-process checks: m.train, m.predict, m.engine,
     m.gpu, m.errors, m.experiments, m.hardware, m.images, m.logs, m.planner, m.storage, m.submission,
     m.tuning, m.tune."""
-    import importlib
-    from types import SimpleNamespace
-
     proj = render(tmp_path_factory.mktemp("mods") / "proj", data_dir=str(digits_dir))
-    sys.path.insert(0, str(proj))
-    try:
-        return SimpleNamespace(**{m: importlib.import_module(m) for m in PROJECT_MODULES})
-    finally:
-        sys.path.remove(str(proj))
+    return import_project(proj, PROJECT_MODULES)

@@ -21,9 +21,7 @@ dist.init_process_group(
     "nccl" if on_cuda else "gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("TIMEOUT_S", "20")))
 )
 
-import engine  # noqa: E402
-import gpu  # noqa: E402
-import parallel  # noqa: E402
+from machinery import engine, gpu, parallel, steps  # noqa: E402
 
 rank = dist.get_rank()
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if on_cuda else torch.device("cpu")
@@ -53,7 +51,7 @@ opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
 batching = engine.Batching(8, 1, 0.5)
 grads = parallel.GradSync(ddp, device) if os.environ.get("AGREE", "1") == "1" else None  # None: DDP's own
-engine.run_epoch(data[rank], 3, batch_loss, opt, sched, gpu.Amp("off", device), batching, grads=grads)
+steps.run_epoch(data[rank], 3, batch_loss, opt, sched, gpu.Amp("off", device), batching, grads=grads)
 parallel.check_in_sync(ddp, device)
 ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)  # one process: the mean of both ranks' losses
 for i in range(3):

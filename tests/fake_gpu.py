@@ -255,7 +255,7 @@ class FakeGpu:
         self.now += self.overhead + b / self.rate
 
     def step(self, train_step, rows=len):
-        """step(batch) for gpu.probe_batch: the fake card's step at rows(batch), then `train_step(batch)`."""
+        """step(batch) for probe.probe_batch: the fake card's step at rows(batch), then `train_step(batch)`."""
 
         def step(batch):
             b = rows(batch)
@@ -266,7 +266,7 @@ class FakeGpu:
         return step
 
     def fetch(self, make):
-        """fetch(b) for gpu.probe_batch: the loader's time on the clock, then `make(b)`."""
+        """fetch(b) for probe.probe_batch: the loader's time on the clock, then `make(b)`."""
 
         def fetch(b):
             self.fetched.append(b)
@@ -306,17 +306,17 @@ class FakeGpu:
 
 
 class ProbeBench:
-    """What gpu.probe_batch needs, on a FakeGpu card: a small real model (Linear, BatchNorm,
+    """What probe.probe_batch needs, on a FakeGpu card: a small real model (Linear, BatchNorm,
     Linear), AdamW and the project's Amp on CPU, fed through `card.fetch` and stepped through
     `card.step`, so the card's memory and clock follow every step the probe takes. `run()` probes
     with the project's own GpuMonitor on "cuda": install the card (`card.install`) first."""
 
-    def __init__(self, gpu_module, card: FakeGpu, amp_mode: str = "off"):
+    def __init__(self, modules, card: FakeGpu, amp_mode: str = "off"):
         torch.manual_seed(0)
-        self.gpu, self.card = gpu_module, card
+        self.gpu, self.probe, self.card = modules.gpu, modules.probe, card
         self.model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-        self.amp = gpu_module.Amp(amp_mode, torch.device("cpu"))
+        self.amp = modules.gpu.Amp(amp_mode, torch.device("cpu"))
         self.fetch = card.fetch(lambda b: (torch.randn(b, 8), torch.randint(0, 3, (b,))))
         self.step = card.step(self.train_step, rows=lambda batch: len(batch[0]))
 
@@ -329,10 +329,10 @@ class ProbeBench:
         self.amp.step(self.opt)
 
     def run(self, start: int = 128, accum: int = 1, max_batch: int = 4096, size_class: str = "large"):
-        """gpu.probe_batch with the run's LR rule on --lr 1e-3: ((batch, accum, lr), log lines, monitor)."""
+        """probe.probe_batch with the run's LR rule on --lr 1e-3: ((batch, accum, lr), log lines, monitor)."""
         lines = []
         monitor = self.gpu.GpuMonitor(torch.device("cuda"))
-        result = self.gpu.probe_batch(
+        result = self.probe.probe_batch(
             self.fetch, self.step, self.model, self.opt, self.amp, start, accum, size_class, monitor, max_batch,
             lambda effective: self.gpu.hardware.scaled_lr(1e-3, effective), log=lines.append, clock=self.card.clock,
         )  # fmt: skip

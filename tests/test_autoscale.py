@@ -16,10 +16,10 @@ from fake_gpu import GB, FakeGpu, ProbeBench
 
 
 def probe(project_modules, gpu, monkeypatch, start=128, accum=1, max_batch=4096, amp_mode="off", size_class="small"):
-    """gpu.probe_batch on a small real model on CPU; the monitor is the project's own GpuMonitor on
+    """probe.probe_batch on a small real model on CPU; the monitor is the project's own GpuMonitor on
     "cuda", reading the fake card through torch.cuda's (strict, faked) functions."""
     gpu.install(monkeypatch)
-    result, lines, _ = ProbeBench(project_modules.gpu, gpu, amp_mode).run(start, accum, max_batch, size_class)
+    result, lines, _ = ProbeBench(project_modules, gpu, amp_mode).run(start, accum, max_batch, size_class)
     return result, lines
 
 
@@ -60,7 +60,7 @@ def test_probe_keeps_the_smallest_batch_within_5_percent_of_the_best_speed(
 
 def test_probing_does_not_train_the_model_and_leaves_a_fresh_fp16_scaler(project_modules, monkeypatch):
     gpu = FakeGpu(0.045).install(monkeypatch)
-    bench = ProbeBench(project_modules.gpu, gpu, amp_mode="fp16")
+    bench = ProbeBench(project_modules, gpu, amp_mode="fp16")
     model, opt, amp = bench.model, bench.opt, bench.amp
     before = {k: v.clone() for k, v in model.state_dict().items()}
     scale = amp.scaler.get_scale()
@@ -91,7 +91,7 @@ def test_oom_mid_epoch_halves_the_micro_batch_and_keeps_the_effective_batch(proj
         return torch.nn.functional.cross_entropy(model(xb), yb), len(xb)
 
     batching = m.engine.Batching(8, 1, 0.5)
-    loss, seen = m.engine.run_epoch(batches, 3, batch_loss, opt, sched, m.gpu.Amp("off", torch.device("cpu")), batching)
+    loss, seen = m.steps.run_epoch(batches, 3, batch_loss, opt, sched, m.gpu.Amp("off", torch.device("cpu")), batching)
     assert seen == 24 and batching.parts == 2 and sched.last_epoch == 3  # every batch still stepped
     assert seen_sizes == [8, 8, 4, 4, 4, 4]
     out = capsys.readouterr().out
@@ -143,7 +143,7 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
     batching = m.engine.Batching(8, 4, 1e-3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     capsys.readouterr()
-    m.engine.autoscale(comp, fold, 64 * 30, model, opt, dataclasses.replace(machine, monitor=fake), batching, 1e-3)
+    m.probe.autoscale(comp, fold, 64 * 30, model, opt, dataclasses.replace(machine, monitor=fake), batching, 1e-3)
     lines = capsys.readouterr().out.splitlines()
     # the real loader's batches: 8, then doublings, each one warm-up + 3 timed steps, never past 64
     # (len(train) / 30 = 64: enough optimizer steps an epoch)
@@ -159,7 +159,7 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
     assert (batching.size, batching.accum_steps) == (int(final.group(1)), int(final.group(2)))
     assert batching.effective >= 32 and opt.param_groups[0]["lr"] == batching.lr
     assert batching.lr == m.hardware.scaled_lr(1e-3, batching.effective)  # the one LR rule, from --lr
-    config = m.engine.checkpoint_config(args, machine, batching)
+    config = m.artifacts.checkpoint_config(args, machine, batching)
     assert (config["batch_size"], config["accum_steps"], config["lr"]) == (
         batching.size,
         batching.accum_steps,
@@ -217,7 +217,7 @@ def _train(m, amp_mode, batches, step_ooms=0, backward_error=None, forget=True):
         return torch.nn.functional.cross_entropy(Fails.apply(model(xb)).float(), yb), len(yb)
 
     batching = m.engine.Batching(8, 1, 0.5)
-    m.engine.run_epoch(batches, len(batches), batch_loss, opt, sched, amp, batching)
+    m.steps.run_epoch(batches, len(batches), batch_loss, opt, sched, amp, batching)
     return model, batching, amp
 
 

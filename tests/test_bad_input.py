@@ -66,8 +66,8 @@ def _a_file(t: Path) -> str:
 
 def _conflicted_project(t: Path) -> str:
     project = render(t / "proj")
-    text = (project / "engine.py").read_text()
-    (project / "engine.py").write_text("<<<<<<< before updating\n" + text + ">>>>>>> after updating\n")
+    text = (project / "machinery" / "engine.py").read_text()
+    (project / "machinery" / "engine.py").write_text("<<<<<<< before updating\n" + text + ">>>>>>> after updating\n")
     return str(project)
 
 
@@ -139,7 +139,8 @@ def test_kagtpl_check_names_unresolved_conflicts(tmp_path):
     project = _conflicted_project(tmp_path)
     r = kagtpl("check", project, cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.strip() == (
-        "error: unresolved update conflicts in engine.py: resolve the <<<<<<< / >>>>>>> blocks (and *.rej) first"
+        "error: unresolved update conflicts in machinery/engine.py: "
+        "resolve the <<<<<<< / >>>>>>> blocks (and *.rej) first"
     )
 
 

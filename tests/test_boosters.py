@@ -4,16 +4,14 @@ tables `kagtpl table` writes (NaN in a third of the numeric columns, string cate
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import render, run_script
+from conftest import import_project, render, run_script
 from kagtpl import table
 
 ANSWERS = {
@@ -41,12 +39,9 @@ def blend_lines(log: str) -> tuple[dict[str, float], float, dict[str, float]]:
 
 def test_hill_climbing_never_scores_below_its_best_member(tmp_path):
     project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="multiclass", metric="logloss")
-    sys.path.insert(0, str(project))
-    try:
-        blend = importlib.import_module("blend")
-        from sklearn.metrics import log_loss
-    finally:
-        sys.path.remove(str(project))
+    blend = import_project(project, ("blend",)).blend
+    from sklearn.metrics import log_loss
+
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, 400)
     truth = np.eye(3)[y]

@@ -65,7 +65,7 @@ def test_shared_modules_import_no_torch():
     the generator loads the first two, and experiments.py must run where torch is slow to import."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
-        "import planner, hardware, logs, experiments, errors, submission, storage; "
+        "from machinery import planner, hardware, logs, experiments, errors, submission, storage; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     r = subprocess.run([sys.executable, "-c", code, str(ROOT / "template")], capture_output=True, text=True)

@@ -120,7 +120,7 @@ def test_item2_catboost_and_xgboost_take_their_gpu_parameters(price_table):
         """
         import warnings
         import numpy as np, pandas as pd
-        import boosters
+        from machinery import boosters
         rng = np.random.default_rng(0)
         x = pd.DataFrame(rng.random((300, 4)), columns=list("abcd"))
         y = (x["a"] > 0.5).astype(int).to_numpy()
@@ -233,13 +233,13 @@ def test_item4_every_predict_py_asks_for_the_checkpoints_precision():
 
 
 def _probe(m, gpu, monkeypatch):
-    """gpu.probe_batch from 128 on the fake card: ((batch, accum, lr), log lines, monitor)."""
+    """probe.probe_batch from 128 on the fake card: ((batch, accum, lr), log lines, monitor)."""
     gpu.install(monkeypatch)
-    return ProbeBench(m.gpu, gpu).run()
+    return ProbeBench(m, gpu).run()
 
 
 def test_item5_the_probe_times_the_gpu_step_not_the_loader(project_modules, digits_dir, tmp_path, monkeypatch, capsys):
-    """engine.autoscale on the image project's real Competition, real loader and real timm model;
+    """probe.autoscale on the image project's real Competition, real loader and real timm model;
     the fake card charges each new loader's start and augmentation (0.5 s + 10 ms an image) and
     each step's GPU time (50 ms + batch / 100 images/s) to one clock. GPU samples/s: 8: 62,
     16: 76, 32: 86, 64: 93, 128: 96 (+3.7%: saturated) -> 64. Timing the loader with each step
@@ -258,7 +258,7 @@ def test_item5_the_probe_times_the_gpu_step_not_the_loader(project_modules, digi
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batching = m.engine.Batching(8, 4, 1e-3)
     capsys.readouterr()
-    m.engine.autoscale(comp, fold, 200 * 30, model, opt, machine, batching, 1e-3, clock=gpu.clock)
+    m.probe.autoscale(comp, fold, 200 * 30, model, opt, machine, batching, 1e-3, clock=gpu.clock)
     lines = capsys.readouterr().out.splitlines()
     rates = {int(b): float(r) for b, r in re.findall(r"^PROBE: batch=(\d+) -> (\d+) samples/s", "\n".join(lines), re.M)}
     assert rates == {8: 62, 16: 76, 32: 86, 64: 93, 128: 96}, lines  # the GPU's curve, not the loader's
@@ -288,7 +288,7 @@ def test_item6_the_snapshot_of_the_probed_model_is_a_host_copy(project_modules):
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
-    saved = m.gpu.snapshot(model, opt, m.gpu.Amp("off", torch.device("cpu")))
+    saved = m.probe.snapshot(model, opt, m.gpu.Amp("off", torch.device("cpu")))
     tensors = [*saved[0].values(), *(v for s in saved[1]["state"].values() for v in s.values())]
     assert tensors and all(t.device.type == "cpu" for t in tensors)
     assert all(
@@ -324,7 +324,7 @@ def test_eval_batch_is_sized_on_its_own(project_modules, monkeypatch):
     def forward(b):  # a no-grad forward holds a third of a training step's activations here
         gpu.forward(b, train=False)
 
-    size = m.gpu.probe_eval_batch(lambda b: b, forward, 512, monitor, log=lines.append)
+    size = m.probe.probe_eval_batch(lambda b: b, forward, 512, monitor, log=lines.append)
     assert size == 512 and lines == [
         "EVAL BATCH: 512 (2x the training batch 512, halved until a forward pass fits under 90%)"
     ]
@@ -416,13 +416,13 @@ def test_item9_without_the_agreement_ddps_collectives_no_longer_match(tmp_path, 
 def test_item10_a_torch_without_torch_outofmemoryerror_still_recovers(project_modules):
     """torch.OutOfMemoryError is new in 2.5; on 2.3 (which pyproject allows) the first real OOM
     raised AttributeError inside the except clause."""
-    project = project_modules.gpu.__file__.rsplit("/", 1)[0]
+    project = Path(project_modules.gpu.__file__).parents[1]
     r = in_project(
         project,
         """
         import torch
         del torch.OutOfMemoryError  # torch < 2.5
-        import engine, gpu
+        from machinery import engine, gpu, steps
         x, y = torch.randn(24, 8), torch.randint(0, 3, (24,))
         model = torch.nn.Linear(8, 3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -435,7 +435,7 @@ def test_item10_a_torch_without_torch_outofmemoryerror_still_recovers(project_mo
             return torch.nn.functional.cross_entropy(model(batch[0]), batch[1]), len(batch[0])
         batching = engine.Batching(8, 1, 0.1)
         batches = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 24, 8)]
-        engine.run_epoch(batches, 3, batch_loss, opt, sched, gpu.Amp("off", torch.device("cpu")), batching)
+        steps.run_epoch(batches, 3, batch_loss, opt, sched, gpu.Amp("off", torch.device("cpu")), batching)
         print("PARTS:", batching.parts, gpu.OutOfMemoryError is torch.cuda.OutOfMemoryError)
         """,
     )
@@ -472,11 +472,11 @@ def test_bf16_on_a_card_without_it_trains_in_fp16_with_a_warning(project_modules
 def test_compile_needs_compute_capability_7(project_modules, monkeypatch):
     m = project_modules
     FakeCuda("p100").install(monkeypatch)
-    ok, why = m.engine.can_compile(torch.device("cuda"))
+    ok, why = m.machine.can_compile(torch.device("cuda"))
     assert not ok and "Triton" in why
     FakeCuda("t4").install(monkeypatch)
-    assert m.engine.can_compile(torch.device("cuda"))[0]
-    assert m.engine.can_compile(torch.device("cpu"))[0]
+    assert m.machine.can_compile(torch.device("cuda"))[0]
+    assert m.machine.can_compile(torch.device("cpu"))[0]
 
 
 def test_image_normalize_builds_its_constants_once_per_device(project_modules):

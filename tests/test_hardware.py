@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kagtpl.new import detect_gpu
-from kagtpl.template import hardware
+from kagtpl.template import hardware, profiles
 
 hw = hardware()
 
@@ -116,10 +116,10 @@ def test_unlisted_gpu_gets_the_nearest_profile_and_a_warning(smi, profile, capsy
 
 
 def test_unlisted_gpu_at_run_time_gets_a_profile_built_from_the_card():
-    profile, warning = hardware().profile_for("NVIDIA A30", 24.0, (8, 0), cpus=8)
+    profile, warning = profiles().profile_for("NVIDIA A30", 24.0, (8, 0), cpus=8)
     assert profile.name == "custom" and profile.is_gpu and profile.memory_gb == 24
     assert hardware().amp_mode(profile.capability) == "bf16" and "not in kagtpl's table" in warning
     rec = hardware().recommend(profile, "efficientnet_b4", 224)
     assert rec.batch_size == 128 and rec.amp == "bf16"  # a 24 GB bf16 card: the A10's batch, not the CPU's 32
-    assert hardware().profile_for("NVIDIA H200", 140.0, (9, 0), cpus=8) == (hardware().PROFILES["h200"], "")
-    assert hardware().profile_for("cpu", 0.0, None, cpus=2)[0].name == "cpu"
+    assert profiles().profile_for("NVIDIA H200", 140.0, (9, 0), cpus=8) == (hardware().PROFILES["h200"], "")
+    assert profiles().profile_for("cpu", 0.0, None, cpus=2)[0].name == "cpu"

@@ -103,7 +103,7 @@ def test_accumulation_steps_on_the_last_partial_group_with_the_right_scale(proje
         xb, yb = batch
         return m.train.loss_fn(model(xb), yb), len(yb)
 
-    m.engine.run_epoch(
+    m.steps.run_epoch(
         loader,
         len(loader),
         batch_loss,
@@ -268,7 +268,7 @@ def test_channels_last_inputs_meet_channels_last_weights_on_cpu(project_modules)
     machine = m.engine.make_machine(device, "off", {}, channels_last=False)
     machine.channels_last = True  # the CUDA setting, on CPU
     images = torch.randint(0, 255, (4, 3, 32, 32), dtype=torch.uint8)
-    x, y = m.engine.to_device((images, torch.arange(4)), machine)
+    x, y = m.steps.to_device((images, torch.arange(4)), machine)
     assert x.dtype == torch.uint8 and x.is_contiguous(memory_format=torch.channels_last)
     assert not y.is_contiguous(memory_format=torch.channels_last) or y.dim() != 4  # targets untouched
     xn = m.train.normalize(x)

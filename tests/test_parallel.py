@@ -95,9 +95,9 @@ def test_parallel_choice_errors(project_modules, monkeypatch, mode, devices, wor
 
 
 def test_fold_queue_gives_each_fold_once_and_keeps_the_smallest_cap(project_modules, tmp_path):
-    queue = project_modules.parallel.FoldQueue(tmp_path / ".folds")
+    queue = project_modules.workers.FoldQueue(tmp_path / ".folds")
     queue.reset(5)
-    other = project_modules.parallel.FoldQueue(tmp_path / ".folds")  # a second worker's view
+    other = project_modules.workers.FoldQueue(tmp_path / ".folds")  # a second worker's view
     assert queue.take(0) and not other.take(0) and other.take(1)
     assert set(queue.claims()) == {0, 1}
     assert queue.cap(5) == 5 and other.cap(3) == 3 and queue.cap(4) == 3  # cut by one, kept by all
@@ -106,13 +106,13 @@ def test_fold_queue_gives_each_fold_once_and_keeps_the_smallest_cap(project_modu
 
 
 def test_a_fold_worker_sees_the_card_its_parent_calls_cuda_n(project_modules, monkeypatch):
-    parallel = project_modules.parallel
+    workers = project_modules.workers
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert [parallel.visible_gpu(i) for i in (0, 1)] == ["0", "1"]
+    assert [workers.visible_gpu(i) for i in (0, 1)] == ["0", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # a shared server gave this run cards 2 and 3
-    assert [parallel.visible_gpu(i) for i in (0, 1)] == ["2", "3"]  # not "0", "1": somebody else's
+    assert [workers.visible_gpu(i) for i in (0, 1)] == ["2", "3"]  # not "0", "1": somebody else's
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5b3e, GPU-77aa")  # UUIDs work the same way
-    assert parallel.visible_gpu(1) == "GPU-77aa"
+    assert workers.visible_gpu(1) == "GPU-77aa"
 
 
 def test_cpu_share_splits_the_loader_workers(project_modules, monkeypatch):
@@ -133,7 +133,7 @@ def test_planner_shares_the_later_folds_between_workers(project_modules):
     one, two = rules(3600, 4, 10), rules(3600, 4, 10)
     two.parallel = 2
     # fold 0 just started: 10 epochs of it, then 3 folds alone, or ceil(3 / 2) = 2 each side by side
-    assert one._need(1.0, 4, 10) == 40 and two._need(1.0, 4, 10) == 30
+    assert one.progress().need(1.0, 4, 10) == 40 and two.progress().need(1.0, 4, 10) == 30
 
 
 # ----------------------------------------------------------------------------- ddp (torchrun)
@@ -193,8 +193,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, sys.argv[1])
-import engine
-import parallel
+from machinery import engine, parallel, probe
 
 device = parallel.start_ddp("cpu")
 rank = dist.get_rank()
@@ -202,7 +201,7 @@ rank = dist.get_rank()
 found = {0: (64, 1), 1: (48, 2)}[rank]
 batching = engine.Batching(found[0], found[1], 1e-3)
 optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-engine.agree_batching(batching, 1e-3, device, optimizer)
+probe.agree_batching(batching, 1e-3, device, optimizer)
 lr = optimizer.param_groups[0]["lr"]
 # one file per rank: two ranks printing to one shared stdout can interleave within a line
 with open(f"{sys.argv[2]}/rank{rank}.txt", "w") as f:

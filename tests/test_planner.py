@@ -183,7 +183,7 @@ def test_measured_epochs_faster_than_the_estimate_get_epochs_back(project_module
         planner.end_epoch(epoch)
     assert given <= planner.epochs <= 30
     # the rest of the plan fits 95% of the training time left
-    assert planner._need(4.0, planner.folds, planner.epochs) <= 0.95 * planner.training_left()
+    assert planner.progress().need(4.0, planner.folds, planner.epochs) <= 0.95 * planner.training_left()
 
 
 def test_no_epochs_given_back_once_the_last_fold_has_ended(project_modules):

@@ -13,33 +13,38 @@ import yaml
 from conftest import ROOT, render
 from kagtpl.template import hardware
 
-EXPECTED_FILES = {
-    ".copier-answers.yml",
-    ".gitignore",
-    "README.md",
-    "requirements.txt",
-    "ruff.toml",
-    "train.py",
-    "predict.py",
-    "run.py",
+# The top of a project: what the user edits or runs, and one machinery folder (issue 23).
+TOP = {".copier-answers.yml", ".gitignore", ".ruff.toml", "README.md", "requirements.txt", "machinery", "tests"}
+TOP |= {"train.py", "predict.py", "run.py", "tune.py"}
+MACHINERY = {
+    "__init__.py",
+    "artifacts.py",
     "engine.py",
     "errors.py",
     "experiments.py",
+    "fold.py",
     "gpu.py",
     "hardware.py",
     "logs.py",
+    "machine.py",
     "parallel.py",
     "planner.py",
+    "probe.py",
+    "profiles.py",
     "report.py",
+    "runflags.py",
+    "steps.py",
     "storage.py",
     "submission.py",
-    "tune.py",
     "tuning.py",
-    "tests/test_project.py",
+    "tuning_report.py",
+    "workers.py",
 }
-IMAGE_ONLY = {"images.py"}  # the decode cache and timm weights: tabular projects do not ship them
-TEXT_ONLY = {"texts.py"}  # the offline model folder, token cache and length-grouped batches
-TABULAR_ONLY = {"boosters.py", "blend.py"}  # the trees and predict.py's hill-climbing blend
+EXPECTED_FILES = {f for f in TOP if "." in f and f != "tests"} | {"tests/test_project.py"}
+EXPECTED_FILES |= {f"machinery/{name}" for name in MACHINERY}
+IMAGE_ONLY = {"machinery/images.py"}  # the decode cache and timm weights: tabular projects do not ship them
+TEXT_ONLY = {"machinery/texts.py"}  # the offline model folder, token cache and length-grouped batches
+TABULAR_ONLY = {"machinery/boosters.py", "machinery/blend.py"}  # the trees and predict.py's hill-climbing blend
 TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY}
 
 
@@ -88,6 +93,7 @@ def test_render_matrix(tmp_path, data):
     task = data.get("task", "image")
     tabular = task == "tabular"
     assert files_of(project) == EXPECTED_FILES | TASK_FILES[task]
+    assert {p.name for p in project.iterdir()} == TOP  # your files on top, the engine in one folder
     for path in project.rglob("*"):
         if path.is_file():
             text = path.read_text()

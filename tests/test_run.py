@@ -90,7 +90,7 @@ def test_dry_run_then_predict(project, digits_dir):
     oof = float(re.search(r"^OOF: logloss=[\d.]+, Acc=([\d.]+)", log, re.M).group(1))
     assert abs(float(row["cv"]) - oof) < 1e-4 and row["metric"] == "Acc" and row["stop"] == "dry run"
     assert len(row["fold_scores"].split()) == 2
-    table = run_script(project, "experiments.py").stdout.splitlines()
+    table = run_script(project, "-m", "machinery.experiments").stdout.splitlines()
     assert table[0].split()[:3] == ["time", "git", "model"] and len(table) == 2
 
 

@@ -242,4 +242,4 @@ def test_kagtpl_kaggle_ships_the_model_folder_and_passes_it_as_model_dir(text_da
     assert ok.exit_code == 0, ok.output
     assert (project / "kaggle" / "weights" / "model" / "tokenizer.json").is_file()
     notebook = (project / "kaggle" / "notebook.ipynb").read_text()
-    assert "--model-dir=" in notebook and "texts.py" in {p.name for p in (project / "kaggle" / "code").iterdir()}
+    assert "--model-dir=" in notebook and (project / "kaggle" / "code" / "machinery" / "texts.py").is_file()

@@ -122,7 +122,7 @@ def releases(tmp_path_factory):
     base = tmp_path_factory.mktemp("release")
     repo = Release(base / "src")
     v1 = repo.release("1.0.0", base / "dist1")
-    repo.edit("template/gpu.py", KIT_ANCHOR, KIT_V2)
+    repo.edit("template/machinery/gpu.py", KIT_ANCHOR, KIT_V2)
     repo.edit(IMAGE_TRAIN, TRAIN_OLD, TRAIN_V2)
     v2 = repo.release("2.0.0", base / "dist2")
     return v1, v2
@@ -169,7 +169,7 @@ def test_new_from_wheel_then_update_keeps_user_edits(tmp_path, env, releases):
     train = (project / "train.py").read_text()
     assert 'default=7, help="epochs without' in train  # the user's edit
     assert TRAIN_V2 in train  # the template's change
-    assert "TEMPLATE_FEATURE_V2 = True" in (project / "gpu.py").read_text()
+    assert "TEMPLATE_FEATURE_V2 = True" in (project / "machinery" / "gpu.py").read_text()
     assert (project / "features.py").read_text() == "EXTRA = 1\n"
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v2.0.0"
     assert "Up to date: the project is on template v2.0.0" in kagtpl(environ, project, "check").stdout
@@ -217,7 +217,7 @@ def test_changed_answer_rerenders_the_derived_values(tmp_path, env, releases):
     assert 'GPU_PROFILE = "a100-80"' in (project / "train.py").read_text()
     # the batch and workers are derived from GPU_PROFILE by the project's own rules
     probe = (
-        "import hardware, train; p = hardware.PROFILES[train.GPU_PROFILE]; "
+        "import train; from machinery import hardware; p = hardware.PROFILES[train.GPU_PROFILE]; "
         "r = hardware.recommend(p, train.MODEL, train.IMAGE_SIZE); print(r.batch_size, r.loader['num_workers'])"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=project, capture_output=True, text=True, check=True)
@@ -239,7 +239,7 @@ def test_plain_copier_update_works_too(tmp_path, env, releases):
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    assert "TEMPLATE_FEATURE_V2 = True" in (project / "gpu.py").read_text()
+    assert "TEMPLATE_FEATURE_V2 = True" in (project / "machinery" / "gpu.py").read_text()
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v2.0.0"
 
 
@@ -283,7 +283,7 @@ def test_update_across_the_engine_change_keeps_an_edit_that_did_not_move(tmp_pat
     assert USER_EDIT[1] in train  # the user's edit survived...
     assert "engine.cross_validate(" in train and "def train_fold" not in train  # ...in the new layout
     assert not (project / "kit.py").exists()  # the old machinery is gone, the new is there
-    assert {"engine.py", "planner.py", "storage.py", "images.py"} <= {p.name for p in project.iterdir()}
+    assert {"engine.py", "planner.py", "storage.py", "images.py"} <= {p.name for p in (project / "machinery").iterdir()}
     # the updated project works: its own tests (model, loss, metric, checkpoints) pass
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
@@ -306,3 +306,55 @@ def test_update_across_the_engine_change_reports_an_edit_of_moved_code(tmp_path,
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith("error: the update left conflicts in train.py")
     assert "<<<<<<< " in (project / "train.py").read_text()
+
+
+# ----------------------------------------------------------------------------- across the move to machinery/ (0.6.0)
+
+FLAT = ROOT / "tests" / "data" / "kagtpl-0.5.0-source.tar.gz"  # the last release with the engine beside train.py
+ENGINE_EDIT = ('print(f"EARLY STOP: fold {k}', 'print(f"EARLY STOP (mine): fold {k}')  # a machinery edit
+
+
+@pytest.fixture(scope="module")
+def layout_releases(tmp_path_factory):
+    """Wheels of 0.5.0 (train.py beside engine.py, gpu.py ...) and 0.6.0 (this checkout: machinery/)."""
+    base = tmp_path_factory.mktemp("layout-release")
+    repo = Release.from_archive(base / "src", FLAT)
+    old = repo.release("0.5.0", base / "dist1")
+    repo.copy_checkout()
+    return old, repo.release("0.6.0", base / "dist2")
+
+
+def test_update_from_0_5_0_moves_the_engine_into_machinery(tmp_path, env, layout_releases):
+    """A 0.5.0 project with an edit in train.py and one in engine.py: the update moves the
+    engine into machinery/, merges the train.py edit, reports the engine.py edit as a conflict
+    (exit 1), and the moved project's own tests pass once that is resolved."""
+    old, new = layout_releases
+    site, environ = env
+    project = new_project(tmp_path, env, old)
+    assert (project / "engine.py").is_file() and not (project / "machinery").exists()
+    for path, (before, after) in (("train.py", USER_EDIT), ("engine.py", ENGINE_EDIT)):
+        text = (project / path).read_text()
+        assert before in text
+        (project / path).write_text(text.replace(before, after, 1))
+    git(project, "commit", "-q", "-am", "my edits")
+    install(new, site)
+    r = kagtpl(environ, project, "update", check=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "engine.py" in r.stderr.strip().splitlines()[-1]  # the machinery edit: reported, not lost
+    assert USER_EDIT[1] in (project / "train.py").read_text()  # the competition edit merged
+    top = {p.name for p in project.iterdir()}
+    assert {"machinery", "train.py", "predict.py", "run.py", "tune.py"} <= top
+    assert not {"gpu.py", "planner.py", "storage.py", "images.py"} & top  # the flat engine is gone
+    assert (project / "machinery" / "engine.py").is_file() and (project / "machinery" / "fold.py").is_file()
+    # resolve as the update's message says (drop the old engine.py edit), then the project's own tests
+    for leftover in [*project.glob("*.rej"), project / "engine.py"]:
+        leftover.unlink(missing_ok=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=project,
+        env={**RUN_ENV, "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

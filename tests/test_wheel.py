@@ -34,8 +34,8 @@ def test_wheel_carries_the_template(wheel):
         "kagtpl/data/digits.npz",
         "kagtpl/_template/copier.yml",
         "kagtpl/_template/template/{% if task == 'image' %}train.py{% endif %}.jinja",
-        "kagtpl/_template/template/engine.py",
-        "kagtpl/_template/template/hardware.py",
+        "kagtpl/_template/template/machinery/engine.py",
+        "kagtpl/_template/template/machinery/hardware.py",
         "kagtpl/_template/template/{% if task == 'tabular' %}predict.py{% endif %}",
         "kagtpl/_template.bundle",
     ):
@@ -64,5 +64,7 @@ def test_new_from_installed_wheel(wheel, tmp_path):
     # rendered from the wheel's git bundle, copied to a stable per-user path (not the checkout)
     assert answers["_src_path"] == str(tmp_path / "home" / "template.bundle")
     assert answers["_commit"]
-    committed = subprocess.run(["git", "show", "HEAD:template/engine.py"], cwd=ROOT, capture_output=True, text=True)
-    assert (tmp_path / "from-wheel" / "engine.py").read_text() == committed.stdout
+    committed = subprocess.run(
+        ["git", "show", "HEAD:template/machinery/engine.py"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert (tmp_path / "from-wheel" / "machinery" / "engine.py").read_text() == committed.stdout

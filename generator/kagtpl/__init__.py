@@ -1,3 +1,3 @@
 """kagtpl: Kaggle competition projects that keep the GPU busy and always hand in a submission."""
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"

@@ -235,18 +235,12 @@ def run(path: Path, model: str | None, as_json: bool, plot: Path | None) -> int:
 
 
 def draw(log: Log, path: Path) -> None:
-    import importlib.util
-    import sys
-
-    from kagtpl.template import template_root
+    from kagtpl.template import template_module
 
     if not log.epochs:
         raise KagtplError("the log has no Epoch lines to plot")
-    spec = importlib.util.spec_from_file_location("kagtpl_template_report", template_root() / "template" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
     try:
-        spec.loader.exec_module(module)
+        module = template_module("report")
         module.plot(log.epochs, path, title=f"{log.model or 'model'} on {log.gpu or 'GPU'}")
     except ImportError as e:
         raise KagtplError(f"--plot needs matplotlib: pip install matplotlib ({e})") from e

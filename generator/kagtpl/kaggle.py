@@ -57,6 +57,7 @@ KAGGLE_IMAGE = frozenset(
 MACHINE_SHAPES = {"t4": "NvidiaTeslaT4", "t4x2": "NvidiaTeslaT4", "p100": "NvidiaTeslaP100"}
 KAGGLE_PYTHON, KAGGLE_PLATFORM = "3.11", "manylinux2014_x86_64"  # the wheels pip downloads are for these
 CODE_FILES = ("*.py", "requirements.txt", ".copier-answers.yml", "README.md")
+CODE_PACKAGE = "machinery"  # the project's engine package: a folder, uploaded zipped (--dir-mode zip)
 
 
 @dataclass
@@ -166,11 +167,14 @@ def write_code(pkg: Package, out: Path, user: str) -> None:
         for f in sorted(pkg.project.glob(pattern)):
             if f.is_file():
                 shutil.copy2(f, code / f.name)
+    machinery = pkg.project / CODE_PACKAGE
+    if machinery.is_dir():
+        shutil.copytree(machinery, code / CODE_PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     best = pkg.project / "output" / "best_params.json"
     if best.is_file():  # tune.py's result: on Kaggle it lands in /kaggle/working, where run.py looks for it
         shutil.copy2(best, code / best.name)
     dataset_metadata(code, user, pkg.slugs["code"])
-    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'code'}")
+    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'code'} --dir-mode zip")
 
 
 def write_wheels(pkg: Package, out: Path, user: str, download: bool) -> None:
@@ -277,6 +281,11 @@ def notebook(pkg: Package, budget: str, weights_inside: str | None, wheels: bool
             "for f in CODE.iterdir():\n"
             "    if f.is_file() and f.name != 'dataset-metadata.json':\n"
             "        shutil.copy(f, WORK / f.name)\n"
+            f"# {CODE_PACKAGE}/ (the engine): Kaggle unpacks the zipped folder; unpack it here if it did not\n"
+            f"if (CODE / '{CODE_PACKAGE}').is_dir():\n"
+            f"    shutil.copytree(CODE / '{CODE_PACKAGE}', WORK / '{CODE_PACKAGE}', dirs_exist_ok=True)\n"
+            f"elif (CODE / '{CODE_PACKAGE}.zip').is_file():\n"
+            f"    shutil.unpack_archive(CODE / '{CODE_PACKAGE}.zip', WORK / '{CODE_PACKAGE}')\n"
             "os.chdir(WORK)"
         ),
         nbformat.v4.new_code_cell(

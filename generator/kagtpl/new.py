@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kagtpl import detect, kaggle, paths
 from kagtpl.errors import KagtplError
-from kagtpl.template import hardware, planner, source
+from kagtpl.template import hardware, planner, profiles, source
 
 TASKS = ("image", "tabular", "text")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -111,11 +111,11 @@ def detect_gpu(smi_output: str | None = None) -> str:
         capability = tuple(int(x) for x in fields[2].split(".")) if len(fields) > 2 else None
     except ValueError:
         return "cpu"
-    hw = hardware()
-    listed = hw.profile_from_gpu_name(fields[0], mem_gb)
+    cards = profiles()
+    listed = cards.profile_from_gpu_name(fields[0], mem_gb)
     if listed != "cpu":
         return listed
-    nearest = hw.nearest_profile(mem_gb, capability or (8, 0))
+    nearest = cards.nearest_profile(mem_gb, capability or (8, 0))
     print(
         f"warning: GPU {fields[0]!r} ({mem_gb:.0f} GB) is not in kagtpl's table: using the nearest profile "
         f"{nearest!r}; train.py --gpu auto builds one from the card itself",

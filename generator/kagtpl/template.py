@@ -108,9 +108,25 @@ def source() -> Source:
     return Source(str(template_root()), None, False)
 
 
-# The template's torch-free modules the generator shares, in dependency order: each imports only
-# the ones before it (by plain name, as the generated project does).
-SHARED_MODULES = ("errors", "hardware", "planner")
+# The template's torch-free machinery modules the generator shares. They are loaded as modules of
+# the template's own `machinery` package (under another name, so nothing in sys.modules clashes),
+# so their relative imports find each other exactly as in the generated project.
+SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report")
+PACKAGE = "kagtpl_template_machinery"
+
+
+@cache
+def machinery_package() -> ModuleType:
+    """template/machinery/ as a package named kagtpl_template_machinery (its __init__ imports nothing)."""
+    folder = template_root() / "template" / "machinery"
+    init = folder / "__init__.py"
+    if not init.is_file():
+        raise KagtplError(f"kagtpl's template has no machinery package (looked in {folder}); reinstall kagtpl")
+    spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[str(folder)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = package
+    spec.loader.exec_module(package)
+    return package
 
 
 @cache
@@ -119,25 +135,15 @@ def template_module(name: str) -> ModuleType:
     `kagtpl recommend` and the generated train.py apply the very same rules and numbers."""
     if name not in SHARED_MODULES:
         raise KagtplError(f"template module {name!r} is not one the generator shares: {', '.join(SHARED_MODULES)}")
-    path = template_root() / "template" / f"{name}.py"
-    if not path.is_file():
-        raise KagtplError(f"kagtpl's template has no {path.name} (looked in {path.parent}); reinstall kagtpl")
-    siblings = SHARED_MODULES[: SHARED_MODULES.index(name)]
-    spec = importlib.util.spec_from_file_location(f"kagtpl_template_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered
-    # its `import hardware` must find the template's hardware.py, not whatever else has that name
-    saved = {n: sys.modules.get(n) for n in siblings}
-    sys.modules.update({n: template_module(n) for n in siblings})
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        for n, previous in saved.items():
-            if previous is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = previous
-    return module
+    package = machinery_package()
+    if not (Path(package.__path__[0]) / f"{name}.py").is_file():
+        raise KagtplError(f"kagtpl's template has no machinery/{name}.py; reinstall kagtpl")
+    return importlib.import_module(f"{PACKAGE}.{name}")
+
+
+def profiles() -> ModuleType:
+    """template/machinery/profiles.py: the GPU table and the detected card's profile."""
+    return template_module("profiles")
 
 
 def hardware() -> ModuleType:

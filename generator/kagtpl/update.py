@@ -117,11 +117,49 @@ def update_project(req: UpdateRequest) -> tuple[str, str, list[str]]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DirtyLocalWarning)
+            edited = edited_files(path, answers, src)
             copier.run_update(path, data=req.data, defaults=True, overwrite=True, vcs_ref=ref, quiet=True, unsafe=False)
     except (CopierError, ValueError, subprocess.CalledProcessError) as e:
         raise KagtplError(f"copier update failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
     new = str(read_answers(path).get("_commit"))
-    return old, new, conflicts(path)
+    return old, new, conflicts(path) + restore_removed(path, edited)
+
+
+def edited_files(path: Path, answers: dict, src: str) -> dict[str, bytes]:
+    """The project's files that its template version rendered and the user has edited since:
+    {relative path: the user's content}. Copier deletes a file the new template no longer has
+    (0.6.0 moved the engine into machinery/) even when the user edited it; this keeps the edit."""
+    import tempfile
+
+    import copier
+
+    data = {k: v for k, v in answers.items() if not k.startswith("_")}
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp) / "fresh"
+        copier.run_copy(src, fresh, data=data, vcs_ref=answers["_commit"], defaults=True, quiet=True, unsafe=False)
+        found = {}
+        for file in fresh.rglob("*"):
+            rel = file.relative_to(fresh)
+            mine = path / rel
+            if file.is_file() and rel.name != ANSWERS and mine.is_file() and mine.read_bytes() != file.read_bytes():
+                found[str(rel)] = mine.read_bytes()
+    return found
+
+
+def restore_removed(path: Path, edited: dict[str, bytes]) -> list[str]:
+    """Edited files the update deleted, written back as they were: each is a conflict to resolve
+    by hand (port the edit to the file's new home, then delete it)."""
+    restored = []
+    for rel, content in sorted(edited.items()):
+        file = path / rel
+        if file.exists():
+            continue
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_bytes(content)
+        home = path / "machinery" / Path(rel).name
+        where = f"machinery/{Path(rel).name}" if home.is_file() else "nowhere: the template dropped it"
+        restored.append(f"{rel} (your edit of a file the template moved, now {where}: port it, then delete {rel})")
+    return restored
 
 
 def version_key(tag: str) -> tuple:

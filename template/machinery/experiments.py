@@ -1,7 +1,7 @@
 """The experiments table: every training run appends one row to output/experiments.csv.
 
-    python experiments.py                     # every run, best CV first
-    python experiments.py --out-dir DIR       # another output folder (on Kaggle: /kaggle/working)
+    python -m machinery.experiments                     # every run, best CV first
+    python -m machinery.experiments --out-dir DIR       # another output folder (on Kaggle: /kaggle/working)
 
 A row: when, the git commit (when the project is a repository), the task, model and input,
 batch x accumulation and LR, folds and epochs planned and done, the CV score per fold and
@@ -18,8 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import hardware
-from storage import atomic_write
+from . import hardware
+from .storage import atomic_write
 
 COLUMNS = [
     "time",

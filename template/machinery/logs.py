@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import hardware
+from . import hardware
 
 
 def resource_lines(cpus: int, batch: int, gpu_name: str, amp_on: bool, total_gb: float, loader: dict) -> list[str]:
@@ -97,7 +97,7 @@ def write_report(records: list[dict], path: Path, title: str) -> None:
     if not records:
         return
     try:
-        import report
+        from . import report
 
         print(f"REPORT: {report.plot(records, path, title)}")
     except ImportError as e:  # matplotlib is optional for training itself

@@ -34,13 +34,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import engine
-import hardware
-import parallel
-import planner as time_planner
-import storage
-from errors import RunError
-from gpu import SHARE_ENV, free_gpu_memory
+from . import engine, hardware, storage, workers
+from . import planner as time_planner
+from .errors import RunError
+from .gpu import SHARE_ENV, free_gpu_memory
+from .tuning_report import report, write_best
 
 WORKER_ENV = "KAGTPL_TUNE_WORKER"  # "index/count" in a worker process tune.py started
 HYPERBAND = {"min_resource": 3, "reduction_factor": 3}  # the field notes' pruner, epochs as the resource
@@ -48,7 +46,6 @@ PATIENCE = 4  # ...wrapped in PatientPruner: no trial is cut while it still impr
 TPE_STARTUP = 10  # TPESampler's random trials before it models: Hyperband needs that many per bracket
 FINISH_S = 10.0  # after the last trial: the table, best_params.json and the plots
 GIVE_UP_AFTER = 3  # this many failed trials and none complete: the space or the data is broken
-STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
 
 
 @dataclass
@@ -226,6 +223,10 @@ class TrialWatcher:
             self.stop = "pruned"
             return "pruned"
         return None
+
+    def started(self, signature: str) -> None:
+        """The trial's run signature: best_params.json carries it (run.py --params auto checks it)."""
+        self.trial.set_user_attr("signature", signature)
 
     def stopped(self, reason: str | None) -> None:
         self.stop = self.stop or reason
@@ -405,7 +406,7 @@ def worker_env(i: int, k: int, gpus: int) -> dict:
     if gpus:
         gpu = i % gpus
         on_card = len(range(gpu, k, gpus))
-        env["CUDA_VISIBLE_DEVICES"] = parallel.visible_gpu(gpu)
+        env["CUDA_VISIBLE_DEVICES"] = workers.visible_gpu(gpu)
         env[SHARE_ENV] = f"{1 / on_card:.4f}"
     return env
 
@@ -416,111 +417,13 @@ def run_workers(k: int, gpus: int, start: float) -> list[int]:
     stop = {}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
     cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--tune-start={start}"]  # one deadline for all
-    procs = parallel.run_tagged([(cmd, worker_env(i, k, gpus), f"tune{i}") for i in range(k)], lambda: bool(stop))
+    procs = workers.run_tagged([(cmd, worker_env(i, k, gpus), f"tune{i}") for i in range(k)], lambda: bool(stop))
     return [p.returncode for p, _ in procs]
 
 
 def this_worker() -> tuple[int, int] | None:
     value = os.environ.get(WORKER_ENV)
     return tuple(int(v) for v in value.split("/")) if value else None
-
-
-# ----------------------------------------------------------------------------- results
-
-
-def best_trial(study):
-    """The best COMPLETE trial; with none, the best stopped one (a deadline stop still leaves
-    parameters to train with); None when no trial reported a finite value."""
-    import optuna
-
-    done = [t for t in study.get_trials(deepcopy=False) if t.value is not None and math.isfinite(t.value)]
-    if not done:
-        pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
-        done = [t for t in pruned if t.intermediate_values and math.isfinite(t.intermediate_values[t.last_step])]
-        key = lambda t: t.intermediate_values[t.last_step]  # noqa: E731
-    else:
-        key = lambda t: t.value  # noqa: E731
-    if not done:
-        return None, None
-    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
-    best = pick(done, key=key)
-    return best, key(best)
-
-
-def write_best(study, search: Search) -> Path | None:
-    """output/best_params.json, atomically: what train.py --params and run.py read."""
-    best, value = best_trial(study)
-    if best is None:
-        return None
-    record = {
-        "params": best.user_attrs.get("flags", best.params),
-        "value": value,
-        "metric": search.metric,
-        "direction": search.direction,
-        "complete": best.state.name == "COMPLETE",
-        "trial": best.number,
-        "study": search.study_name,
-        "folds_per_trial": search.folds,
-    }
-    path = search.out / "best_params.json"
-    storage.atomic_write(path, lambda t: Path(t).write_text(json.dumps(record, indent=1) + "\n"))
-    return path
-
-
-def summary_lines(study) -> list[str]:
-    """The final table: trials, total and median duration per state (the field notes' SQL report)."""
-    trials = study.get_trials(deepcopy=False)
-    lines = [f"TUNE SUMMARY: {len(trials)} trials in study {study.study_name!r}", "state     trials  total_s  median_s"]
-    for state in STATES:
-        durations = [t.user_attrs.get("duration_s", 0.0) for t in trials if t.state.name == state]
-        if durations:
-            lines.append(f"{state:<9} {len(durations):>6} {sum(durations):>8.1f} {statistics.median(durations):>9.1f}")
-    return lines
-
-
-def save_plots(study, folder: Path) -> str:
-    """optuna's optimisation history and parameter importances as PNG, when matplotlib is there."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from optuna.visualization import matplotlib as ov
-    except ImportError as e:
-        return f"PLOTS: skipped ({e.name} is not installed)"
-    saved = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # optuna marks its matplotlib plots experimental
-        for name, plot in (("history", ov.plot_optimization_history), ("importance", ov.plot_param_importances)):
-            try:
-                ax = plot(study)
-            except (ValueError, RuntimeError, ZeroDivisionError):  # importances need 2+ complete trials
-                continue
-            path = folder / f"{name}.png"
-            storage.atomic_write(
-                path, lambda t, fig=ax.figure: fig.savefig(t, format="png", dpi=100, bbox_inches="tight")
-            )
-            plt.close(ax.figure)
-            saved.append(str(path))
-    return f"PLOTS: {', '.join(saved)}" if saved else "PLOTS: none (too few finished trials)"
-
-
-def report(study, search: Search) -> int:
-    """After the trials: the table, the best line, best_params.json and the plots. Exit code:
-    0 with a best_params.json, 1 without one (no trial reported a finite value)."""
-    print(*summary_lines(study), sep="\n")
-    path = write_best(study, search)
-    best, value = best_trial(study)
-    print(save_plots(study, search.folder))
-    if path is None:
-        print("TUNE FAILED: no trial reported a finite value; no best_params.json (the errors are above)")
-        return 1
-    kind = "" if best.state.name == "COMPLETE" else " (no trial completed: the best stopped one)"
-    print(
-        f"TUNE BEST: trial={best.number} {search.metric}={value:.5f} params={json.dumps(best.params, sort_keys=True)}{kind}"
-    )
-    print(f"DONE: {path}; next: python train.py --params {path}  (or python run.py, which reads it)")
-    return 0
 
 
 def main(search: Search, space, train_main, workers_why: str) -> int:

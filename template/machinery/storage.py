@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from errors import DataError, RunError
+from .errors import DataError, RunError
 
 # A temporary file's name carries its writer's pid (".model_fold0.pth.4242.k3j_x9a1.tmp"), so a
 # later run can tell a killed run's leftovers from a live writer's file.

@@ -13,10 +13,11 @@ import os
 import re
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import hardware
-from errors import RunError
+from . import hardware
+from .errors import RunError
 
 PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
 KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet off
@@ -71,6 +72,86 @@ def fmt_s(seconds: float) -> str:
     if seconds >= 120:
         return f"{seconds / 60:.1f} min"
     return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+
+
+# ----------------------------------------------------------------------------- the parts, one at a time
+# Where a run stands (Progress), what the rest of a plan needs, and three pure rules: the cut
+# (plan), the give-back and the deadline guard. TimePlanner below holds the run's numbers and
+# calls them; each rule can be read, and tested, on its own.
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the run stands: the fold being trained, its epochs done, whether it has ended, and
+    how many fold workers share the later folds (--parallel folds)."""
+
+    fold: int
+    epoch: int
+    fold_finished: bool
+    parallel: int
+
+    def need(self, epoch_s: float, folds: int, epochs: int) -> float:
+        """Seconds the rest of a plan needs: this fold's remaining epochs, then this process's share
+        of the later folds (--parallel folds: `parallel` workers take them side by side)."""
+        this_fold = 0 if self.fold_finished else max(0, epochs - self.epoch)
+        later = math.ceil(max(0, folds - self.fold - 1) / self.parallel)
+        return (this_fold + later * epochs) * epoch_s
+
+    def fit_epochs(self, epoch_s: float, folds: int, limit: float, most: int) -> int:
+        """The most epochs (up to `most`) whose rest of the plan fits `limit`; at least 1."""
+        return next((e for e in range(most, 0, -1) if self.need(epoch_s, folds, e) <= limit), 1)
+
+
+def estimate_epoch(epoch_s: list[float], steady_s: float) -> float:
+    """The estimate: the slowest of the last 3 epochs (estimates err on the safe side), leaving
+    out the run's first epoch, which carries the warm-up, while the step-timed estimate stands in."""
+    recent = epoch_s[1:][-3:]
+    if recent:
+        return max(recent)
+    return steady_s or (epoch_s[-1] if epoch_s else 0.0)
+
+
+def cut_plan(at: Progress, epoch_s: float, folds: int, epochs: int, min_epochs: int, limit: float, first: bool):
+    """The plan: cut folds to 3, then epochs (the first plan by 30%, then 50%; later ones no more
+    than needed, never below `min_epochs`), then folds towards 1, giving back as many epochs as
+    then fit; at the last fold, fit its epochs. Returns the new (folds, epochs)."""
+
+    def fits(f, e):
+        return at.need(epoch_s, f, e) <= limit
+
+    planned = epochs
+    if not fits(folds, epochs) and folds > 3:
+        folds = max(at.fold + 1, 3)
+    if not fits(folds, epochs) and epochs > min_epochs:
+        if first:
+            for frac in (0.7, 0.5):
+                if not fits(folds, epochs):
+                    epochs = max(min_epochs, round(planned * frac))
+        else:
+            epochs = max(min_epochs, at.fit_epochs(epoch_s, folds, limit, planned))
+    if not fits(folds, epochs) and folds > at.fold + 1:
+        while not fits(folds, epochs) and folds > at.fold + 1:
+            folds -= 1  # towards 1 fold: keep as many as fit (each fold is a model in the ensemble)
+        # fewer folds free time: give epochs back, up to the plan's, as many as fit
+        epochs = max(epochs, at.fit_epochs(epoch_s, folds, limit, planned))
+    if not fits(folds, epochs):  # last resort: fit this fold's epochs
+        epochs = min(epochs, at.fit_epochs(epoch_s, folds, limit, planned))
+    return folds, epochs
+
+
+def give_back(at: Progress, epoch_s: float, folds: int, epochs: int, planned: int, limit: float) -> int | None:
+    """Measured epochs faster than the estimate that cut them: the epochs to give back, as many
+    as fit `limit` (75% of the time left: cuts start above 95%, no see-saw), never past the
+    configured plan; None when no change is worth it (+20% at least)."""
+    if at.need(epoch_s, folds, planned) <= at.need(epoch_s, folds, epochs):
+        return None  # no epoch left in the plan that more epochs would add to (the last fold has ended)
+    more = at.fit_epochs(epoch_s, folds, limit, planned)
+    return more if more >= min(planned, epochs + max(2, epochs // 5)) else None
+
+
+def epoch_would_overrun(last_epoch_s: float, training_left: float) -> bool:
+    """The deadline guard: an epoch as long as the last one would eat into predict.py's reserve."""
+    return last_epoch_s > training_left
 
 
 class TimePlanner:
@@ -203,7 +284,7 @@ class TimePlanner:
         """Deadline guard: no epoch starts that would eat into the prediction reserve."""
         if self.stop_reason:
             return False
-        if self.budget and self.epoch_s and self.epoch_s[-1] > self.training_left():
+        if self.budget and self.epoch_s and epoch_would_overrun(self.epoch_s[-1], self.training_left()):
             self.request_stop("deadline")
             self.log(
                 f"DEADLINE: elapsed {fmt_s(self.elapsed())} + next epoch ~{fmt_s(self.epoch_s[-1])} + reserve "
@@ -225,14 +306,12 @@ class TimePlanner:
         start (interpreter and imports, as train.py paid them), with the usual margin."""
         self.predict_s = max(self.predict_s, self.PREDICT_MARGIN * self.startup_s)
 
-    # --- planning
+    # --- planning (the rules are the functions above)
+    def progress(self) -> Progress:
+        return Progress(self._fold, self._epoch, self._fold_finished, self.parallel)
+
     def _epoch_estimate(self) -> float:
-        """The slowest of the last 3 epochs (estimates err on the safe side), leaving out the
-        run's first epoch, which carries the warm-up, while the step-timed estimate stands in."""
-        recent = self.epoch_s[1:][-3:]
-        if recent:
-            return max(recent)
-        return self._steady_epoch_s or (self.epoch_s[-1] if self.epoch_s else 0.0)
+        return estimate_epoch(self.epoch_s, self._steady_epoch_s)
 
     def _first_plan(self, s_per_step: float | None) -> None:
         self.planned = True
@@ -252,30 +331,12 @@ class TimePlanner:
         if not self._replan(epoch_s, "estimate", first=True):
             self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")
 
-    def _need(self, epoch_s: float, folds: int, epochs: int) -> float:
-        """Seconds the rest of a plan needs: this fold's remaining epochs, then this process's share
-        of the later folds (--parallel folds: `parallel` workers take them side by side)."""
-        this_fold = 0 if self._fold_finished else max(0, epochs - self._epoch)
-        later = math.ceil(max(0, folds - self._fold - 1) / self.parallel)
-        return (this_fold + later * epochs) * epoch_s
-
-    def _fit_epochs(self, epoch_s: float, folds: int, limit: float, most: int | None = None) -> int:
-        """The most epochs (up to `most`, by default the current plan's) whose rest of the plan
-        fits `limit`; at least 1."""
-        top = most or self.epochs
-        return next((e for e in range(top, 0, -1) if self._need(epoch_s, folds, e) <= limit), 1)
-
     def _give_back(self, epoch_s: float) -> bool:
-        """Measured epochs faster than the estimate that cut them: give epochs back, as many as
-        fit 75% of the time left (cuts start above 95%: no see-saw), never past the configured plan
-        (folds once cut stay cut)."""
         if self.epochs >= self.planned_epochs or len(self.epoch_s) < 2:  # measured: an epoch after the first
             return False
-        if self._need(epoch_s, self.folds, self.planned_epochs) <= self._need(epoch_s, self.folds, self.epochs):
-            return False  # no epoch left in the plan that more epochs would add to (the last fold has ended)
         limit = self.GIVE_BACK_FRACTION * self.training_left() * self.share
-        epochs = self._fit_epochs(epoch_s, self.folds, limit, most=self.planned_epochs)
-        if epochs < min(self.planned_epochs, self.epochs + max(2, self.epochs // 5)):  # worth a change: +20%
+        epochs = give_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_epochs, limit)
+        if epochs is None:
             return False
         self.log(
             f"TIME PLAN: measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, self.training_left()))} "
@@ -285,38 +346,16 @@ class TimePlanner:
         return True
 
     def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:
-        """Cut folds to 3, then epochs, then folds towards 1 until the rest of the plan fits.
-
-        The first plan (an estimate from a few timed steps) must fit 80% of the training time
-        left and cuts epochs by 30%, then 50%; later re-plans use measured epochs, must fit 95%,
-        and cut no more epochs than needed, and give epochs back (up to the configured plan) when
-        measured epochs show more fit. Epochs never go below the floor before folds go."""
+        """The first plan (an estimate from a few timed steps) must fit 80% of the training time
+        left; later re-plans use measured epochs and must fit 95%, or give epochs back (cut_plan,
+        give_back). Returns whether the plan changed."""
         fraction = self.PLAN_FRACTION if first else self.REPLAN_FRACTION
         limit = fraction * self.training_left() * self.share
-        need = self._need(epoch_s, self.folds, self.epochs)
+        need = self.progress().need(epoch_s, self.folds, self.epochs)
         if need <= limit:
             return False if first else self._give_back(epoch_s)
-
-        def fits(f, e):
-            return self._need(epoch_s, f, e) <= limit
-
-        folds, epochs = self.folds, self.epochs
-        if not fits(folds, epochs) and folds > 3:
-            folds = max(self._fold + 1, 3)
-        if not fits(folds, epochs) and epochs > self.min_epochs:
-            if first:
-                for frac in (0.7, 0.5):
-                    if not fits(folds, epochs):
-                        epochs = max(self.min_epochs, round(self.epochs * frac))
-            else:
-                epochs = max(self.min_epochs, self._fit_epochs(epoch_s, folds, limit))
-        if not fits(folds, epochs) and folds > self._fold + 1:
-            while not fits(folds, epochs) and folds > self._fold + 1:
-                folds -= 1  # towards 1 fold: keep as many as fit (each fold is a model in the ensemble)
-            # fewer folds free time: give epochs back, up to the plan's, as many as fit
-            epochs = max(epochs, self._fit_epochs(epoch_s, folds, limit))
-        if not fits(folds, epochs):  # last resort: fit this fold's epochs
-            epochs = min(epochs, self._fit_epochs(epoch_s, folds, limit))
+        at = self.progress()
+        folds, epochs = cut_plan(at, epoch_s, self.folds, self.epochs, self.min_epochs, limit, first)
         cuts = [
             f"{name} {a}->{b}"
             for name, a, b in (("folds", self.folds, folds), ("epochs", self.epochs, epochs))

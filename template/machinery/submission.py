@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from errors import DataError, RunError
-from storage import read_csv, write_csv_atomic
+from .errors import DataError, RunError
+from .storage import read_csv, write_csv_atomic
 
 
 def read_table(path: Path, id_col: str):

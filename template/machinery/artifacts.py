@@ -1,0 +1,160 @@
+"""The files a run leaves beside its checkpoints and the run signature every one of them carries:
+the folds file, the OOF files (per fold, oof.csv, oof_<model>.csv) and the resolved config.
+
+The run signature names what makes artifacts combinable: the data folder's files, the target
+and the folds (docs/generated-project.md). A checkpoint, an OOF file or tune.py's
+best_params.json of another signature is left out with a line saying why. It is machinery:
+`copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import logs, parallel, storage
+from .errors import DataError
+
+# The flags that decide what a run's artifacts mean: which rows, which target, which features,
+# which folds. Training settings (model, LR, epochs) are not among them: the blend mixes models.
+SIGNATURE_FLAGS = (
+    "labels_csv", "label_col", "train_dir", "image_ext", "train_csv", "id_col", "target", "drop", "problem",
+    "text_cols", "text_sep", "folds", "seed",
+)  # fmt: skip
+SIGNATURE_COLUMN = "signature"  # the OOF files' column that carries it
+
+
+def data_fingerprint(folder) -> list:
+    """The data folder's top level: (name, size) per file, (name, entries) per folder. Cheap (no
+    file is read), the same on Kaggle's /kaggle/input and on a copy elsewhere."""
+    found = []
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.is_dir():
+            found.append((entry.name, sum(1 for _ in os.scandir(entry.path))))
+        elif entry.is_file():
+            found.append((entry.name, entry.stat().st_size))
+    return found
+
+
+def run_signature(args) -> str:
+    """The run signature: 12 hex digits of the data folder's fingerprint and the SIGNATURE_FLAGS
+    this script has. Every artifact carries it (checkpoints, OOF files, config.json,
+    best_params.json); one of another signature was made from other data, target, features or folds."""
+    flags = {name: getattr(args, name) for name in SIGNATURE_FLAGS if hasattr(args, name)}
+    data = data_fingerprint(getattr(args, "data_dir", ""))
+    text = json.dumps([data, flags], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def run_keys(comp) -> tuple:
+    """The config keys a finished fold's checkpoint must share to be skipped or ensembled: the
+    competition's own (model settings) and the run signature (data, target, features, folds)."""
+    return (*comp.resume_keys, "signature")
+
+
+def checkpoint_config(args, machine, batching) -> dict:
+    """The resolved config saved in every checkpoint: the flags, with the batch, accumulation and
+    LR actually used (after the probe) and the precision; predict.py rebuilds the model from it."""
+    used = {"batch_size": batching.size, "accum_steps": batching.accum_steps, "lr": batching.lr}
+    return {**vars(args), **used, "amp": machine.amp.mode, "channels_last": machine.channels_last}
+
+
+def signed(frame: pd.DataFrame, signature: str) -> pd.DataFrame:
+    """An OOF frame with the run signature as its last column."""
+    frame[SIGNATURE_COLUMN] = signature
+    return frame
+
+
+def signature_of(frame: pd.DataFrame) -> str | None:
+    """The run signature an OOF file carries; None for one written before signatures (0.5.0)."""
+    if SIGNATURE_COLUMN not in frame.columns or frame.empty:
+        return None
+    return str(frame[SIGNATURE_COLUMN].iloc[0])
+
+
+def fixed_folds(out: Path, ids, y, k: int, seed: int, stratify: bool) -> tuple[list, str]:
+    """The project's folds, made once and reused by every model and every later run, so their OOF
+    scores compare and their OOF sets blend: output/folds-k{k}-seed{seed}.csv (id, fold). Another
+    --folds or --seed is another file, never an overwrite; a file whose ids are not train.csv's
+    is a DataError. Returns the (train, validation) index pairs and the file's name."""
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    path = Path(out) / f"folds-k{k}-seed{seed}.csv"
+    ids = np.asarray(ids).astype(str)
+    if path.is_file():
+        saved = pd.read_csv(path, dtype={"id": str})
+        fold_of = dict(zip(saved["id"], saved["fold"], strict=True))
+        if len(saved) != len(ids) or not all(i in fold_of for i in ids):
+            raise DataError(f"{path}: made for another train.csv (its ids differ); move it away to make new folds")
+        folds = np.array([fold_of[i] for i in ids])
+        print(f"FOLDS: {path.name} reused ({k} folds, seed {seed}): every model and run is scored on the same rows")
+    else:
+        split = (StratifiedKFold if stratify else KFold)(n_splits=k, shuffle=True, random_state=seed)
+        folds = np.empty(len(ids), np.int64)
+        for f, (_, val_idx) in enumerate(split.split(ids, y)):
+            folds[val_idx] = f
+        storage.write_csv_atomic(pd.DataFrame({"id": ids, "fold": folds}), path)
+        print(f"FOLDS: {path.name} written ({k} folds, seed {seed}); later runs and models reuse it")
+    return [(np.flatnonzero(folds != f), np.flatnonzero(folds == f)) for f in range(k)], path.name
+
+
+def copy_oof(out: Path, source: str, name: str) -> None:
+    """A model's OOF file under the blend's name (oof_<model>.csv), when the run wrote one."""
+    if (Path(out) / source).is_file() and parallel.writes() and not parallel.fold_worker():
+        storage.write_csv_atomic(pd.read_csv(Path(out) / source), Path(out) / name)
+
+
+def write_oof(comp, fold, y: np.ndarray, pred: np.ndarray, path: Path, args) -> None:
+    """The fold's validation predictions beside their ids, targets and the run signature (oof_fold{k}.csv)."""
+    oof = pd.DataFrame({comp.id_col: fold.ids_valid[: len(pred)], "fold": fold.index, **target_columns(y)})
+    oof[comp.oof_columns] = np.asarray(pred).reshape(len(pred), -1)
+    storage.write_csv_atomic(signed(oof, args.signature), path)
+
+
+def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
+    """An OOF file of this run signature; one of another (or none: written before 0.6.0) is left
+    out with an OOF: line saying why. None when it is missing or left out."""
+    if not path.exists():
+        return None
+    frame = pd.read_csv(path)
+    found = signature_of(frame)
+    if found != signature:
+        made = f"run signature {found}" if found else "no run signature (an older kagtpl)"
+        print(f"OOF: {path.name} left out: made with {made}, this run is {signature} (other data, target or folds)")
+        return None
+    return frame
+
+
+def oof_scores(comp, out: Path, folds: list[int], signature: str) -> tuple[dict, list[float]]:
+    """oof.csv from the folds' OOF files of this run signature, the OOF line, and the metric per fold."""
+    oofs = [f for f in (read_signed(out / f"oof_fold{k}.csv", signature) for k in folds) if f is not None]
+    if not oofs:
+        return {}, []
+    oof = pd.concat(oofs, ignore_index=True)
+    storage.write_csv_atomic(oof, out / "oof.csv")
+    scores = comp.score(read_targets(oof), oof[comp.oof_columns].to_numpy())
+    print(logs.oof_line(scores, len(oof), sorted(set(oof["fold"]))))
+    per_fold = [list(comp.score(read_targets(f), f[comp.oof_columns].to_numpy()).values())[-1] for f in oofs]
+    return scores, per_fold
+
+
+def target_columns(y: np.ndarray) -> dict:
+    """The OOF file's target: one `target` column, or target_0.. for several (multi-label, several scores)."""
+    if y.ndim == 1:
+        return {"target": y}
+    return {f"target_{j}": y[:, j] for j in range(y.shape[1])}
+
+
+def read_targets(oof: pd.DataFrame) -> np.ndarray:
+    if "target" in oof.columns:
+        return oof["target"].to_numpy()
+    return oof[[c for c in oof.columns if c.startswith("target_")]].to_numpy()

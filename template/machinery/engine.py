@@ -1,0 +1,210 @@
+"""kagtpl's cross-validation engine: the fold loop, the epoch loop and everything around them.
+
+train.py holds the competition (data, model, loss, metric, prediction) and hands it to
+`cross_validate`, which owns the rest, once for every task: resume, the time planner with its
+deadline guard and SIGTERM, AMP, gradient accumulation, OOM micro-batching, the batch probe,
+early stopping, atomic checkpoints, OOF files, the JSON log, the report picture, the
+experiments table and every log line. It is machinery: `copier update` improves it, so keep
+your code in train.py and predict.py and updates merge without conflicts.
+
+The competition is a plain object (train.py's `Competition`) with:
+
+    name: str               model name for the Model: line, the report and the experiments table
+    classes: list           saved in every checkpoint; predict.py orders its columns by it
+    id_col: str             the id column of the OOF files
+    oof_columns: list[str]  one name per prediction column in the OOF files
+    metric_name: str        the epoch line's label for the metric ("Acc", "AUC")
+    higher_is_better: bool  for that metric (the experiments table ranks by it)
+    resume_keys: tuple      config keys a finished fold's checkpoint must share to be skipped
+    describe: dict          task and input for the experiments table ({"task": "image", "input": "224px"})
+    test_rows, test_views, decode_s: int, int, float
+                            prediction's work (rows x views, seconds per row to prepare) for the reserve
+    fold(k, trn_idx, val_idx) -> Fold        the fold's rows, with anything fitted on the training part
+    loader(rows, batch, train) -> batches    a sized iterable of batches (tuples of tensors)
+    build_model(fold) -> torch.nn.Module
+    batch_loss(model, batch) -> (mean loss, rows)  the batch is on the device; runs under autocast
+    predict(model, batch) -> Tensor (rows, columns) probabilities or values, one column per oof_columns
+    val_loss(y, pred) -> float               lower is better: early stopping and the best checkpoint
+    score(y, pred) -> dict[str, float]       the figures the OOF line prints; the last is the metric
+    param_groups(model) -> list[dict]        optional: parameter groups, each with an `lr_scale`
+                                             (text: layer-wise LR decay and a head LR)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from . import artifacts, experiments, logs, parallel, storage, workers
+from .artifacts import copy_oof, fixed_folds, read_targets, target_columns
+from .errors import RunError
+from .fold import Fold, train_fold, watchers_started, watchers_stopped, watching
+from .gpu import describe_gpu
+from .machine import (
+    Batching,
+    Machine,
+    batch_set_by_user,
+    fit_steps,
+    inference_machine,
+    make_machine,
+    make_planner,
+    print_start,
+    profile,
+)
+from .planner import TimePlanner
+from .runflags import FLAG_RANGES, add_run_flags, begin, check_flags, check_folds, parse_args
+from .steps import TensorBatches, predict
+
+# The names train.py and predict.py call as engine.<name>; each lives in the module imported from.
+__all__ = [
+    "FLAG_RANGES",
+    "Batching",
+    "Fold",
+    "Machine",
+    "TensorBatches",
+    "add_run_flags",
+    "batch_set_by_user",
+    "begin",
+    "check_flags",
+    "check_folds",
+    "copy_oof",
+    "cross_validate",
+    "fit_steps",
+    "fixed_folds",
+    "inference_machine",
+    "make_machine",
+    "make_planner",
+    "parse_args",
+    "predict",
+    "print_start",
+    "profile",
+    "read_targets",
+    "target_columns",
+    "watching",
+]
+
+
+# ----------------------------------------------------------------------------- cross-validation
+
+
+def cross_validate(comp, splits, args, machine: Machine, batching: Batching, planner: TimePlanner) -> dict:
+    """Train every fold the plan allows, then score the OOF predictions. Returns the OOF scores.
+
+    `splits` is an iterable of (train indices, validation indices), e.g. StratifiedKFold's.
+    `args` carries the run flags the engine reads: out_dir, epochs, patience, weight_decay,
+    compile, autoscale (CUDA only), dry_run, parallel and the config saved with each checkpoint.
+    With --parallel folds this process starts one worker per device (parallel.py), which train
+    the folds; it then scores them and writes the report, as a sequential run does.
+    """
+    out = Path(args.out_dir)
+    run_id = os.environ.get(parallel.RUN_ID_ENV) or f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    # rank 0 alone writes the JSON log (the other ranks keep their records in memory)
+    jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
+    watchers_started(args.signature)
+    worker, lost = parallel.fold_worker(), []
+    if args.parallel == "folds" and worker is None:
+        trained, lost = train_on_workers(comp, args, machine, batching, planner, run_id)
+        jlog.records = logs.read_records(jlog.path, run_id)
+    else:
+        trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
+    if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
+        if worker and planner.stop_reason:
+            print(logs.stopped_line(planner.stop_reason))
+        parallel.finish_ddp()
+        return {}
+    scores = finish(comp, args, machine, batching, planner, jlog, trained)
+    watchers_stopped(planner.stop_reason)
+    parallel.finish_ddp()
+    if lost:
+        raise RunError("; ".join(lost) + ": rerun train.py to train the lost fold(s) (finished ones are skipped)")
+    return scores
+
+
+def train_folds(comp, splits, args, machine: Machine, batching: Batching, planner: TimePlanner, jlog) -> list[int]:
+    """The fold loop of one process. A fold worker takes only the folds no other worker has
+    (parallel.FoldQueue) and keeps the plan's fold count shared; under DDP every rank runs
+    every fold, with the plan agreed. Returns the folds trained or found complete."""
+    out, queue = Path(args.out_dir), None
+    if parallel.fold_worker():
+        queue = workers.FoldQueue(out / ".folds")
+    trained = []
+    for k, (trn_idx, val_idx) in enumerate(splits):
+        if queue is not None:
+            planner.folds = queue.cap(planner.folds)
+        if parallel.agree_plan(planner, machine.device) or k >= planner.folds:
+            break
+        if queue is not None and not queue.take(k):
+            continue  # another worker has it (to train, or found complete)
+        path = out / f"model_fold{k}.pth"
+        done = storage.fold_is_done(
+            path, artifacts.checkpoint_config(args, machine, batching), artifacts.run_keys(comp)
+        )
+        print(f"FOLD {k} ({k + 1} of {planner.folds}): {len(trn_idx)} train, {len(val_idx)} valid")
+        if done:
+            print(f"FOLD {k}: {path.name} is complete, skipping (resume)")
+        else:
+            first = not planner.epoch_s  # the first fold this process trains: probe, Model line, estimate
+            planner.begin_fold(k)
+            fold = comp.fold(k, trn_idx, val_idx)
+            best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, first)
+            planner.end_fold(k, first)
+            print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
+            parallel.barrier()  # rank 0 has written the fold's files before any rank looks for them
+        trained.append(k)
+    return trained
+
+
+def train_on_workers(comp, args, machine, batching, planner, run_id: str) -> tuple[list[int], list[str]]:
+    """--parallel folds: one worker per device trains folds from a shared queue; returns the
+    folds to score (taken by a worker this run, or complete from an earlier one) and a line for
+    each worker that died (its current fold is lost; the others go on)."""
+    out, devices = Path(args.out_dir), parallel.devices_for(args.devices, machine.device)
+    start = time.time() - planner.elapsed()  # one deadline for every worker
+    result = workers.run_fold_workers(devices, planner.folds, run_id, out, start, planner)
+    config = artifacts.checkpoint_config(args, machine, batching)
+    done = {
+        k
+        for k in range(result["cap"])
+        if storage.fold_is_done(out / f"model_fold{k}.pth", config, artifacts.run_keys(comp))
+    }
+    forwarded = planner.stop_reason == "SIGTERM"  # a worker that exited on the forwarded signal saved its fold
+    lost = [
+        f"fold worker {tag} exited {code}, fold(s) {folds or 'none'} lost"
+        for tag, code, folds in result["failed"]
+        if not (forwarded and code == -signal.SIGTERM)
+    ]
+    return sorted(done | set(result["claims"])), lost
+
+
+def finish(comp, args, machine: Machine, batching: Batching, planner: TimePlanner, jlog, trained: list[int]) -> dict:
+    """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
+    out = Path(args.out_dir)
+    scores, fold_scores = artifacts.oof_scores(comp, out, trained, args.signature)
+    where = describe_gpu(machine.device)[0] if machine.device.type == "cuda" else "CPU"
+    logs.write_report(jlog.records, out / "train_report.png", f"{comp.name} on {where}")
+    experiments.append(
+        out / "experiments.csv",
+        {
+            "git": experiments.git_commit(),
+            **comp.describe,
+            "model": comp.name,
+            "batch": f"{batching.size}x{batching.accum_steps}",
+            "lr": f"{batching.lr:.2e}",
+            "folds_planned": args.folds,
+            "folds_done": len(fold_scores),
+            "epochs_planned": args.epochs,
+            "epochs_done": " ".join(str(sum(r["fold"] == k for r in jlog.records)) for k in trained),
+            "metric": comp.metric_name,
+            "higher_is_better": comp.higher_is_better,
+            "cv": f"{list(scores.values())[-1]:.5f}" if scores else "",
+            "fold_scores": " ".join(f"{s:.4f}" for s in fold_scores),
+            "wall_s": f"{planner.elapsed():.0f}",
+            "stop": planner.stop_reason or ("dry run" if args.dry_run else "done"),
+        },
+    )
+    if planner.stop_reason:
+        print(logs.stopped_line(planner.stop_reason))
+    print(f"DONE: {len(trained)} folds in {planner.elapsed():.1f}s; next: python predict.py")
+    return scores

@@ -1,0 +1,249 @@
+"""One fold's training: the model built and wrapped, the epoch loop with its deadline guard,
+validation, early stopping and the fold's best checkpoint and OOF file.
+
+engine.py's fold loop calls `train_fold` once per fold; steps.py holds the step loop inside an
+epoch (AMP, accumulation, OOM recovery). It is machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import artifacts, logs, parallel, probe, storage
+from .machine import Batching, Machine, batch_set_by_user, can_compile
+from .steps import loader, make_optimizer, predict, run_epoch, to_device, warmup_cosine
+
+
+@dataclass
+class Fold:
+    """One fold's data, as the competition's `fold()` returns it."""
+
+    index: int
+    train: Any  # the training rows, in whatever form the competition's loader takes
+    valid: Any
+    y_valid: np.ndarray  # targets of the validation rows, in order (scored, written to the OOF file)
+    ids_valid: np.ndarray
+    extras: dict = field(default_factory=dict)  # saved beside the weights (a fitted preprocessor's state)
+
+
+# ----------------------------------------------------------------------------- the epoch watcher
+
+# tune.py's one seam into the loop: a watcher's epoch(fold, epoch, val_loss, metric) is called
+# after every validated epoch (a returned string stops the run, as the deadline does, with that
+# reason), and its stopped(reason) when cross_validate ends (None: it ran to its end).
+_WATCHERS: list = []
+
+
+@contextlib.contextmanager
+def watching(watcher):
+    """Every cross_validate inside this block reports its epochs to `watcher` (optuna's trial)."""
+    _WATCHERS.append(watcher)
+    try:
+        yield watcher
+    finally:
+        _WATCHERS.remove(watcher)
+
+
+def tell_watchers(fold: int, epoch: int, val_loss: float, metric: float) -> str | None:
+    reasons = [w.epoch(fold, epoch, val_loss, metric) for w in _WATCHERS]
+    return next((r for r in reasons if r), None)
+
+
+def watchers_started(signature: str) -> None:
+    for watcher in _WATCHERS:
+        if hasattr(watcher, "started"):
+            watcher.started(signature)
+
+
+def watchers_stopped(reason: str | None) -> None:
+    for watcher in _WATCHERS:
+        watcher.stopped(reason)
+
+
+# ----------------------------------------------------------------------------- one fold
+
+
+def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog, first: bool) -> float:
+    """Train one fold and keep its best epoch in model_fold{k}.pth; returns its best val loss."""
+    model, bare, optimizer, grads, model_s = build(comp, fold, n_train, args, machine, batching, first)
+    train_sampler = parallel.sampler(fold.train, train=True, seed=args.seed)  # None without DDP
+    train_batches = loader(comp, fold.train, batching.size, True, train_sampler)
+    valid_sampler = parallel.sampler(fold.valid, train=False, seed=args.seed)
+    valid_batches = loader(comp, fold.valid, batching.eval_rows, False, valid_sampler)  # sized on its own
+    n_batches = min(len(train_batches), 3 if args.dry_run else len(train_batches))
+    scheduler = warmup_cosine(optimizer, math.ceil(n_batches / batching.accum_steps), lambda: planner.epochs)
+    k, out = fold.index, Path(args.out_dir)
+
+    def batch_loss(batch):
+        return comp.batch_loss(model, to_device(batch, machine))
+
+    def should_stop(i: int) -> bool:
+        planner.tick(i)
+        return parallel.agree_plan(planner, machine.device)  # DDP: one decision for every rank
+
+    def save(epoch: int, **meta) -> None:
+        config = artifacts.checkpoint_config(args, machine, batching)
+        save_fold(out / f"model_fold{k}.pth", model, comp, fold, config, epoch=epoch, **meta)
+
+    best, bad_epochs, saved, last_peak = math.inf, 0, False, None
+    on_first_step = (lambda: first_step_lines(machine, batching)) if first else None
+    for epoch in range(1, args.epochs + 1):
+        planner.can_start_epoch()  # the deadline guard: sets stop_reason when the epoch would not fit
+        if parallel.agree_plan(planner, machine.device) or epoch > planner.epochs:
+            break
+        t0 = time.time()
+        train_loss, seen = train_epoch(
+            model, (train_batches, train_sampler, n_batches, len(valid_batches)), epoch, batch_loss, optimizer,
+            scheduler, machine, batching, planner, on_first_step, should_stop, grads,
+        )  # fmt: skip
+        train_time, on_first_step = time.time() - t0, None
+        if parallel.agree_plan(planner, machine.device):  # deadline or SIGTERM mid-epoch: no time to validate
+            if not saved:  # better an unvalidated model than no submission
+                save(epoch, complete=False)
+            print(f"STOPPED: fold {k} epoch {epoch} ({planner.stop_reason}); best checkpoint kept")
+            break
+        y, pred = validate(comp, fold, bare, valid_batches, machine, args, planner, epoch, (t0, train_time, model_s))
+        val_loss, metric = evaluate(comp, y, pred, f"fold {k} epoch {epoch}")
+        stats = dict(train_loss=train_loss, val_loss=val_loss, metric=metric, lr=scheduler.get_last_lr()[0])
+        stats.update(time_s=time.time() - t0, samples_per_s=seen / max(train_time, 1e-9))
+        last_peak = log_epoch(comp, k, epoch, stats, machine, batching, planner, jlog, last_peak)
+        if val_loss < best:
+            best, bad_epochs, saved = val_loss, 0, True
+            save(epoch, val_loss=best, complete=False)
+            if parallel.writes():
+                artifacts.write_oof(comp, fold, y, pred, out / f"oof_fold{k}.csv", args)
+        else:
+            bad_epochs += 1
+            if bad_epochs >= args.patience:
+                print(f"EARLY STOP: fold {k} epoch {epoch}, no better val loss for {args.patience} epochs")
+                break
+    finish_fold(model, k, out / f"model_fold{k}.pth", machine, planner)
+    return best
+
+
+def finish_fold(model, k: int, path: Path, machine, planner) -> None:
+    """DDP: every rank's weights checked equal; the fold's checkpoint marked complete (a run
+    stopped by the deadline or SIGTERM leaves it incomplete: a rerun trains the fold again)."""
+    parallel.check_in_sync(model, machine.device)
+    if planner.stop_reason is None and parallel.writes() and not storage.mark_complete(path):
+        print(f"WARNING: fold {k} never produced a finite val loss; no checkpoint written")
+
+
+def train_epoch(
+    model, data: tuple, epoch: int, batch_loss, optimizer, scheduler, machine, batching, planner, on_first_step,
+    should_stop, grads,
+) -> tuple[float, int]:  # fmt: skip
+    """One epoch's training pass (steps.run_epoch) with the planner told and, under DDP, a new
+    shuffle and rank 0's BatchNorm statistics; returns (mean loss over every rank, samples seen)."""
+    train_batches, train_sampler, n_batches, n_valid = data
+    machine.monitor.reset()
+    planner.begin_epoch(n_batches, n_valid)
+    if train_sampler is not None:
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+    model.train()
+    epoch_args = (n_batches, batch_loss, optimizer, scheduler, machine.amp, batching, on_first_step)
+    train_loss, seen = run_epoch(train_batches, *epoch_args, should_stop, grads)
+    grads.sync_buffers()  # DDP: validate rank 0's BatchNorm statistics, the ones saved
+    return parallel.mean(train_loss, machine.device), seen * batching.world
+
+
+def build(comp, fold: Fold, n_train: int, args, machine: Machine, batching: Batching, first: bool):
+    """The fold's model on the device (the Model line and the batch probe before the first fold),
+    its optimizer, the DDP wrap and --compile. Returns (model, bare model, optimizer, GradSync,
+    seconds to build the model: predict.py builds one per fold, part of the reserve)."""
+    t_model = time.time()
+    model = comp.build_model(fold).to(machine.device)
+    model_s = time.time() - t_model
+    if machine.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if first:
+        print(logs.model_line(comp.name, sum(p.numel() for p in model.parameters()) / 1e6))
+    optimizer = make_optimizer(comp, model, batching.lr, args.weight_decay)
+    if first and getattr(args, "autoscale", False) and machine.device.type == "cuda":
+        if batch_set_by_user(args):  # the user's numbers are kept as given
+            print(f"BATCH PROBE: skipped: --batch-size {args.batch_size} / --accum-steps {args.accum_steps} set by you")
+        else:  # per GPU, on the bare model (no all-reduce); under DDP every rank takes the smallest batch
+            probe.autoscale(comp, fold, n_train // batching.world, model, optimizer, machine, batching, args.lr)
+            probe.agree_batching(batching, args.lr, machine.device, optimizer)
+    bare = model  # validation runs on the module itself: DDP's forward holds collectives
+    model = parallel.wrap(model, machine.device)  # DDP: rank 0's weights broadcast to every rank
+    grads = parallel.GradSync(model, machine.device)  # DDP: local backward, OOM agreed, one all-reduce
+    if args.compile:
+        ok, why = can_compile(machine.device)
+        if ok:
+            model = torch.compile(model)
+        elif first:
+            print(f"WARNING: {why}: running without it")
+    return model, bare, optimizer, grads, model_s
+
+
+def first_step_lines(machine: Machine, batching: Batching) -> None:
+    """After the first optimizer step: the GPU memory lines (cuBLAS/cuDNN handles exist by then)."""
+    machine.monitor.measure_outside()
+    print(*logs.memory_used_lines(machine.monitor.peak(), batching.size), sep="\n")
+
+
+def validate(comp, fold: Fold, bare, valid_batches, machine: Machine, args, planner, epoch: int, timing) -> tuple:
+    """The validation pass on the bare model; after the first epoch its speed becomes the
+    prediction estimate (the planner's reserve). Returns (targets, predictions), every rank's."""
+    t0, train_time, model_s = timing
+    pred = predict(comp.predict, bare, valid_batches, machine, max_batches=2 if args.dry_run else None)
+    if epoch == 1:  # validation speed -> the prediction estimate -> the reserve
+        valid_s = time.time() - t0 - train_time
+        planner.note_inference(valid_s, len(pred), comp.test_rows, comp.test_views, comp.decode_s, model_s)
+    pred = parallel.gather_rows(pred, len(fold.y_valid), machine.device)  # DDP: every rank's share, in order
+    planner.end_epoch(epoch)
+    return fold.y_valid[: len(pred)], pred
+
+
+def evaluate(comp, y: np.ndarray, pred: np.ndarray, where: str) -> tuple[float, float]:
+    """(val loss, metric) of one validation pass. Non-finite predictions (a diverged model: NaN
+    weights) score inf / NaN with a warning instead of crashing the metric: that epoch is never
+    the best one, so it is never saved."""
+    if not np.isfinite(pred).all():
+        print(f"WARNING: {where}: the model's predictions are not finite (training diverged: lower --lr)")
+        return math.inf, math.nan
+    return comp.val_loss(y, pred), list(comp.score(y, pred).values())[-1]
+
+
+def log_epoch(comp, k: int, epoch: int, stats: dict, machine, batching, planner, jlog, last_peak):
+    """The Epoch and TIME lines, tune.py's watcher, a memory-drop line and the JSON record.
+    Returns this epoch's memory peak (the next epoch's drop is measured from it)."""
+    print(logs.epoch_line(epoch, stats, comp.metric_name, machine.monitor.field()))
+    print(planner.status_line())
+    if reason := tell_watchers(k, epoch, stats["val_loss"], stats["metric"]):  # tune.py: optuna pruned the trial
+        planner.request_stop(reason)
+    peak = machine.monitor.peak()
+    if drop := logs.memory_drop_line(last_peak, peak):
+        print(drop)
+    jlog.write(
+        fold=k,
+        epoch=epoch,
+        **stats,
+        batch_size=batching.size,
+        accum_steps=batching.accum_steps,
+        gpu_used_gb=peak and peak[0],
+        gpu_pct=peak and peak[2],
+        elapsed_s=planner.elapsed(),
+        metric_name=comp.metric_name,
+    )
+    return peak
+
+
+def save_fold(path: Path, model, comp, fold: Fold, config: dict, **meta) -> None:
+    """The fold's checkpoint (rank 0 alone writes): weights, the resolved config, the class list,
+    the run's signature (what makes folds of one ensemble) and the fold's extras."""
+    if not parallel.writes():
+        return
+    run = {key: config.get(key) for key in artifacts.run_keys(comp)}  # what makes folds of one ensemble
+    storage.save_checkpoint(
+        path, model, config, comp.classes, fold=fold.index, run=run, saved_at=time.time(), **meta, **fold.extras
+    )

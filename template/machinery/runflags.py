@@ -1,0 +1,204 @@
+"""The run flags every task's train.py shares, `--params` (tune.py's best_params.json), the
+flag ranges, the folds check and `begin`: a run's first step before any data is read.
+
+It is machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from . import artifacts, hardware, parallel, storage
+from . import planner as time_planner
+from .errors import DataError, RunError, one_line_errors
+from .gpu import resolve_device, seed_everything
+
+
+def add_run_flags(p, gpu_profile: str, budget: str) -> None:
+    """The flags every task's train.py shares: hardware, precision, the time budget, dry runs.
+    argparse's own errors become one ERROR line too (errors.one_line_errors)."""
+    one_line_errors(p)
+    p.add_argument(
+        "--gpu",
+        default=gpu_profile,
+        choices=[*sorted(hardware.PROFILES), "auto"],
+        help="profile for the defaults; auto: this machine's card (one built from it if kagtpl does not list it)",
+    )
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--amp",
+        default="auto",
+        choices=["auto", "bf16", "fp16", "fp32", "off"],
+        help="auto: bf16 on compute capability >= 8, fp16 + GradScaler on T4/V100, off on CPU",
+    )
+    p.add_argument("--compile", action="store_true", help="torch.compile: ~20%% faster steps, ~1 min to compile")
+    # time budget: folds and epochs are cut to fit, prediction keeps a reserve (docs/time-budget.md)
+    p.add_argument("--budget", default=budget, help="wall time for train + predict: 9h, 45m, 600s; '' = none")
+    p.add_argument("--start-time", type=float, default=time_planner.PROCESS_START, help="budget start (run.py sets it)")
+    p.add_argument("--dry-run", action="store_true", help="3 batches, 1 epoch, 2 folds: checks the whole path")
+    # more than one GPU (docs/parallel.md): folds = one fold per GPU at a time; ddp = torchrun
+    p.add_argument(
+        "--parallel",
+        default="auto",
+        choices=parallel.MODES,
+        help="auto: folds with 2+ GPUs and folds >= GPUs (Kaggle T4x2), ddp under torchrun, else none",
+    )
+    p.add_argument("--devices", default="", help="for --parallel folds: cuda:0,cuda:1 (default: every GPU); cpu,cpu")
+    # tune.py's results and its trials (docs/tuning.md)
+    p.add_argument(
+        "--params",
+        default="",
+        help="tune.py's output/best_params.json: its values; flags you give still win; auto: that file if tune.py "
+        "searched this run signature (run.py's default)",
+    )
+    p.add_argument("--train-folds", type=int, default=0, help="train only the first N folds of the split (0 = all)")
+    p.add_argument(
+        "--predict-reserve",
+        type=float,
+        default=-1,
+        help="seconds of the budget kept for predict.py; -1 = the rule (15%% or the measured need); tune's trials: 0",
+    )
+
+
+def parse_args(p, argv=None):
+    """argparse, then --params: the file's values become the parser's defaults and the command
+    line is read again, so a flag you give still wins over the file. --params auto (run.py's) is
+    <out-dir>/best_params.json when tune.py searched this run signature (params_file)."""
+    args = p.parse_args(argv)
+    if args.params:
+        path = params_file(args)
+        if path is not None:
+            p.set_defaults(**read_params(path, p))
+            args = p.parse_args(argv)
+        args.params = "" if path is None else str(path)
+    return args
+
+
+def params_file(args) -> Path | None:
+    """The best_params.json to use. `auto`: <out-dir>/best_params.json when it is there and was
+    searched with this run signature; one of another signature (other data, target, features or
+    folds), or of none (an older kagtpl), is left out with a PARAMS: line. A path you name is
+    used, with a WARNING when it was searched with another signature."""
+    auto = args.params == "auto"
+    path = Path(args.out_dir) / "best_params.json" if auto else Path(args.params)
+    if auto and not path.is_file():
+        return None
+    try:
+        found = json.loads(path.read_text()).get("signature")
+    except (OSError, ValueError, AttributeError):
+        return path  # read_params names what is wrong with it
+    mine = artifacts.run_signature(args)
+    if found == mine or (found is None and not auto):
+        return path
+    made = f"run signature {found}" if found else "no run signature (an older kagtpl)"
+    if auto:
+        print(f"PARAMS: {path} left out: searched with {made}, this run is {mine} (other data, target or folds)")
+        print(f"PARAMS: --params {path} uses it anyway")
+        return None
+    print(f"WARNING: --params {path}: searched with {made}, this run is {mine}; used because you named it")
+    return path
+
+
+def read_params(path: Path, p) -> dict:
+    """{flag dest: value} from tune.py's best_params.json ({"params": {...}, ...}), each key a flag
+    of this script and each value of its flag's type (a choice among its choices); anything else
+    is a RunError naming the file and the key, before anything runs."""
+    try:
+        params = json.loads(path.read_text()).get("params")
+    except (OSError, ValueError, AttributeError) as e:
+        raise RunError(f"--params {path}: cannot read it as tune.py's JSON ({e})") from None
+    if not isinstance(params, dict):
+        raise RunError(f'--params {path}: no "params" object (tune.py writes output/best_params.json)')
+    flags = {a.dest: a for a in p._actions}
+    for key, value in params.items():
+        action = flags.get(key)
+        if action is None or key in ("params", "help"):
+            raise RunError(f"--params {path}: {key!r} is not a flag of {p.prog}")
+        want = type(action.default) if action.type is None else action.type
+        ok = isinstance(value, bool) if want is bool else not isinstance(value, bool)
+        ok = ok and (isinstance(value, (int, float)) if want is float else isinstance(value, want))
+        if not ok or (action.choices and value not in action.choices):
+            raise RunError(f"--params {path}: {key} = {value!r} is not a valid --{key.replace('_', '-')}")
+    return params
+
+
+# Every numeric flag both tasks share, with its range: a value outside is one ERROR line before
+# anything is read or written (--accum-steps -1 trained by gradient ascent; --folds 1 has no
+# validation fold). train.py adds its own flags' ranges to these.
+FLAG_RANGES = {
+    "folds": (2, 100),
+    "epochs": (1, 100_000),
+    "patience": (1, 100_000),
+    "lr": (0.0, 10.0),  # 0 freezes the weights (a check); below 0 is gradient ascent
+    "weight_decay": (0.0, 10.0),
+    "batch_size": (0, 65_536),  # 0 = the rule for the GPU
+    "accum_steps": (0, 4096),  # 0 = the rule (tables: 1)
+    "seed": (0, 2**32 - 1),  # numpy's seed range
+    "train_folds": (0, 100),
+    "predict_reserve": (-1, 10**7),
+}
+
+
+def check_flags(args, ranges: dict) -> None:
+    """Each flag in `ranges` ({dest: (low, high)}) within its range (NaN and inf are not); else
+    a RunError naming the flag, the value and the range. predict.py checks its flags with it too."""
+    for name, (low, high) in ranges.items():
+        value = getattr(args, name)
+        if not low <= value <= high:
+            raise RunError(f"--{name.replace('_', '-')} {value}: must be from {low} to {high}")
+
+
+def check_folds(folds: int, path, rows: int, class_counts: dict | None = None) -> None:
+    """Enough rows, and enough of every class, for `folds` stratified folds: the DataError names
+    the class and the largest --folds the data allows (instead of sklearn's traceback)."""
+    if rows < folds:
+        raise DataError(f"{path}: {rows} rows cannot make --folds {folds}; use --folds {max(2, rows)} or fewer")
+    if class_counts:
+        label, n = min(class_counts.items(), key=lambda kv: kv[1])
+        if n < folds:
+            way_out = f"use --folds {n} or fewer, or" if n >= 2 else "2 folds need 2 rows of it:"
+            raise DataError(
+                f"{path}: class {label!r} has {n} row(s), fewer than --folds {folds}: every fold needs one to "
+                f"validate it; {way_out} merge or drop that class's rows"
+            )
+
+
+def begin(args, ranges: dict | None = None) -> torch.device:
+    """A run's first step: the flags checked (FLAG_RANGES plus the task's `ranges`), --dry-run's
+    small plan, the output folder (locked against a second train.py, stale temp files of killed
+    runs swept), the seed, the device."""
+    check_flags(args, {**FLAG_RANGES, **(ranges or {})})
+    args.signature = artifacts.run_signature(args)  # carried by every artifact of this run
+    try:
+        time_planner.parse_duration(args.budget)
+    except ValueError as e:
+        raise RunError(f"--budget: {e}") from None
+    if args.dry_run:
+        args.epochs, args.folds = 1, 2
+    device = resolve_device(args.device)  # a card this torch has no kernels for: ERROR before anything is written
+    out = Path(args.out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"--out-dir {out}: cannot create it ({e.strerror})") from None
+    worker = parallel.fold_worker()
+    if worker:  # started by a --parallel folds train.py, which holds the lock and swept the folder
+        args.parallel, why = "folds", f"worker {worker[0] + 1} of {worker[1]} on {device.type}: the next free fold"
+    else:
+        args.parallel, why = parallel.choose(args.parallel, parallel.devices_for(args.devices, device), args.folds)
+    if args.parallel == "ddp":
+        device = parallel.start_ddp(device.type)
+        why += f"; rank {parallel.rank()} of {parallel.world_size()}"
+        if not parallel.writes():  # one log: rank 0's (errors still reach stderr)
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    if parallel.writes() and not worker:
+        storage.lock_output(out)
+        storage.sweep_stale_tmp(out)
+    print(f"PARALLEL: {args.parallel} ({why})")
+    seed_everything(args.seed)
+    return device

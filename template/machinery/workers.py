@@ -1,0 +1,160 @@
+"""--parallel folds: one worker process per device, each this train.py started again, taking the
+next fold from a queue of claim files (FoldQueue), their logs relayed with a tag per worker.
+tune.py's --workers run through the same launcher. docs/parallel.md gives the rules. It is
+machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from . import hardware
+from .parallel import RUN_ID_ENV, WORKER_ENV
+
+
+class FoldQueue:
+    """Folds handed out across processes through files in one folder: a fold is taken by creating
+    its claim file (O_EXCL: exactly one process wins it), and `cap` is the plan's fold count,
+    which any worker's planner may cut and none may raise (the smallest wins)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def reset(self, folds: int) -> None:
+        """A new run (the parent holds the output folder's lock): no claims, the plan's folds."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for f in self.folder.glob("fold*.claim"):
+            f.unlink()
+        (self.folder / "cap").write_text(str(folds))
+
+    def take(self, fold: int) -> bool:
+        try:
+            fd = os.open(self.folder / f"fold{fold}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+
+    def claims(self) -> dict[int, int]:
+        """{fold: pid of the worker that took it}."""
+        found = {}
+        for f in self.folder.glob("fold*.claim"):
+            text = f.read_text().strip()
+            found[int(f.stem[4:])] = int(text) if text.isdigit() else -1
+        return found
+
+    def cap(self, folds: int) -> int:
+        """min(folds, the shared cap), written back; under a lock (two workers may cut at once)."""
+        import fcntl
+
+        with open(self.folder / "cap", "r+") as f:
+            fcntl.lockf(f, fcntl.LOCK_EX)
+            text = f.read().strip()
+            shared = min(folds, int(text)) if text.isdigit() else folds
+            f.seek(0)
+            f.truncate()
+            f.write(str(shared))
+            f.flush()
+            fcntl.lockf(f, fcntl.LOCK_UN)
+        return shared
+
+
+def visible_gpu(index: int) -> str:
+    """What CUDA_VISIBLE_DEVICES must say for a worker to see this process's cuda:index. It names
+    physical cards: under CUDA_VISIBLE_DEVICES=2,3 (a shared server), cuda:1 is card "3", not "1"."""
+    mine = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return mine[index] if index < len(mine) else str(index)
+
+
+def die_with_parent() -> None:
+    """A worker gets SIGTERM when its parent train.py dies (even by SIGKILL): no orphan trains on."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
+    """Copy a child's lines to stdout with a [tag] prefix until the child ends. If the reader of
+    stdout goes away (`| head`, a closed terminal), stdout becomes /dev/null and the copying goes
+    on: a child whose pipe filled up (64 KB, seconds of epoch lines) would block in its next
+    print, past its deadline and its SIGTERM (two fold workers were seen stuck for 10 minutes)."""
+    for line in proc.stdout:
+        with lock:
+            try:
+                sys.stdout.write(f"[{tag}] {line}")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, sys.stdout.fileno())
+                os.close(null)
+
+
+def run_tagged(workers: list[tuple[list[str], dict, str]], stopping, announce: str | None = None) -> list:
+    """Start each (command, environment, tag) as a child that dies with this process, relay its
+    lines with a [tag] prefix, send SIGTERM once to every child still running when `stopping()`
+    turns true (a container stop: each saves its work), and wait for all. `announce` prints
+    "{announce}: {tag} started, pid {pid}" as each starts. Returns [(process, tag)]."""
+    lock, procs = threading.Lock(), []
+    for cmd, env, tag in workers:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            preexec_fn=die_with_parent,
+        )
+        if announce:
+            print(f"{announce}: {tag} started, pid {proc.pid}", flush=True)
+        thread = threading.Thread(target=relay, args=(proc, tag, lock), daemon=True)
+        thread.start()
+        procs.append((proc, tag, thread))
+    forwarded = False
+    while any(p.poll() is None for p, _, _ in procs):
+        if stopping() and not forwarded:
+            for p, _, _ in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            forwarded = True
+        time.sleep(0.2)
+    for _, _, thread in procs:
+        thread.join(timeout=5)
+    return [(p, tag) for p, tag, _ in procs]
+
+
+def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, start_time: float, planner) -> dict:
+    """Start one train.py per device, relay their lines with a [gpuN] / [cpuN] prefix, forward
+    SIGTERM, wait. Returns {"claims": {fold: pid}, "failed": [(tag, exit code, folds lost)],
+    "cap": the plan's fold count as the workers left it}."""
+    queue = FoldQueue(out / ".folds")
+    queue.reset(folds)
+    n, cpus = len(devices), hardware.machine_cpus()
+    workers = []
+    for i, name in enumerate(devices):
+        env = {**os.environ, WORKER_ENV: f"{i}/{n}", RUN_ID_ENV: run_id, hardware.CPU_SHARE_ENV: str(n)}
+        if name == "cpu":
+            env["OMP_NUM_THREADS"] = str(max(1, cpus // n))  # torch's threads split like the loader workers
+            flag, tag = "cpu", f"cpu{i}"
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpu(int(name.split(":")[1]))
+            flag, tag = "cuda", f"gpu{name.split(':')[1]}"
+        # the same command line, with the worker's device and the run's start (one deadline for all)
+        cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--device={flag}", f"--start-time={start_time}"]
+        workers.append((cmd, env, tag))
+    procs = run_tagged(workers, lambda: planner.stop_reason == "SIGTERM", announce="PARALLEL")
+    claims = queue.claims()
+    failed = [
+        (tag, p.returncode, sorted(k for k, pid in claims.items() if pid == p.pid)) for p, tag in procs if p.returncode
+    ]
+    return {"claims": claims, "failed": failed, "cap": queue.cap(folds)}
