@@ -1,0 +1,101 @@
+"""One run signature for every artifact (issue 23): what it covers, and each artifact of another
+signature left out with a line saying why (or used when named explicitly). In-process, on the
+modules of rendered projects; the runs that write the artifacts are in test_run / test_boosters."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import import_project, render
+
+
+def flags(data_dir, **over) -> argparse.Namespace:
+    base = {"data_dir": str(data_dir), "labels_csv": "labels.csv", "folds": 5, "seed": 42, "lr": 1e-3, "model": "a"}
+    return argparse.Namespace(**{**base, **over})
+
+
+def test_the_signature_follows_data_target_and_folds_not_training_settings(project_modules, tmp_path):
+    sign = project_modules.artifacts.run_signature
+    data = tmp_path / "data"
+    (data / "train").mkdir(parents=True)
+    (data / "labels.csv").write_text("id,breed\na,x\n")
+    base = sign(flags(data))
+    assert len(base) == 12 and base == sign(flags(data))
+    assert sign(flags(data, lr=0.5, model="b")) == base  # the blend mixes models: settings are not in it
+    for changed in ({"folds": 4}, {"seed": 7}, {"labels_csv": "other.csv"}):
+        assert sign(flags(data, **changed)) != base, changed
+    (data / "train" / "img.jpg").write_bytes(b"x")  # another image in the training folder
+    assert sign(flags(data)) != base
+    (data / "train" / "img.jpg").unlink()
+    (data / "labels.csv").write_text("id,breed\na,x\nb,y\n")  # another labels file
+    assert sign(flags(data)) != base
+
+
+def test_params_auto_leaves_out_a_search_of_another_signature(project_modules, tmp_path, digits_dir, capsys):
+    train, artifacts = project_modules.train, project_modules.artifacts
+    argv = ["--data-dir", str(digits_dir), "--out-dir", str(tmp_path)]
+    mine = artifacts.run_signature(train.get_args(argv))
+    best = tmp_path / "best_params.json"
+    best.write_text(json.dumps({"params": {"lr": 0.0042}, "signature": mine}))
+    assert train.get_args([*argv, "--params", "auto"]).lr == 0.0042  # searched for this run: used
+    best.write_text(json.dumps({"params": {"lr": 0.0042}, "signature": "0123456789ab"}))
+    capsys.readouterr()
+    args = train.get_args([*argv, "--params", "auto"])
+    assert args.lr != 0.0042 and args.params == ""
+    out = capsys.readouterr().out
+    assert f"PARAMS: {best} left out: searched with run signature 0123456789ab, this run is {mine}" in out
+    named = train.get_args([*argv, "--params", str(best)])  # named explicitly: used, with a warning
+    assert named.lr == 0.0042
+    assert f"WARNING: --params {best}: searched with run signature 0123456789ab" in capsys.readouterr().out
+    best.write_text(json.dumps({"params": {"lr": 0.0042}}))  # 0.5.0's file: no signature
+    assert train.get_args([*argv, "--params", "auto"]).lr != 0.0042
+    assert "no run signature (an older kagtpl)" in capsys.readouterr().out
+    assert train.get_args([*argv, "--params", str(best)]).lr == 0.0042
+    best.unlink()
+    assert train.get_args([*argv, "--params", "auto"]).params == ""  # none yet: nothing to say
+
+
+def test_oof_files_of_another_signature_stay_out_of_oof_csv(project_modules, tmp_path, capsys):
+    artifacts = project_modules.artifacts
+    frame = pd.DataFrame({"id": ["a", "b"], "fold": 0, "target": [0, 1], "p": [0.2, 0.7]})
+    artifacts.signed(frame.copy(), "aaaaaaaaaaaa").to_csv(tmp_path / "oof_fold0.csv", index=False)
+    artifacts.signed(frame.assign(fold=1), "bbbbbbbbbbbb").to_csv(tmp_path / "oof_fold1.csv", index=False)
+    frame.assign(fold=2).to_csv(tmp_path / "oof_fold2.csv", index=False)  # before signatures
+    kept = [artifacts.read_signed(tmp_path / f"oof_fold{k}.csv", "aaaaaaaaaaaa") for k in range(3)]
+    assert [k is not None for k in kept] == [True, False, False]
+    out = capsys.readouterr().out
+    assert "OOF: oof_fold1.csv left out: made with run signature bbbbbbbbbbbb, this run is aaaaaaaaaaaa" in out
+    assert "OOF: oof_fold2.csv left out: made with no run signature (an older kagtpl)" in out
+
+
+@pytest.fixture(scope="module")
+def blend_module(tmp_path_factory):
+    project = render(tmp_path_factory.mktemp("blend") / "p", task="tabular", gpu="cpu", problem="binary")
+    return import_project(project, ("blend", "artifacts"))
+
+
+def test_the_blend_leaves_out_a_member_of_another_signature(blend_module, tmp_path, capsys):
+    """An oof_xgb.csv from another feature set joined the blend when only its ids and columns
+    were checked; now it is left out (its test predictions too) with a BLEND line."""
+    blend, artifacts = blend_module.blend, blend_module.artifacts
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 200)
+    for name, sig in (("lgbm", "aaaaaaaaaaaa"), ("mlp", "aaaaaaaaaaaa"), ("xgb", "bbbbbbbbbbbb")):
+        p1 = np.clip(y * 0.6 + rng.normal(0.2, 0.2, 200), 0, 1)
+        oof = pd.DataFrame({"id": [str(i) for i in range(200)], "fold": 0, "target": y, "p_0": 1 - p1, "p_1": p1})
+        artifacts.signed(oof, sig).to_csv(tmp_path / f"oof_{name}.csv", index=False)
+    members = {n: np.full((5, 2), 0.5) for n in ("lgbm", "mlp", "xgb")}
+
+    def score(yy, p):
+        return float(np.mean((p[:, 1] > 0.5) == yy))
+
+    _, used = blend.blend(members, tmp_path, "id", score, True, artifacts.read_targets, "accuracy", "aaaaaaaaaaaa")
+    out = capsys.readouterr().out
+    assert "xgb" not in used and set(used) <= {"lgbm", "mlp"}
+    assert "BLEND: xgb left out: oof_xgb.csv made with run signature bbbbbbbbbbbb, this run is aaaaaaaaaaaa" in out
+    assert "BLEND: member xgb" not in out
