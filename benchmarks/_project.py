@@ -22,6 +22,7 @@ TABLE_ANSWERS = {
 
 
 MODULES = ("train", "engine", "gpu", "hardware", "planner", "probe", "steps", "machine")
+USER_MODULES = ("train", "predict", "tune")  # the project's top-level files; the rest is machinery/
 EXTRA = {"image": ("images",), "text": ("texts",)}  # task-only modules
 
 
@@ -46,6 +47,6 @@ def rendered(task: str, extra_modules: tuple = (), **answers):
     dest = render(Path(tempfile.mkdtemp(prefix=f"kagtpl-bench-{task}-")) / "proj", task, **answers)
     sys.path.insert(0, str(dest))
     names = (*MODULES, *EXTRA.get(task, ()), *extra_modules)
-    for name in names:
-        sys.modules.pop(name, None)
-    return SimpleNamespace(**{m: importlib.import_module(m) for m in names})
+    for name in [n for n in sys.modules if n.split(".")[0] in ("machinery", *USER_MODULES)]:
+        sys.modules.pop(name, None)  # another project's: `machinery` is one package name in every project
+    return SimpleNamespace(**{m: importlib.import_module(m if m in USER_MODULES else f"machinery.{m}") for m in names})

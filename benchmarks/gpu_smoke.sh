@@ -107,7 +107,7 @@ if [ "$DEVICE" = cuda ]; then
     step doctor "$PY" -m kagtpl doctor "$WORK/logs/run-budget.log"
     grep -q "^PROBE: batch=" "$WORK/logs/run-budget.log" || FAILED+=("probe-lines")
 fi
-step experiments "$PY" experiments.py
+step experiments "$PY" -m machinery.experiments
 
 # 6. more than one GPU (docs/parallel.md): fold workers, and DDP through torchrun (NCCL; gloo on CPU)
 NGPU=0; [ "$DEVICE" = cuda ] && NGPU="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"

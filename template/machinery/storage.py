@@ -243,9 +243,10 @@ def same_run(found: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
         elif run is None or newest is None:
             diff = "no record of its configuration"
         else:
-            diff = ", ".join(
-                f"{k}={run.get(k)!r}, newest {newest.get(k)!r}" for k in newest if run.get(k) != newest.get(k)
-            )
+            differ = [k for k in newest if run.get(k) != newest.get(k)]
+            if len(differ) > 1 and "signature" in differ:  # it follows the flags named beside it
+                differ.remove("signature")
+            diff = ", ".join(f"{k}={run.get(k)!r}, newest {newest.get(k)!r}" for k in differ)
         print(f"WARNING: skipping {path}: trained with another configuration than the newest checkpoint ({diff})")
     return kept
 
