@@ -3,14 +3,14 @@ measures the generated code itself."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import import_project  # noqa: E402  (the tests' rule: machinery.<name>, other projects' modules out)
 from kagtpl import table  # noqa: E402
 
 # the answers of a project for each of `kagtpl table`'s tables (their target column and problem)
@@ -22,7 +22,6 @@ TABLE_ANSWERS = {
 
 
 MODULES = ("train", "engine", "gpu", "hardware", "planner", "probe", "steps", "machine")
-USER_MODULES = ("train", "predict", "tune")  # the project's top-level files; the rest is machinery/
 EXTRA = {"image": ("images",), "text": ("texts",)}  # task-only modules
 
 
@@ -45,8 +44,4 @@ def rendered(task: str, extra_modules: tuple = (), **answers):
     """A namespace of a freshly rendered project's modules: .train, .engine, .gpu, .hardware, .planner
     (and .images for an image project), and any `extra_modules` of it (tune, tuning)."""
     dest = render(Path(tempfile.mkdtemp(prefix=f"kagtpl-bench-{task}-")) / "proj", task, **answers)
-    sys.path.insert(0, str(dest))
-    names = (*MODULES, *EXTRA.get(task, ()), *extra_modules)
-    for name in [n for n in sys.modules if n.split(".")[0] in ("machinery", *USER_MODULES)]:
-        sys.modules.pop(name, None)  # another project's: `machinery` is one package name in every project
-    return SimpleNamespace(**{m: importlib.import_module(m if m in USER_MODULES else f"machinery.{m}") for m in names})
+    return import_project(dest, (*MODULES, *EXTRA.get(task, ()), *extra_modules))

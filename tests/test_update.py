@@ -263,6 +263,19 @@ def engine_releases(tmp_path_factory):
     return old, repo.release("0.2.0", base / "dist2")
 
 
+def assert_project_tests_pass(project: Path) -> None:
+    """The updated project works: its own tests (model, loss, metric, checkpoints) pass."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=project,
+        env={**RUN_ENV, "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
 def edit_and_commit(project: Path, old: str, new: str) -> None:
     text = (project / "train.py").read_text()
     assert old in text
@@ -285,15 +298,7 @@ def test_update_across_the_engine_change_keeps_an_edit_that_did_not_move(tmp_pat
     assert not (project / "kit.py").exists()  # the old machinery is gone, the new is there
     assert {"engine.py", "planner.py", "storage.py", "images.py"} <= {p.name for p in (project / "machinery").iterdir()}
     # the updated project works: its own tests (model, loss, metric, checkpoints) pass
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-        cwd=project,
-        env={**RUN_ENV, "PYTHONPATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert_project_tests_pass(project)
 
 
 def test_update_across_the_engine_change_reports_an_edit_of_moved_code(tmp_path, env, engine_releases):
@@ -349,12 +354,4 @@ def test_update_from_0_5_0_moves_the_engine_into_machinery(tmp_path, env, layout
     # resolve as the update's message says (drop the old engine.py edit), then the project's own tests
     for leftover in [*project.glob("*.rej"), project / "engine.py"]:
         leftover.unlink(missing_ok=True)
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-        cwd=project,
-        env={**RUN_ENV, "PYTHONPATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert_project_tests_pass(project)

@@ -141,8 +141,10 @@ def edited_files(path: Path, answers: dict, src: str) -> dict[str, bytes]:
         for file in fresh.rglob("*"):
             rel = file.relative_to(fresh)
             mine = path / rel
-            if file.is_file() and rel.name != ANSWERS and mine.is_file() and mine.read_bytes() != file.read_bytes():
-                found[str(rel)] = mine.read_bytes()
+            if file.is_file() and rel.name != ANSWERS and mine.is_file():
+                content = mine.read_bytes()
+                if content != file.read_bytes():
+                    found[str(rel)] = content
     return found
 
 
@@ -156,9 +158,15 @@ def restore_removed(path: Path, edited: dict[str, bytes]) -> list[str]:
             continue
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_bytes(content)
-        home = path / "machinery" / Path(rel).name
-        where = f"machinery/{Path(rel).name}" if home.is_file() else "nowhere: the template dropped it"
-        restored.append(f"{rel} (your edit of a file the template moved, now {where}: port it, then delete {rel})")
+        home = f"machinery/{Path(rel).name}"
+        if (path / home).is_file():
+            restored.append(
+                f"{rel} (your edit of a file the template moved to {home}: port it there, then delete {rel})"
+            )
+        else:
+            restored.append(
+                f"{rel} (your edit of a file the template no longer has: keep what you need, then delete {rel})"
+            )
     return restored
 
 

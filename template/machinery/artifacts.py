@@ -74,6 +74,11 @@ def signed(frame: pd.DataFrame, signature: str) -> pd.DataFrame:
     return frame
 
 
+def made_with(found: str | None) -> str:
+    """How a left-out artifact's signature is named in its line."""
+    return f"run signature {found}" if found else "no run signature (an older kagtpl)"
+
+
 def signature_of(frame: pd.DataFrame) -> str | None:
     """The run signature an OOF file carries; None for one written before signatures (0.5.0)."""
     if SIGNATURE_COLUMN not in frame.columns or frame.empty:
@@ -128,8 +133,9 @@ def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
     frame = pd.read_csv(path)
     found = signature_of(frame)
     if found != signature:
-        made = f"run signature {found}" if found else "no run signature (an older kagtpl)"
-        print(f"OOF: {path.name} left out: made with {made}, this run is {signature} (other data, target or folds)")
+        print(
+            f"OOF: {path.name} left out: made with {made_with(found)}, this run is {signature} (other data, target or folds)"
+        )
         return None
     return frame
 

@@ -95,7 +95,7 @@ def params_file(args) -> Path | None:
     mine = artifacts.run_signature(args)
     if found == mine or (found is None and not auto):
         return path
-    made = f"run signature {found}" if found else "no run signature (an older kagtpl)"
+    made = artifacts.made_with(found)
     if auto:
         print(f"PARAMS: {path} left out: searched with {made}, this run is {mine} (other data, target or folds)")
         print(f"PARAMS: --params {path} uses it anyway")
