@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import forkserver
 import pytest
 
 from kagtpl import demo
@@ -45,31 +46,67 @@ def render(dest: Path, **data) -> Path:
     return dest
 
 
+FORKSERVER = os.environ.get("KAGTPL_TEST_FORKSERVER", "1") != "0"
+_servers: dict = {}  # one fork server per value of the variables read at import (forkserver.py)
+
+
+def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
+    """`python ARGS` in `project`, through the fork server (a real process, without 3-5 s of
+    imports) unless KAGTPL_TEST_FORKSERVER=0; the script's stdout on a pipe, stderr as asked."""
+    if not FORKSERVER:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=project,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=new_session,
+        )
+    key = forkserver.import_env(env)
+    if key not in _servers:
+        _servers[key] = forkserver.Server(env)
+    return _servers[key].popen(args, project, env, subprocess.PIPE, stderr, new_session)
+
+
+# The modules whose tests take longest (pytest --durations), run first: two workers then end
+# together on short tests instead of one of them on a long one.
+LONGEST_FIRST = ("test_demo", "test_benchmarks", "test_text", "test_run", "test_tune", "test_parallel", "test_budget")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item):
+        name = item.module.__name__
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: a module's tests keep their order
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for server in _servers.values():
+        server.close()
+
+
 def run_script(
     project: Path, *args: str, timeout: int = 600, check: bool = True, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, *args], cwd=project, env=env or RUN_ENV, capture_output=True, text=True, timeout=timeout
-    )
+    proc = launch(project, args, env or RUN_ENV, subprocess.PIPE)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    proc = subprocess.CompletedProcess([sys.executable, *args], proc.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
 
 
-def start_until(
-    project: Path, args: list[str], line_prefix: str, env: dict | None = None
-) -> tuple[subprocess.Popen, list[str]]:
+def start_until(project: Path, args: list[str], line_prefix: str, env: dict | None = None):
     """Start a generated script in a process group of its own (as a container runs it) and read
     its log until a line starts with `line_prefix`; returns the process and the lines so far."""
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        cwd=project,
-        env=env or RUN_ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = launch(project, args, env or RUN_ENV, subprocess.STDOUT, new_session=True)
     seen = []
     for line in proc.stdout:
         seen.append(line)

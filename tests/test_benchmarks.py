@@ -68,7 +68,7 @@ def test_generator_latency_smoke():
 
 
 def test_time_budget_smoke():
-    out = bench("time_budget.py", "--budget", "45")
+    out = bench("time_budget.py", "--budget", "30")
     assert "total wall / budget" in out and "valid submission: True" in out
 
 
@@ -80,8 +80,8 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
         env={
             **RUN_ENV,
             "SMOKE_DEVICE": "cpu",
-            "SMOKE_BUDGET": "45s",
-            "SMOKE_TUNE_BUDGET": "60s",
+            "SMOKE_BUDGET": "30s",
+            "SMOKE_TUNE_BUDGET": "40s",
             "PYTHON": sys.executable,
         },
         capture_output=True,
@@ -116,7 +116,7 @@ def test_probe_log_is_the_one_docs_gpu_check_shows():
 
 
 def test_small_data_recipe_smoke():
-    out = bench("small_data_recipe.py", "--train", "120", "--budget", "60s")
+    out = bench("small_data_recipe.py", "--train", "120", "--budget", "35s")
     ours, base, ratio = figures(
         out,
         r"kagtpl project \(defaults\)",

@@ -17,6 +17,7 @@ may replace it, so keep your own code in train.py and predict.py.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 
 import torch
@@ -100,6 +101,11 @@ def start_ddp(device_type: str) -> torch.device:
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
+    # Before the group exists: torch._dynamo (which the first optimizer imports) keeps a reference
+    # to the process group that is current when it is imported, so a group made first outlives
+    # destroy_process_group. Its gloo threads then die at interpreter exit, under the GIL's
+    # teardown: "terminate called without an active exception", SIGABRT, after a clean run.
+    importlib.import_module("torch._dynamo")
     dist.init_process_group(backend)
     return device
 
@@ -308,13 +314,9 @@ def barrier() -> None:
 
 
 def finish_ddp() -> None:
-    """Leave the process group together, with a barrier as the last collective. Rank 0 scores and
-    reports after the folds while the other ranks are done: a rank whose last collective was an
-    all-reduce of a Python tensor could reach interpreter shutdown while gloo's worker thread was
-    still releasing that work, which then took the GIL and aborted the process ("terminate called
-    without an active exception", SIGABRT): 10 of 208 two-rank torchrun runs of a DDP script here,
-    and once in CI; 0 of 110 with the barrier, which waits for the pending work and holds no
-    Python tensor."""
+    """Leave the process group together, with a barrier as the last collective (rank 0 scores and
+    reports after the folds while the other ranks are done). destroy_process_group then joins
+    gloo's threads while the interpreter is whole; see start_ddp for what kept them alive."""
     if ddp():
         dist.barrier()
         dist.destroy_process_group()

@@ -1,0 +1,276 @@
+"""Start generated scripts in tests without paying for their imports each time.
+
+A generated script spends 3-5 s of its start importing torch, pandas, sklearn and the boosters,
+and the suite starts ~300 of them: on 2 cores that was a third of its time. This server imports
+those libraries once; each script run is then a process of its own, forked from it:
+
+    client (pytest) --request + stdin/stdout/stderr/status fds--> server (python forkserver.py)
+    server --fork--> monitor --fork--> runner: runs `train.py ...` or `-m module ...` as __main__
+    monitor: writes the runner's pid, then its exit status (-N for signal N), to the status fd
+
+The runner is a real process: its own pid, session (start_new_session), signals and exit code,
+stdout and stderr on pipes the test reads, its children (fold workers, torchrun's ranks) real
+`python` processes, and its exit a real interpreter exit (atexit, thread joins, finalization).
+What it shares with the server: modules imported before the fork (none of the project's own:
+machinery and the scripts import fresh) and the hash seed. It runs in the request's cwd and
+environment, with sys.path[0] and sys.argv as `python script` or `python -m module` sets them,
+and its torch and numpy generators reseeded from the OS, as a new interpreter's are.
+
+Libraries read some environment variables when imported (OMP_NUM_THREADS sizes the thread pool):
+one server serves one value of those (`import_env`), so a request with other values gets a server
+of its own. Nothing that reads the Hugging Face variables is preloaded: the text project sets
+HF_HUB_OFFLINE before its first import of transformers, and must keep being the first.
+
+KAGTPL_TEST_FORKSERVER=0 turns it off: every script then starts as `python script`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import locale
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+
+PRELOAD = (
+    "numpy",
+    "torch",
+    "torchvision",
+    "pandas",
+    "scipy.stats",
+    "sklearn.metrics",
+    "sklearn.model_selection",
+    "sklearn.preprocessing",
+    "lightgbm",
+    "xgboost",
+    "catboost",
+    "optuna",
+    "cv2",
+)
+# modules that read the environment a script may change before it imports them
+NEVER_PRELOADED = ("huggingface_hub", "transformers", "timm", "albumentations", "machinery")
+IMPORT_ENV_PREFIXES = (
+    "PYTHON",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "KMP_",
+    "TORCH",
+    "PYTORCH",
+    "CUDA",
+    "NVIDIA",
+    "LD_",
+    "HF_",
+    "TRANSFORMERS",
+)
+
+
+def import_env(env: dict) -> tuple:
+    """The variables a preloaded library may read at import: one server per value of these."""
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)))
+
+
+# --- the server (python forkserver.py SOCKET) ---------------------------------------------------
+
+
+def serve(path: str) -> dict:
+    """Answer requests until killed. Returns only in a forked runner, with its request."""
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            __import__(name)
+    early = [m for m in NEVER_PRELOADED if m in sys.modules]
+    if early:
+        raise SystemExit(f"forkserver: {early} imported by the preload; scripts must import them first")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    print("ready", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
+        conn.close()
+        _reap()
+        if os.fork() == 0:
+            listener.close()
+            return _monitor(json.loads(message), fds)
+        for fd in fds:
+            os.close(fd)
+
+
+def _reap() -> None:
+    """Collect the monitors that have finished (each exits when its runner has)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _monitor(request: dict, fds: list[int]) -> dict:
+    stdin, stdout, stderr, status = fds
+    pid = os.fork()
+    if pid == 0:
+        os.close(status)
+        return _become_runner(request, stdin, stdout, stderr)
+    for fd in (stdin, stdout, stderr):
+        os.close(fd)
+    os.write(status, f"{pid}\n".encode())
+    _, code = os.waitpid(pid, 0)
+    os.write(status, f"{os.waitstatus_to_exitcode(code)}\n".encode())
+    os._exit(0)
+
+
+def _become_runner(request: dict, stdin: int, stdout: int, stderr: int) -> dict:
+    for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+        os.dup2(fd, target)
+    for fd in {stdin, stdout, stderr} - {0, 1, 2}:
+        os.close(fd)
+    if request["new_session"]:
+        os.setsid()
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    import numpy
+    import torch
+
+    numpy.random.seed()  # a new interpreter's generators start from the OS's entropy
+    torch.seed()
+    return request
+
+
+def run(request: dict) -> None:
+    """Run the request's script, module (-m) or code (-c) as __main__, as `python ARGV` would."""
+    argv = request["argv"]
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        _run_main(argv[1], "<string>")
+    else:
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))  # python's rules for both
+        path = os.path.abspath(argv[0])
+        with open(path, "rb") as f:
+            _run_main(f.read(), path)
+
+
+def _run_main(source, filename: str) -> None:
+    """Python's own way: a new __main__ module, the code compiled under its file name."""
+    main = types.ModuleType("__main__")
+    if filename != "<string>":
+        main.__file__ = filename
+        main.__cached__ = None
+    sys.modules["__main__"] = main
+    exec(compile(source, filename, "exec"), main.__dict__)
+
+
+# --- the client (pytest) -------------------------------------------------------------------------
+
+
+class Server:
+    """One server process and its socket; `popen` starts a script through it."""
+
+    def __init__(self, env: dict):
+        self.dir = tempfile.mkdtemp(prefix="kagtpl-fork-")
+        self.path = os.path.join(self.dir, "socket")
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, self.path], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
+        )
+        ready = self.process.stdout.readline()
+        if ready != "ready\n":
+            raise RuntimeError(f"the fork server did not start (exit {self.process.wait()}): {ready!r}")
+
+    def popen(self, argv, cwd, env, stdout, stderr, new_session: bool) -> Forked:
+        """Like subprocess.Popen(text=True) with stdout/stderr each PIPE (or stderr STDOUT)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = (None, out_w) if stderr == subprocess.STDOUT else os.pipe()
+        status_r, status_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        request = {"argv": list(argv), "cwd": str(cwd), "env": dict(env), "new_session": new_session}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+            conn.connect(self.path)
+            socket.send_fds(conn, [json.dumps(request).encode()], [devnull, out_w, err_w, status_w])
+        for fd in {devnull, out_w, err_w, status_w}:
+            os.close(fd)
+        return Forked(status_r, out_r, err_r)
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+            os.rmdir(self.dir)
+
+
+def _text(fd: int):
+    return open(fd, encoding=locale.getpreferredencoding(False), newline=None)
+
+
+class Forked:
+    """The part of subprocess.Popen the tests use, for a runner the server forked."""
+
+    def __init__(self, status: int, out: int, err: int | None):
+        self._status = open(status, "rb", buffering=0)  # unbuffered: select() sees what is unread
+        self.pid = int(self._status.readline())
+        self.stdout = _text(out)
+        self.stderr = _text(err) if err is not None else None
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._status], [], [], 0)[0]:
+            self._read_status()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._status], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            self._read_status()
+        return self.returncode
+
+    def _read_status(self) -> None:
+        line = self._status.readline()
+        self.returncode = int(line) if line else -signal.SIGKILL  # its monitor was killed too
+        self._status.close()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """Read stdout and stderr to their ends, then wait; TimeoutExpired past `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        texts: dict = {}
+        readers = [
+            threading.Thread(target=lambda s=s: texts.__setitem__(s, s.read()), daemon=True)
+            for s in (self.stdout, self.stderr)
+            if s is not None and not s.closed
+        ]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return texts.get(self.stdout, ""), texts.get(self.stderr) if self.stderr is not None else None
+
+
+if __name__ == "__main__":
+    run(serve(sys.argv[1]))
