@@ -106,5 +106,5 @@ def test_code_given_with_dash_c_runs_as_python_dash_c_runs_it(server, tmp_path):
 
 
 def test_a_variable_read_at_import_gets_a_server_of_its_own():
-    assert forkserver.import_env({**RUN_ENV, "OMP_NUM_THREADS": "1"}) != forkserver.import_env(RUN_ENV)
+    assert forkserver.import_env({**RUN_ENV, "OMP_NUM_THREADS": "7"}) != forkserver.import_env(RUN_ENV)
     assert forkserver.import_env({**RUN_ENV, "KAGTPL_FOLD_WORKER": "1"}) == forkserver.import_env(RUN_ENV)
