@@ -70,7 +70,7 @@ def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
     key = forkserver.import_env(env)
     if key not in _servers:
         _servers[key] = forkserver.Server(env)
-    return _servers[key].popen(args, project, env, subprocess.PIPE, stderr, new_session)
+    return _servers[key].popen(args, project, env, stderr, new_session)
 
 
 # The modules whose tests take longest (pytest --durations), run first: two workers then end

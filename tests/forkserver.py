@@ -190,8 +190,8 @@ class Server:
         if ready != "ready\n":
             raise RuntimeError(f"the fork server did not start (exit {self.process.wait()}): {ready!r}")
 
-    def popen(self, argv, cwd, env, stdout, stderr, new_session: bool) -> Forked:
-        """Like subprocess.Popen(text=True) with stdout/stderr each PIPE (or stderr STDOUT)."""
+    def popen(self, argv, cwd, env, stderr, new_session: bool) -> Forked:
+        """Like subprocess.Popen(text=True, stdout=PIPE) with stderr PIPE or STDOUT."""
         out_r, out_w = os.pipe()
         err_r, err_w = (None, out_w) if stderr == subprocess.STDOUT else os.pipe()
         status_r, status_w = os.pipe()

@@ -58,7 +58,7 @@ def both(server, folder, *args, env=None, new_session=False):
         text=True,
         start_new_session=new_session,
     )
-    forked = server.popen(["probe.py", *args], folder, env, subprocess.PIPE, subprocess.PIPE, new_session)
+    forked = server.popen(["probe.py", *args], folder, env, subprocess.PIPE, new_session)
     out, err = forked.communicate(timeout=60)
     return (real.returncode, real.stdout, real.stderr), (forked.returncode, out, err)
 
@@ -89,7 +89,7 @@ def test_exit_codes_and_tracebacks_are_those_of_python_script(server, probe):
 
 
 def test_a_signal_reaches_the_script_and_shows_in_its_returncode(server, probe):
-    proc = server.popen(["probe.py", "wait"], probe, RUN_ENV, subprocess.PIPE, subprocess.STDOUT, True)
+    proc = server.popen(["probe.py", "wait"], probe, RUN_ENV, subprocess.STDOUT, True)
     assert proc.stdout.readline() == "waiting\n"
     assert proc.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
@@ -101,7 +101,7 @@ def test_a_signal_reaches_the_script_and_shows_in_its_returncode(server, probe):
 def test_code_given_with_dash_c_runs_as_python_dash_c_runs_it(server, tmp_path):
     code = "import sys, json; print(json.dumps([sys.argv, sys.path[0], __name__]))"
     real = subprocess.run([sys.executable, "-c", code, "x"], cwd=tmp_path, env=RUN_ENV, capture_output=True, text=True)
-    forked = server.popen(["-c", code, "x"], tmp_path, RUN_ENV, subprocess.PIPE, subprocess.PIPE, False)
+    forked = server.popen(["-c", code, "x"], tmp_path, RUN_ENV, subprocess.PIPE, False)
     assert forked.communicate(timeout=60)[0] == real.stdout == '[["-c", "x"], "", "__main__"]\n'
 
 

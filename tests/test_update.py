@@ -253,14 +253,19 @@ MOVED_EDIT = (  # the early-stopping line: 0.1.0 kept it in train.py, the engine
 )
 
 
+def old_and_checkout(tmp_path_factory, name: str, archive: Path, old: str, new: str):
+    """Wheels of an archived release (tagged `old`) and of this checkout (tagged `new`)."""
+    base = tmp_path_factory.mktemp(name)
+    repo = Release.from_archive(base / "src", archive)
+    wheel = repo.release(old, base / "dist1")
+    repo.copy_checkout()
+    return wheel, repo.release(new, base / "dist2")
+
+
 @pytest.fixture(scope="module")
 def engine_releases(tmp_path_factory):
     """Wheels of 0.1.0 (train.py + kit.py) and 0.2.0 (this checkout: train.py + engine.py ...)."""
-    base = tmp_path_factory.mktemp("engine-release")
-    repo = Release.from_archive(base / "src", PRE_ENGINE)
-    old = repo.release("0.1.0", base / "dist1")
-    repo.copy_checkout()
-    return old, repo.release("0.2.0", base / "dist2")
+    return old_and_checkout(tmp_path_factory, "engine-release", PRE_ENGINE, "0.1.0", "0.2.0")
 
 
 def assert_project_tests_pass(project: Path) -> None:
@@ -322,11 +327,7 @@ ENGINE_EDIT = ('print(f"EARLY STOP: fold {k}', 'print(f"EARLY STOP (mine): fold 
 @pytest.fixture(scope="module")
 def layout_releases(tmp_path_factory):
     """Wheels of 0.5.0 (train.py beside engine.py, gpu.py ...) and 0.6.0 (this checkout: machinery/)."""
-    base = tmp_path_factory.mktemp("layout-release")
-    repo = Release.from_archive(base / "src", FLAT)
-    old = repo.release("0.5.0", base / "dist1")
-    repo.copy_checkout()
-    return old, repo.release("0.6.0", base / "dist2")
+    return old_and_checkout(tmp_path_factory, "layout-release", FLAT, "0.5.0", "0.6.0")
 
 
 def test_update_from_0_5_0_moves_the_engine_into_machinery(tmp_path, env, layout_releases):
