@@ -10,55 +10,60 @@ TIMEOUT_S). DEVICE=cuda runs it with NCCL, one card per rank (benchmarks/gpu_smo
 
 import datetime
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from machinery import engine, gpu, parallel, steps
 
-on_cuda = os.environ.get("DEVICE", "cpu") == "cuda"
-if on_cuda:
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-dist.init_process_group(
-    "nccl" if on_cuda else "gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("TIMEOUT_S", "20")))
-)
-
-from machinery import engine, gpu, parallel, steps  # noqa: E402
-
-rank = dist.get_rank()
-device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if on_cuda else torch.device("cpu")
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 3).to(device)
-ref = torch.nn.Linear(8, 3).to(device)
-ref.load_state_dict(model.state_dict())
-ddp = parallel.wrap(model, device)
-data = {}
-for r in range(2):
-    g = torch.Generator().manual_seed(10 + r)
-    data[r] = [
-        (torch.randn(8, 8, generator=g).to(device), torch.randint(0, 3, (8,), generator=g).to(device)) for _ in range(3)
-    ]
-calls = []
+# the engine's own way in (it imports torch._dynamo before the group exists: see start_ddp)
+timeout = datetime.timedelta(seconds=int(os.environ.get("TIMEOUT_S", "20")))
+device = parallel.start_ddp(os.environ.get("DEVICE", "cpu"), timeout)
 
 
-def batch_loss(batch):
-    x, y = batch
-    calls.append(len(x))
-    if rank == 1 and len(x) > 4 and len(calls) > 1:  # rank 1 runs out of memory from its 2nd batch on
-        raise gpu.OutOfMemoryError("fake: CUDA out of memory on rank 1")
-    return torch.nn.functional.cross_entropy(ddp(x), y), len(x)
+def main() -> int:
+    """The run; returns this rank."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3).to(device)
+    ref = torch.nn.Linear(8, 3).to(device)
+    ref.load_state_dict(model.state_dict())
+    ddp = parallel.wrap(model, device)
+    data = {}
+    for r in range(2):
+        g = torch.Generator().manual_seed(10 + r)
+        data[r] = [
+            (torch.randn(8, 8, generator=g).to(device), torch.randint(0, 3, (8,), generator=g).to(device))
+            for _ in range(3)
+        ]
+    calls = []
+
+    def batch_loss(batch):
+        x, y = batch
+        calls.append(len(x))
+        if rank == 1 and len(x) > 4 and len(calls) > 1:  # rank 1 runs out of memory from its 2nd batch on
+            raise gpu.OutOfMemoryError("fake: CUDA out of memory on rank 1")
+        return torch.nn.functional.cross_entropy(ddp(x), y), len(x)
+
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    batching = engine.Batching(8, 1, 0.5)
+    grads = parallel.GradSync(ddp, device) if os.environ.get("AGREE", "1") == "1" else None  # None: DDP's own
+    steps.run_epoch(data[rank], 3, batch_loss, opt, sched, gpu.Amp("off", device), batching, grads=grads)
+    parallel.check_in_sync(ddp, device)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)  # one process: the mean of both ranks' losses
+    for i in range(3):
+        ref_opt.zero_grad()
+        sum(torch.nn.functional.cross_entropy(ref(data[r][i][0]), data[r][i][1]) / 2 for r in range(2)).backward()
+        ref_opt.step()
+    same = all(torch.allclose(p, q, atol=1e-6) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
+    print(f"RANK {rank}: parts={batching.parts} calls={calls} same_as_one_process={same}", flush=True)
+    return rank
 
 
-opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
-sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-batching = engine.Batching(8, 1, 0.5)
-grads = parallel.GradSync(ddp, device) if os.environ.get("AGREE", "1") == "1" else None  # None: DDP's own
-steps.run_epoch(data[rank], 3, batch_loss, opt, sched, gpu.Amp("off", device), batching, grads=grads)
-parallel.check_in_sync(ddp, device)
-ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)  # one process: the mean of both ranks' losses
-for i in range(3):
-    ref_opt.zero_grad()
-    sum(torch.nn.functional.cross_entropy(ref(data[r][i][0]), data[r][i][1]) / 2 for r in range(2)).backward()
-    ref_opt.step()
-same = all(torch.allclose(p, q, atol=1e-6) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
-print(f"RANK {rank}: parts={batching.parts} calls={calls} same_as_one_process={same}", flush=True)
-dist.barrier()
-dist.destroy_process_group()
+rank = main()
+parallel.finish_ddp()
+# rank 1's caught out-of-memory errors held the DDP model in a reference cycle: without finish_ddp's
+# gc.collect, gloo's threads outlived the group and aborted the interpreter's exit
+threads = [p.read_text().strip() for p in Path("/proc/self/task").glob("*/comm")]
+print(f"RANK {rank} gloo threads after finish_ddp: {[t for t in threads if 'gloo' in t]}", flush=True)

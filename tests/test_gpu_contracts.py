@@ -397,6 +397,9 @@ def test_item9_ddp_an_oom_on_one_rank_is_agreed_and_every_rank_splits_alike(tmp_
         "RANK 1: parts=2 calls=[8, 8, 4, 4, 4, 4] same_as_one_process=True",
     ], r.stdout
     assert "every DDP rank splits alike" in r.stdout
+    assert sorted(re.findall(r"RANK \d gloo threads after finish_ddp: .*", r.stdout)) == [
+        f"RANK {k} gloo threads after finish_ddp: []" for k in (0, 1)
+    ], r.stdout
 
 
 @pytest.mark.slow
