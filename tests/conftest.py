@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,16 +108,24 @@ def run_script(
     return proc
 
 
-def start_until(project: Path, args: list[str], line_prefix: str, env: dict | None = None):
+def start_until(project: Path, args: list[str], until, env: dict | None = None):
     """Start a generated script in a process group of its own (as a container runs it) and read
-    its log until a line starts with `line_prefix`; returns the process and the lines so far."""
+    its log until a line starts with `until` (or `until(line)` is true: see epoch_at_least);
+    returns the process and the lines so far."""
     proc = launch(project, args, env or RUN_ENV, subprocess.STDOUT, new_session=True)
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if line.startswith(line_prefix):
+        if until(line) if callable(until) else line.startswith(until):
             break
     return proc, seen
+
+
+def epoch_at_least(n: int, tag: str = ""):
+    """For start_until: an Epoch line of epoch n or later (fast epochs print at most one line a
+    second, so epoch n's own line may be held back). tag: a fold worker's prefix, "[cpu1] "."""
+    pattern = re.compile(rf"^{re.escape(tag)}Epoch (\d+): ")
+    return lambda line: bool((m := pattern.match(line)) and int(m.group(1)) >= n)
 
 
 @pytest.fixture(scope="session")

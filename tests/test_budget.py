@@ -13,7 +13,7 @@ import time
 import pytest
 from test_run import assert_valid_submission
 
-from conftest import RUN_ENV, render, run_script, start_until
+from conftest import RUN_ENV, epoch_at_least, render, run_script, start_until
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_run_py_fits_a_plan_of_many_times_the_budget(tmp_path, digits_dir):
 
 def test_sigterm_saves_and_exits_0_so_prediction_runs(tmp_path, digits_dir):
     project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=3, epochs=30)
-    proc, seen = start_until(project, ["train.py", "--device", "cpu"], "Epoch 2:")
+    proc, seen = start_until(project, ["train.py", "--device", "cpu"], epoch_at_least(2))
     proc.send_signal(signal.SIGTERM)  # what a container sends before it kills
     seen += proc.stdout.readlines()
     assert proc.wait(timeout=60) == 0, "".join(seen)

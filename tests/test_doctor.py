@@ -172,3 +172,32 @@ def test_a_cpu_log_is_read_and_said_to_have_no_gpu(tmp_path):
     r = doctor(log)
     assert r.returncode == 0, r.stderr
     assert "MEMORY: CPU run: no GPU memory to check" in r.stdout and "STATUS: OK" in r.stdout
+
+
+def test_the_batch_is_the_one_the_run_ended_with(tmp_path):
+    """RESOURCES says what was asked; the probe's BATCH line and an OOM's halving say what ran."""
+    log = log_with(tmp_path, 40.0, batch=128)
+    text = log.read_text().replace(
+        "GPU Memory: 24.0 GB\n",
+        "GPU Memory: 24.0 GB\nBATCH: 64 x 2 accumulation = effective batch 128 (probe)\n"
+        "OOM: batch of 64 did not fit at step 3: micro-batch 64 -> 32, accumulation 2 -> 4, effective batch 128 "
+        "unchanged\n",
+    )
+    log.write_text(text)
+    r = doctor(log)
+    assert "batch 32" in r.stdout and "DECISION: < 50%: double the batch: batch 32 -> 64" in r.stdout, r.stdout
+
+
+def test_no_log_given_reads_the_projects_own_or_says_where_it_looked(tmp_path):
+    r = doctor(cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout == ""
+    assert "no LOG given and no output/train.log or output/train_log.jsonl here" in r.stderr
+    (tmp_path / "output").mkdir()
+    records = [{"run": "a", "fold": 0, "epoch": 1, "batch_size": 256, "gpu_pct": 80.0, "gpu_used_gb": 19.2}]
+    records += [{"run": "b", "fold": 0, "epoch": e, "batch_size": 64, "gpu_pct": p} for e, p in ((1, 41.0), (2, 42.0))]
+    (tmp_path / "output" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    r = doctor("--model", "resnet18", cwd=tmp_path)  # the last run's records: b's
+    assert r.returncode == 1, r.stderr
+    assert "MEMORY: 2 epoch lines, first 41.0%, last 42.0%" in r.stdout
+    assert "MODEL: resnet18 (small model: the target is 50-60% of GPU memory)" in r.stdout
+    assert "DECISION: < 50%: double the batch: batch 64 -> 128" in r.stdout

@@ -15,6 +15,20 @@ import torch
 GB = 1024**3
 
 
+def test_epoch_lines_at_most_one_a_second_and_the_last_always(project_modules, capsys):
+    """A table MLP's fast epochs: 30 in 3.75 s print the first, one a second and the last."""
+    t = [0.0]
+    lines = project_modules.logs.EpochLines(clock=lambda: t[0])
+    for epoch in range(1, 31):
+        lines.show(f"Epoch {epoch}")
+        t[0] += 0.125  # exact in binary: a line at 0, 1, 2 and 3 s
+    lines.flush()
+    lines.flush()  # nothing held twice
+    shown = capsys.readouterr().out.split()
+    assert shown[::2] == ["Epoch"] * len(shown[1::2])
+    assert [int(e) for e in shown[1::2]] == [1, 9, 17, 25, 30]
+
+
 def test_gpu_lines_through_a_fake_memory_reader(project_modules):
     m = project_modules
     resets = []

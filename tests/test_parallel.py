@@ -18,7 +18,7 @@ import torch
 from test_run import assert_valid_submission
 from test_tabular import new_tabular
 
-from conftest import RUN_ENV, render, run_script, start_until
+from conftest import RUN_ENV, epoch_at_least, render, run_script, start_until
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 ONE_THREAD = {**RUN_ENV, "OMP_NUM_THREADS": "1"}  # 2 processes on 2 cores
@@ -159,7 +159,10 @@ def test_ddp_dry_run_and_a_short_run_where_rank_0_alone_writes(table_project):
     out = project / "ddp"
     records = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     epochs_logged = re.findall(r"^Epoch (\d+): ", log, re.M)
-    assert len(records) == len(epochs_logged) >= 2  # one record per epoch: rank 1 wrote none
+    # one record per epoch (rank 1 wrote none); the log's Epoch lines at most one a second, and each
+    # fold's first and last
+    assert sorted((r["fold"], r["epoch"]) for r in records) == [(k, e) for k in (0, 1) for e in (1, 2, 3)]
+    assert 4 <= len(epochs_logged) <= 6 and epochs_logged.count("3") == 2
     assert len({r["run"] for r in records}) == 1
     assert len(pd.read_csv(out / "experiments.csv")) == 1
     oof = pd.read_csv(out / "oof.csv")
@@ -242,7 +245,7 @@ def test_ddp_sigterm_to_one_rank_stops_both_at_the_same_step(table_project):
     exit 0 (a rank that left while the other waited in a collective would hang the run)."""
     project, _ = table_project
     args = [*TORCHRUN[1:], "train.py", "--device", "cpu", "--folds", "2", "--epochs", "5000", "--patience", "5000"]
-    proc, seen = start_until(project, args, "Epoch 20:", env=ONE_THREAD)
+    proc, seen = start_until(project, args, epoch_at_least(20), env=ONE_THREAD)
     ranks = children(proc.pid)  # torchrun's two worker processes
     assert len(ranks) == 2, ranks
     os.kill(ranks[-1], signal.SIGTERM)
@@ -303,7 +306,7 @@ def test_sigterm_to_train_py_reaches_every_fold_worker(tmp_path):
     it is on and exits 0, and train.py scores what there is and exits 0 so predict.py runs."""
     project, _ = new_tabular(tmp_path, "binary")
     flags = ["--parallel", "folds", "--devices", "cpu,cpu", "--folds", "4", "--epochs", "5000", "--patience", "5000"]
-    proc, seen = start_until(project, ["train.py", "--device", "cpu", *flags], "[cpu1] Epoch 5:")
+    proc, seen = start_until(project, ["train.py", "--device", "cpu", *flags], epoch_at_least(5, "[cpu1] "))
     proc.send_signal(signal.SIGTERM)  # to train.py alone, not its group: the forwarding is under test
     seen += proc.stdout.readlines()
     log = "".join(seen)
@@ -323,7 +326,7 @@ def test_fold_workers_reach_their_deadline_after_the_log_reader_goes_away(tmp_pa
     project, _ = new_tabular(tmp_path, "binary")
     flags = ["--parallel", "folds", "--devices", "cpu,cpu", "--folds", "4", "--models", "mlp"]
     args = ["train.py", "--device", "cpu", *flags, "--budget", "30s", "--epochs", "5000", "--patience", "5000"]
-    proc, seen = start_until(project, args, "[cpu1] Epoch 3:")
+    proc, seen = start_until(project, args, epoch_at_least(3, "[cpu1] "))
     proc.stdout.close()  # the reader is gone: train.py's next write to stdout fails with EPIPE
     try:
         assert proc.wait(timeout=120) == 0  # no hang: at the deadline, the workers stop and train.py scores
@@ -341,7 +344,7 @@ def test_a_killed_fold_worker_loses_only_its_fold_and_a_rerun_resumes(tmp_path):
     project, _ = new_tabular(tmp_path, "binary")
     flags = ["train.py", "--device", "cpu", "--parallel", "folds", "--devices", "cpu,cpu", "--folds", "4"]
     slow = ["--epochs", "60", "--patience", "60"]  # a fold takes a few seconds on 2 cores
-    proc, seen = start_until(project, [*flags, *slow], "[cpu1] Epoch 3:")
+    proc, seen = start_until(project, [*flags, *slow], epoch_at_least(3, "[cpu1] "))
     pid = int(re.search(r"^PARALLEL: cpu1 started, pid (\d+)$", "".join(seen), re.M).group(1))
     os.kill(pid, signal.SIGKILL)
     seen += proc.stdout.readlines()

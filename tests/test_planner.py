@@ -148,7 +148,26 @@ def test_no_budget_plans_nothing(project_modules):
     planner, clock, lines = make(plan, budget=None)
     first_epoch(planner, clock, 10.0)
     assert (planner.folds, planner.epochs) == (5, 30) and lines == []
-    assert planner.status_line().startswith("TIME: elapsed ") and "no budget" in planner.status_line()
+    assert planner.status_line() == "TIME: elapsed 7.6 min, no budget, plan folds=5 epochs=30"
+
+
+def test_a_time_line_is_due_when_the_plan_changes_not_every_epoch(project_modules):
+    """fold.py prints TIME after an epoch only when plan_changed (and once at each fold's end):
+    the first estimate and a re-plan set it, an epoch that changes nothing does not."""
+    planner, clock, lines = make(project_modules.planner, budget=1000, folds=5, epochs=4)
+    first_epoch(planner, clock, 0.05)  # the first estimate: a plan was made
+    assert planner.plan_changed
+    planner.status_line()
+    assert not planner.plan_changed
+    planner.begin_epoch(40, 10)
+    clock.t += 3  # as estimated: nothing changes
+    planner.end_epoch(2)
+    assert not planner.plan_changed
+    for epoch in (3, 4):  # 60 s epochs: the plan is cut
+        planner.begin_epoch(40, 10)
+        clock.t += 60
+        planner.end_epoch(epoch)
+    assert planner.plan_changed and lines[-1].startswith("TIME PLAN: re-plan")
 
 
 @pytest.mark.parametrize(

@@ -64,6 +64,16 @@ def test_dry_run_then_predict(project, digits_dir):
     assert ckpt["config"]["model"] == "resnet18" and ckpt["config"]["dry_run"] is True
     assert not list((project / "output").glob("*.tmp")) and not list((project / "output").glob(".*.tmp"))
 
+    # the run's own log, output/train.log: every line of its stdout; kagtpl doctor reads it by
+    # default, and the JSON log too, each with the batch the run ended with (RESOURCES said 32)
+    assert set(lines) <= set((project / "output" / "train.log").read_text().splitlines())
+    for given in ([], ["output/train_log.jsonl"]):
+        doc = subprocess.run(
+            [sys.executable, "-m", "kagtpl", "doctor", *given], cwd=project, capture_output=True, text=True
+        )
+        assert doc.returncode == 0, doc.stderr
+        assert "GPU: none (CPU run), ? GB, batch 8" in doc.stdout and "STATUS: OK" in doc.stdout
+
     assert "REPORT: output/train_report.png" in log
     png = (project / "output" / "train_report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -176,11 +186,15 @@ def test_preflight_names_the_file_and_row_before_training(tmp_path, digits_dir, 
     assert "Epoch" not in r.stdout and not list((project / "output").glob("model_fold*.pth"))
 
 
-def test_pretrained_offline_fails_fast_with_the_way_out(project):
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]], ids=["run", "dry-run"])
+def test_pretrained_offline_fails_fast_with_the_way_out(project, dry):
+    """The dry run fails exactly where the run would (it once went on from random weights with a
+    WARNING, and the run then stopped with an ERROR: a smoke test passing where the run fails)."""
     t0 = time.time()
-    r = run_script(project, "train.py", *CPU, "--pretrained", check=False)
-    assert r.returncode != 0 and time.time() - t0 < 40
+    r = run_script(project, "train.py", *CPU, "--pretrained", *dry, check=False)
+    assert r.returncode == 1 and time.time() - t0 < 40
     assert "--weights" in r.stderr and "--no-pretrained" in r.stderr and "unreachable" in r.stderr
+    assert "Epoch" not in r.stdout and not list((project / "output").glob("model_fold*.pth"))
 
 
 def test_local_weights_file_is_loaded(project, tmp_path):

@@ -341,8 +341,13 @@ def check_cmd(
 @boundary
 def doctor_cmd(
     log: Annotated[
-        Path, typer.Argument(metavar="LOG", help="A training log (ours, or any with the field notes' print formats).")
-    ],
+        Optional[Path],
+        typer.Argument(
+            metavar="[LOG]",
+            help="A training log (ours, or any with the field notes' print formats; a .jsonl is read as "
+            "train_log.jsonl). Default: output/train.log, else output/train_log.jsonl, in this folder.",
+        ),
+    ] = None,
     model: Annotated[
         Optional[str], typer.Option(metavar="MODEL", help="Model name, for logs without a Model: line.")
     ] = None,

@@ -1,5 +1,7 @@
-"""`kagtpl doctor LOG`: the GPU decision matrix applied to any training log with the field
-notes' print formats (RESOURCES:, GPU Memory Used:, Epoch N: ... GPU=xGB (y%)), ours included."""
+"""`kagtpl doctor [LOG]`: the GPU decision matrix applied to any training log with the field
+notes' print formats (RESOURCES:, GPU Memory Used:, Epoch N: ... GPU=xGB (y%)), ours included:
+a project's output/train.log (train.py writes it beside its stdout, the default) or its JSON
+log output/train_log.jsonl (the last run in it)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ LOSS = re.compile(r"\bLoss=([\d.]+)")
 VAL_LOSS = re.compile(r"ValLoss=([\d.]+)")
 METRIC = re.compile(r", ([A-Za-z]+)=([\d.]+), LR=")
 THROUGHPUT = re.compile(r"Throughput=([\d.]+) samples/s")
+BATCH = re.compile(r"^BATCH: (\d+) (?:per GPU x \d+ GPUs )?x \d+ accumulation")  # the probe's or the user's
+OOM = re.compile(r"^OOM: .* micro-batch \d+ -> (\d+)")  # a step that did not fit: the micro-batch halves
+DEFAULT_LOGS = ("output/train.log", "output/train_log.jsonl")  # what a project's train.py writes
 TASK_SPEED = {"image": 100, "tabular": 500}  # batches per minute the field notes expect
 
 
@@ -51,6 +56,8 @@ def parse(text: str) -> Log:
         line = line.strip()
         if m := RESOURCES.search(line):
             log.cpus, log.batch, log.gpu, log.amp = int(m[1]), int(m[2]), m[3], m[4]
+        elif m := BATCH.match(line) or OOM.match(line):  # the batch the run ended with is the last one
+            log.batch = int(m[1])
         elif m := TOTAL.search(line):
             log.total_gb = float(m[1])
         elif m := LOADER.search(line):
@@ -74,6 +81,25 @@ def parse(text: str) -> Log:
             if v := METRIC.search(line):
                 record["metric"], record["metric_name"] = float(v[2]), v[1]
             log.epochs.append(record)
+    return log
+
+
+def parse_records(text: str) -> Log:
+    """The JSON log (train_log.jsonl): the last run's epoch records. It holds no RESOURCES or
+    Model line, so the GPU, the model and the loader are unknown (--model names the model)."""
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise KagtplError(f"line {n} of the JSON log is not JSON ({e.msg})") from None
+    last = records[-1].get("run") if records else None
+    epochs = [r for r in records if r.get("run") == last and "epoch" in r]
+    if not epochs:
+        raise KagtplError("the JSON log has no epoch records")
+    log = Log(batch=epochs[-1].get("batch_size"), epochs=[r for r in epochs if r.get("gpu_pct") is not None])
+    log.cpu_run = not log.epochs
     return log
 
 
@@ -110,8 +136,8 @@ class Report:
 
     def lines(self) -> list[str]:
         out = [
-            f"MODEL: {self.model or 'unknown'} ({self.size_class} model: target "
-            f"{'50-60% is fine' if self.size_class == 'small' else '70%+'} of GPU memory)",
+            f"MODEL: {self.model or 'unknown'} ({self.size_class} model: the target is "
+            f"{'50-60%' if self.size_class == 'small' else '70% or more'} of GPU memory)",
             f"GPU: {self.gpu or 'unknown'}, {self.total_gb or '?'} GB, batch {self.batch or '?'}",
             f"MEMORY: {self.trend}",
             f"DECISION: {self.row}: {self.action}",
@@ -220,10 +246,25 @@ def loader_advice(log: Log) -> list[str]:
     return advice
 
 
-def run(path: Path, model: str | None, as_json: bool, plot: Path | None) -> int:
+def find_log(path: Path | None) -> Path:
+    """The log given, or the project's own in the current folder (DEFAULT_LOGS, in that order)."""
+    if path is None:
+        found = next((Path(p) for p in DEFAULT_LOGS if Path(p).is_file()), None)
+        if found is None:
+            raise KagtplError(
+                f"no LOG given and no {' or '.join(DEFAULT_LOGS)} here: run it in a project after train.py, "
+                "or pass a log's path"
+            )
+        return found
     if not path.is_file():
         raise KagtplError(f"{path}: no such log file")
-    log = parse(path.read_text(errors="replace"))
+    return path
+
+
+def run(path: Path | None, model: str | None, as_json: bool, plot: Path | None) -> int:
+    path = find_log(path)
+    text = path.read_text(errors="replace")
+    log = parse_records(text) if path.suffix == ".jsonl" else parse(text)
     report = diagnose(log, model)
     if plot is not None:
         draw(log, plot)

@@ -93,7 +93,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         config = artifacts.checkpoint_config(args, machine, batching)
         save_fold(out / f"model_fold{k}.pth", model, comp, fold, config, epoch=epoch, **meta)
 
-    best, bad_epochs, saved, last_peak = math.inf, 0, False, None
+    best, bad_epochs, saved, last_peak, lines = math.inf, 0, False, None, logs.EpochLines()
     on_first_step = (lambda: first_step_lines(machine, batching)) if first else None
     for epoch in range(1, args.epochs + 1):
         planner.can_start_epoch()  # the deadline guard: sets stop_reason when the epoch would not fit
@@ -108,13 +108,14 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         if parallel.agree_plan(planner, machine.device):  # deadline or SIGTERM mid-epoch: no time to validate
             if not saved:  # better an unvalidated model than no submission
                 save(epoch, complete=False)
+            lines.flush()
             print(f"STOPPED: fold {k} epoch {epoch} ({planner.stop_reason}); best checkpoint kept")
             break
         y, pred = validate(comp, fold, bare, valid_batches, machine, args, planner, epoch, (t0, train_time, model_s))
         val_loss, metric = evaluate(comp, y, pred, f"fold {k} epoch {epoch}")
         stats = dict(train_loss=train_loss, val_loss=val_loss, metric=metric, lr=scheduler.get_last_lr()[0])
         stats.update(time_s=time.time() - t0, samples_per_s=seen / max(train_time, 1e-9))
-        last_peak = log_epoch(comp, k, epoch, stats, machine, batching, planner, jlog, last_peak)
+        last_peak = log_epoch(comp, (k, epoch, lines), stats, machine, batching, planner, jlog, last_peak)
         if val_loss < best:
             best, bad_epochs, saved = val_loss, 0, True
             save(epoch, val_loss=best, complete=False)
@@ -123,8 +124,11 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         else:
             bad_epochs += 1
             if bad_epochs >= args.patience:
+                lines.flush()
                 print(f"EARLY STOP: fold {k} epoch {epoch}, no better val loss for {args.patience} epochs")
                 break
+    lines.flush()
+    print(planner.status_line())  # one per fold
     finish_fold(model, k, out / f"model_fold{k}.pth", machine, planner)
     return best
 
@@ -214,15 +218,20 @@ def evaluate(comp, y: np.ndarray, pred: np.ndarray, where: str) -> tuple[float, 
     return comp.val_loss(y, pred), list(comp.score(y, pred).values())[-1]
 
 
-def log_epoch(comp, k: int, epoch: int, stats: dict, machine, batching, planner, jlog, last_peak):
-    """The Epoch and TIME lines, tune.py's watcher, a memory-drop line and the JSON record.
+def log_epoch(comp, at: tuple, stats: dict, machine, batching, planner, jlog, last_peak):
+    """The Epoch line (at most one a second: logs.EpochLines; TIME when the plan changed), tune.py's
+    watcher, a memory-drop line and the JSON record. `at` is (fold, epoch, the fold's EpochLines).
     Returns this epoch's memory peak (the next epoch's drop is measured from it)."""
-    print(logs.epoch_line(epoch, stats, comp.metric_name, machine.monitor.field()))
-    print(planner.status_line())
+    k, epoch, lines = at
+    lines.show(logs.epoch_line(epoch, stats, comp.metric_name, machine.monitor.field()))
+    if planner.plan_changed:
+        lines.flush()
+        print(planner.status_line())
     if reason := tell_watchers(k, epoch, stats["val_loss"], stats["metric"]):  # tune.py: optuna pruned the trial
         planner.request_stop(reason)
     peak = machine.monitor.peak()
     if drop := logs.memory_drop_line(last_peak, peak):
+        lines.flush()
         print(drop)
     jlog.write(
         fold=k,

@@ -8,6 +8,8 @@ machinery: `copier update` may replace it, so keep your own code in train.py.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 from . import hardware
@@ -62,9 +64,65 @@ def epoch_line(epoch: int, stats: dict, metric_name: str, gpu_field: str) -> str
     )
 
 
+class EpochLines:
+    """One fold's Epoch lines, at most one a second: a table MLP's 0.1 s epochs printed 60 lines
+    for a 3-second model. The fold's first epoch line is printed, then one whenever a second has
+    passed since the last; a line held back is printed before anything else the fold says
+    (`flush`), so the fold's last epoch is always on screen. The JSON log keeps every epoch."""
+
+    EVERY_S = 1.0
+
+    def __init__(self, clock=time.monotonic):
+        self.clock, self.last, self.held = clock, None, None
+
+    def show(self, line: str) -> None:
+        now = self.clock()
+        if self.last is None or now - self.last >= self.EVERY_S:
+            print(line)
+            self.last, self.held = now, None
+        else:
+            self.held = line
+
+    def flush(self) -> None:
+        if self.held:
+            print(self.held)
+            self.last, self.held = self.clock(), None
+
+
 def oof_line(scores: dict[str, float], rows: int, folds: list[int]) -> str:
     figures = ", ".join(f"{name}={value:.4f}" for name, value in scores.items())
     return f"OOF: {figures} over {rows} rows from folds {folds}"
+
+
+class Tee:
+    """A text stream that writes to the console (or pipe) and to the run's train.log alike."""
+
+    def __init__(self, stream, file):
+        self.stream, self.file = stream, file
+
+    def write(self, text: str) -> int:
+        self.file.write(text)  # first: a reader gone from the pipe (EPIPE) must not cost the log
+        self.file.flush()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding...: the console's
+        return getattr(self.stream, name)
+
+
+def log_to(path: Path) -> None:
+    """From here on this process's stdout and stderr also go to `path` (train.log, written anew
+    each run: `kagtpl doctor` reads it; train_log.jsonl keeps every run). Called again (tune.py's
+    trials), the log moves to the new path."""
+    file = open(path, "w", encoding="utf-8")  # noqa: SIM115  (open for the process's life)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, Tee):
+            stream.file.close()
+            stream = stream.stream
+        setattr(sys, name, Tee(stream, file))
 
 
 class JsonLog:

@@ -209,6 +209,7 @@ class TimePlanner:
         self.share = 1.0  # of the training time left, what this model's plan may use (tables: 1 / models left)
         self._fold = self._epoch = self._batches = self._valid_batches = 0
         self._fold_finished = False
+        self.plan_changed = False  # since the last TIME line: the next epoch prints one
         self._steady_epoch_s = 0.0  # epoch time from the timed steps after warm-up
         self._epoch_t0 = self._measure_t0 = self._fold_t0 = None
 
@@ -225,9 +226,12 @@ class TimePlanner:
         return self.budget - self.reserve() - self.FINISH_S - self.elapsed()
 
     def status_line(self) -> str:
+        """The TIME line: after each fold, and after an epoch that changed the plan (not every
+        epoch: 18 lines that said nothing new in the demo)."""
+        self.plan_changed = False
         plan = f"plan folds={self.folds} epochs={self.epochs}"
         if not self.budget:
-            return f"TIME: elapsed {fmt_s(self.elapsed())}, no budget (--budget 9h plans folds and epochs), {plan}"
+            return f"TIME: elapsed {fmt_s(self.elapsed())}, no budget, {plan}"
         last = f", epoch ~{fmt_s(self.epoch_s[-1])}" if self.epoch_s else ""
         return (
             f"TIME: elapsed {fmt_s(self.elapsed())} of {fmt_s(self.budget)} budget, remaining "
@@ -314,7 +318,7 @@ class TimePlanner:
         return estimate_epoch(self.epoch_s, self._steady_epoch_s)
 
     def _first_plan(self, s_per_step: float | None) -> None:
-        self.planned = True
+        self.planned = self.plan_changed = True
         if s_per_step is None:
             epoch_s, how = self.epoch_s[-1], f"{fmt_s(self.epoch_s[-1])}/epoch measured"
         else:
@@ -342,7 +346,7 @@ class TimePlanner:
             f"TIME PLAN: measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, self.training_left()))} "
             f"left -> epochs {self.epochs}->{epochs} (given back)"
         )
-        self.epochs = epochs
+        self.epochs, self.plan_changed = epochs, True
         return True
 
     def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:
@@ -369,5 +373,5 @@ class TimePlanner:
             f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, self.training_left() * self.share))} training "
             f"time left{share} -> {', '.join(cuts)}"
         )
-        self.folds, self.epochs = folds, epochs
+        self.folds, self.epochs, self.plan_changed = folds, epochs, True
         return True
