@@ -71,7 +71,14 @@ def _bad_requirement(project: Path) -> None:
         f.write("kagtpl-no-such-package-0000>=1\n")
 
 
+def _no_slug(project: Path) -> None:
+    """A project made without --competition: kagtpl new records none (the name only stands in)."""
+    answers = project / ".copier-answers.yml"
+    answers.write_text(answers.read_text().replace("competition: digits-comp", "competition: ''"))
+
+
 ERRORS = [
+    (["--no-pretrained"], _no_slug, "no competition slug: pass --competition SLUG (as in the competition's URL)"),
     (["--competition", "Dog Breed!"], None, "--competition 'Dog Breed!': a Kaggle slug is 3-50 lowercase"),
     (["--weights", "missing.safetensors"], None, "--weights missing.safetensors: no such file"),
     ([], None, "--user USERNAME is needed"),
@@ -129,6 +136,8 @@ def test_the_notebook_runs_offline_in_a_simulated_kaggle_tree(project, digits_di
     assert list(sub.columns) == list(sample.columns) and list(sub["id"]) == list(sample["id"])
     assert (sub.iloc[:, 1:].sum(axis=1) - 1).abs().max() < 1e-4
     run_log = (root / "working" / "run.log").read_text()
+    # the notebook streams run.py's output as it comes (it once printed the last 30 lines at the end)
+    assert run_log.splitlines()[0] in printed and "PARALLEL: " in printed and "FOLD 0 (" in printed
     assert f"RUN: train.py --params {root / 'working' / 'best_params.json'} (tune.py's trial 7" in run_log, run_log
     print(f"notebook: {took:.0f}s\n{printed[-2500:]}")
 

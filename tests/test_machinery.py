@@ -5,7 +5,9 @@ passed in."""
 
 from __future__ import annotations
 
+import io
 import re
+import sys
 
 import numpy as np
 import pandas as pd
@@ -27,6 +29,39 @@ def test_epoch_lines_at_most_one_a_second_and_the_last_always(project_modules, c
     shown = capsys.readouterr().out.split()
     assert shown[::2] == ["Epoch"] * len(shown[1::2])
     assert [int(e) for e in shown[1::2]] == [1, 9, 17, 25, 30]
+
+
+class Console(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["terminal", "pipe"])
+def test_progress_inside_an_epoch_as_a_terminal_and_as_a_pipe(project_modules, monkeypatch, tty):
+    """40 steps of 1 s each: a terminal redraws one line in place (cleared at the end, for the
+    Epoch line); a pipe gets a PROGRESS line every 30 s and nothing else."""
+    console = Console(tty)
+    monkeypatch.setattr(sys, "stdout", console)
+    t = [100.0]
+    progress = project_modules.logs.StepProgress("fold 0 epoch 1", 40, clock=lambda: t[0])
+    asked = []
+    for done in range(1, 41):
+        t[0] += 1.0
+        progress.step(done, 32 * done, lambda d=done: asked.append(d) or 1.0 / d)
+    progress.close()
+    out = console.getvalue()
+    if tty:
+        frames = out.split("\r\033[K")
+        assert frames[0] == "" and frames[-1] == "" and len(frames) == 42  # 40 redraws, then cleared
+        assert frames[30] == "fold 0 epoch 1 step 30/40, 32 samples/s, ETA 10s, loss 0.0333"
+        assert "\n" not in out
+    else:
+        assert out == "PROGRESS: fold 0 epoch 1 step 30/40, 32 samples/s, ETA 10s, loss 0.0333\n"
+        assert asked == [30]  # the loss is read from the device only when shown
 
 
 def test_gpu_lines_through_a_fake_memory_reader(project_modules):

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from kagtpl import __version__, check, demo, doctor, gpus, kaggle, new, recommend, table, update
+from kagtpl import __version__, check, demo, doctor, gpus, kaggle, new, recommend, summary, table, update
 from kagtpl.errors import KagtplError
 
 try:  # Typer >= 0.20 carries its own copy of Click
@@ -118,7 +118,9 @@ def new_cmd(
     ] = None,
     competition: Annotated[
         Optional[str],
-        typer.Option(metavar="SLUG", help="Kaggle competition slug, as in its URL (default: NAME); read on Kaggle."),
+        typer.Option(
+            metavar="SLUG", help="Kaggle competition slug, as in its URL; kagtpl kaggle needs it (or its own flag)."
+        ),
     ] = None,
     labels_csv: Annotated[
         Optional[str], typer.Option(metavar="LABELS_CSV", help="Override the detected labels CSV.")
@@ -196,6 +198,7 @@ def new_cmd(
         layout=overrides,
     )
     target = new.new_project(answers)
+    print("\n".join(summary.lines(update.read_answers(target))))
     print(f"Created {target}\nNext: cd {target} && python train.py --dry-run && python train.py && python predict.py")
 
 
@@ -269,7 +272,8 @@ def kaggle_cmd(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="The project.")] = Path("."),
     user: Annotated[str, typer.Option(metavar="USERNAME", help="Your Kaggle username (dataset and kernel ids).")] = "",
     competition: Annotated[
-        Optional[str], typer.Option(metavar="SLUG", help="Competition slug (default: the project's).")
+        Optional[str],
+        typer.Option(metavar="SLUG", help="Competition slug, as in its URL (default: kagtpl new --competition's)."),
     ] = None,
     weights: Annotated[
         Optional[Path], typer.Option(metavar="FILE", help="Pretrained weights to upload as a dataset.")

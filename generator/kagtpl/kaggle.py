@@ -121,7 +121,13 @@ def plan(req: KaggleRequest) -> Package:
     if not project.is_dir():
         raise KagtplError(f"{project}: no such project folder")
     answers = read_answers(project)
-    competition = check_slug("--competition", req.competition or str(answers.get("competition", "")))
+    competition = req.competition or str(answers.get("competition") or "")
+    if not competition:
+        raise KagtplError(
+            "no competition slug: pass --competition SLUG (as in the competition's URL), or name it in kagtpl new "
+            "--competition; the kernel attaches that competition's data, and without it nothing"
+        )
+    competition = check_slug("--competition", competition)
     if not USER_RE.match(req.user):
         raise KagtplError(f"--user {req.user!r}: a Kaggle username is lowercase letters, digits and hyphens")
     if req.weights is not None and not req.weights.is_file():
@@ -289,12 +295,17 @@ def notebook(pkg: Package, budget: str, weights_inside: str | None, wheels: bool
             "os.chdir(WORK)"
         ),
         nbformat.v4.new_code_cell(
-            f"# train, then predict, under one budget: always a submission (run.py's docstring)\n"
+            f"# train, then predict, under one budget: always a submission (run.py's docstring).\n"
+            "# Each line shows here as it comes (9 hours of silence otherwise) and is kept in run.log.\n"
             f"weights = {weights_flag} + {run_flags!r}\n"
+            f'cmd = [sys.executable, "run.py", "--budget={budget}", *weights]\n'
             'with open(WORK / "run.log", "w") as log:\n'
-            f'    code = subprocess.run([sys.executable, "run.py", "--budget={budget}", *weights], cwd=WORK, '
-            "stdout=log, stderr=subprocess.STDOUT).returncode\n"
-            'print(*(WORK / "run.log").read_text().splitlines()[-30:], sep="\\n")\n'
+            "    run = subprocess.Popen(cmd, cwd=WORK, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)\n"
+            "    for line in run.stdout:\n"
+            '        print(line, end="", flush=True)\n'
+            "        log.write(line)\n"
+            "        log.flush()\n"
+            "    code = run.wait()\n"
             'print(f"run.py exited {code}")'
         ),
         nbformat.v4.new_code_cell(

@@ -101,7 +101,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             break
         t0 = time.time()
         train_loss, seen = train_epoch(
-            model, (train_batches, train_sampler, n_batches, len(valid_batches)), epoch, batch_loss, optimizer,
+            model, (train_batches, train_sampler, n_batches, len(valid_batches)), (k, epoch), batch_loss, optimizer,
             scheduler, machine, batching, planner, on_first_step, should_stop, grads,
         )  # fmt: skip
         train_time, on_first_step = time.time() - t0, None
@@ -142,19 +142,22 @@ def finish_fold(model, k: int, path: Path, machine, planner) -> None:
 
 
 def train_epoch(
-    model, data: tuple, epoch: int, batch_loss, optimizer, scheduler, machine, batching, planner, on_first_step,
+    model, data: tuple, at: tuple, batch_loss, optimizer, scheduler, machine, batching, planner, on_first_step,
     should_stop, grads,
 ) -> tuple[float, int]:  # fmt: skip
     """One epoch's training pass (steps.run_epoch) with the planner told and, under DDP, a new
-    shuffle and rank 0's BatchNorm statistics; returns (mean loss over every rank, samples seen)."""
+    shuffle and rank 0's BatchNorm statistics, and its progress shown (logs.StepProgress). `at` is
+    (fold, epoch). Returns (mean loss over every rank, samples seen)."""
     train_batches, train_sampler, n_batches, n_valid = data
+    k, epoch = at
     machine.monitor.reset()
     planner.begin_epoch(n_batches, n_valid)
     if train_sampler is not None:
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
     model.train()
     epoch_args = (n_batches, batch_loss, optimizer, scheduler, machine.amp, batching, on_first_step)
-    train_loss, seen = run_epoch(train_batches, *epoch_args, should_stop, grads)
+    progress = logs.StepProgress(f"fold {k} epoch {epoch}", n_batches)
+    train_loss, seen = run_epoch(train_batches, *epoch_args, should_stop, grads, progress)
     grads.sync_buffers()  # DDP: validate rank 0's BatchNorm statistics, the ones saved
     return parallel.mean(train_loss, machine.device), seen * batching.world
 

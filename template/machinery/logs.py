@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from . import hardware
+from .planner import fmt_s
 
 
 def resource_lines(cpus: int, batch: int, gpu_name: str, amp_on: bool, total_gb: float, loader: dict) -> list[str]:
@@ -62,6 +63,47 @@ def epoch_line(epoch: int, stats: dict, metric_name: str, gpu_field: str) -> str
         f"{metric_name}={stats['metric']:.4f}, LR={stats['lr']:.2e}, Time={stats['time_s']:.1f}s, "
         f"Throughput={stats['samples_per_s']:.0f} samples/s, GPU={gpu_field}"
     )
+
+
+class StepProgress:
+    """Progress inside an epoch, for whoever waits on it (a first epoch of a large model on a T4
+    takes minutes): on a terminal, one line redrawn in place at most 10 times a second; in a log
+    (a pipe, a file, a notebook, an agent) a `PROGRESS:` line every 30 s, so a long epoch is not
+    silent and a fast one adds nothing. Each says steps, samples/s, the epoch's ETA and the
+    running loss (read from the device only when shown: no sync per step)."""
+
+    TTY_EVERY_S, LOG_EVERY_S = 0.1, 30.0
+
+    def __init__(self, where: str, steps: int, clock=time.monotonic):
+        self.where, self.steps, self.clock = where, steps, clock
+        self.console = getattr(sys.stdout, "stream", sys.stdout)  # the terminal itself, not train.log
+        self.tty = bool(getattr(self.console, "isatty", lambda: False)())
+        self.t0 = self.last = clock()
+        self.drawn = False
+
+    def step(self, done: int, rows: int, loss) -> None:
+        """After `done` of `steps` batches and `rows` samples; loss() gives the running loss."""
+        now = self.clock()
+        if now - self.last < (self.TTY_EVERY_S if self.tty else self.LOG_EVERY_S):
+            return
+        self.last, spent = now, now - self.t0
+        eta = spent / max(done, 1) * (self.steps - done)
+        text = (
+            f"{self.where} step {done}/{self.steps}, {rows / max(spent, 1e-9):.0f} samples/s, "
+            f"ETA {fmt_s(eta)}, loss {loss():.4f}"
+        )
+        if self.tty:
+            self.console.write("\r\033[K" + text)
+            self.console.flush()
+            self.drawn = True
+        else:
+            print(f"PROGRESS: {text}", flush=True)
+
+    def close(self) -> None:
+        """The epoch is done: the terminal's progress line is cleared for the Epoch line."""
+        if self.drawn:
+            self.console.write("\r\033[K")
+            self.console.flush()
 
 
 class EpochLines:

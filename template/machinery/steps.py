@@ -76,8 +76,9 @@ def predict(predict_fn, model, batches, machine, max_batches=None) -> np.ndarray
 
 
 def run_epoch(
-    batches, n, batch_loss, optimizer, scheduler, amp, batching, on_first_step=None, should_stop=None, grads=None
-):
+    batches, n, batch_loss, optimizer, scheduler, amp, batching, on_first_step=None, should_stop=None, grads=None,
+    progress=None,
+):  # fmt: skip
     """One training pass over the first `n` of `batches` with gradient accumulation.
 
     `batch_loss(batch)` is the competition code: it returns (mean loss, rows) under autocast.
@@ -96,7 +97,8 @@ def run_epoch(
     and splits alike, so the ranks' collectives stay matched; the group's gradients are then
     averaged in one bucketed all-reduce before the optimizer step.
     `on_first_step()` runs once after the first optimizer step (the GPU memory lines);
-    `should_stop(i)` is asked after every batch (the time budget's deadline, SIGTERM).
+    `should_stop(i)` is asked after every batch (the time budget's deadline, SIGTERM);
+    `progress` (logs.StepProgress) is told after every closed group.
     Returns (mean loss, samples seen).
     """
     grads = grads or parallel.GradSync(None, None)
@@ -125,8 +127,12 @@ def run_epoch(
                 total = loss_x_rows if total is None else total + loss_x_rows
                 seen += rows
             group, group_stats = [], []
+            if progress is not None and total is not None:
+                progress.step(i + 1, seen, lambda t=total, s=seen: (t / max(s, 1)).item())
         if stop:
             break
+    if progress is not None:
+        progress.close()
     return (0.0 if total is None else (total / max(seen, 1)).item()), seen
 
 

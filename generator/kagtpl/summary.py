@@ -1,0 +1,123 @@
+"""What `kagtpl new` detected and chose, in a few lines, each with the flag that changes it.
+
+Read back from the rendered project's answers (what the scripts will really use) and its data
+folder: a wrong guess (the id column taken for the target, 2 classes where there are 10) shows
+before training, not after it."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+SHOWN_CLASSES = 5  # class names shown before "..."
+TEXT_SAMPLE = 2000  # rows read for the text lengths
+
+
+def lines(answers: dict) -> list[str]:
+    data = Path(str(answers.get("data_dir", "")))
+    task = answers.get("task", "image")
+    if not data.is_dir():
+        found = [f"data: {data} is not on this machine (read there when the scripts run)  [--data]"]
+    else:
+        found = {"image": image_lines, "tabular": table_lines, "text": text_lines}[task](data, answers)
+    return ["Detected and chosen:", *(f"  {line}" for line in [*found, *plan_lines(answers)])]
+
+
+def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    """A CSV's header and data rows (quoted newlines in texts kept whole); empty when unreadable."""
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            table = list(csv.reader(f))
+    except OSError:
+        return [], []
+    return (table[0], table[1:]) if table else ([], [])
+
+
+def column(path: Path, name: str) -> list[str]:
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            return [row.get(name) or "" for row in csv.DictReader(f)]
+    except OSError:
+        return []
+
+
+def classes_text(values: list[str]) -> str:
+    names = sorted(set(values))
+    shown = ", ".join(names[:SHOWN_CLASSES]) + (", ..." if len(names) > SHOWN_CLASSES else "")
+    return f"{len(names)} ({shown})"
+
+
+def count_files(folder: Path, ext: str) -> int:
+    return sum(1 for _ in folder.glob(f"*{ext}")) if folder.is_dir() else 0
+
+
+def image_lines(data: Path, a: dict) -> list[str]:
+    labels = data / a["labels_csv"]
+    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_files(data / a["test_dir"], a["image_ext"])
+    return [
+        f"images: {train} in {a['train_dir']}/, {test} in {a['test_dir']}/ ({a['image_ext']}), trained at "
+        f"{a['image_size']} px  [--train-dir --test-dir --image-ext --image-size]",
+        f"labels: {a['labels_csv']}, id column {a['id_col']!r}, label column {a['label_col']!r}, "
+        f"{len(read_csv(labels)[1])} rows  [--labels-csv --id-col --label-col]",
+        f"classes: {classes_text(column(labels, a['label_col']))}  [from the label column]",
+        f"model: {a['model']}, "
+        + (
+            "from ImageNet weights (offline: train.py --weights FILE, or --no-pretrained)"
+            if a.get("pretrained")
+            else "from random weights (train.py --pretrained --weights FILE starts from ImageNet's)"
+        )
+        + "  [--model]",
+    ]
+
+
+def table_facts(data: Path, a: dict) -> list[str]:
+    train = data / a["train_csv"]
+    head, body = read_csv(train)
+    target = a["target"]
+    problem = a["problem"]
+    kind = "a number" if problem == "regression" else f"classes {classes_text(column(train, target.split(',')[0]))}"
+    return [
+        f"table: {a['train_csv']} {len(body)} rows x {len(head)} columns, {a['test_csv']} "
+        f"{len(read_csv(data / a['test_csv'])[1])} rows  [--train-csv --test-csv]",
+        f"columns: id {a['id_col']!r}, target {target!r}  [--id-col --target]",
+        f"problem: {problem}, {kind}; metric {a['metric']}  [--problem --metric]",
+    ]
+
+
+def table_lines(data: Path, a: dict) -> list[str]:
+    return [
+        *table_facts(data, a),
+        "models: LightGBM, XGBoost and CatBoost (those installed), then an MLP, blended on out-of-fold "
+        "predictions  [train.py --models]",
+    ]
+
+
+def text_lines(data: Path, a: dict) -> list[str]:
+    train = data / a["train_csv"]
+    cols = [c for c in str(a.get("text_cols", "")).split(",") if c]
+    texts = [" ".join(parts) for parts in zip(*(column(train, c)[:TEXT_SAMPLE] for c in cols), strict=False)]
+    words = [len(t.split()) for t in texts] or [0]
+    return [
+        *table_facts(data, a),
+        f"texts: columns {', '.join(cols)}; median {statistics.median(words):.0f} words, longest {max(words)} "
+        f"(first {TEXT_SAMPLE} rows)  [--text-cols]",
+        f"model: {model_folder(a.get('model_dir'))}, read offline  [--model-dir]",
+    ]
+
+
+def model_folder(path: str | None) -> str:
+    if not path:
+        return "no Hugging Face folder given"
+    return f"the Hugging Face folder {path}" + ("" if Path(path).is_dir() else " (not on this machine)")
+
+
+def plan_lines(a: dict) -> list[str]:
+    batch = a.get("batch_size") or f"from the {a['gpu']} profile's rule"
+    budget = f"budget {a['budget']}" if a.get("budget") else "no budget (9h on Kaggle; run.py --budget fits the plan)"
+    slug = a.get("competition") or "none named (kagtpl kaggle will need one)"
+    return [
+        f"plan: {a['folds']} folds x {a['epochs']} epochs, batch {batch}, {budget}  "
+        "[--folds --epochs --batch-size --gpu --budget]",
+        f"competition: {slug}  [--competition]",
+    ]

@@ -1,0 +1,50 @@
+"""`kagtpl new` says what it detected and chose, each with the flag that changes it: one render
+per task through the real CLI (Typer's runner, Copier's run_copy)."""
+
+from __future__ import annotations
+
+import re
+
+import textdata
+from typer.testing import CliRunner
+
+from kagtpl import demo, table
+from kagtpl.cli import app
+
+
+def new(tmp_path, *args):
+    result = CliRunner().invoke(app, ["new", *args, "--dest", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    summary = result.output.split("Detected and chosen:\n", 1)[1].split("Created ", 1)[0]
+    return dict(re.findall(r"^  (\w+): (.*)$", summary, re.M))
+
+
+def test_an_image_competition_names_its_columns_classes_model_and_plan(tmp_path):
+    data = demo.write_digits(tmp_path / "digits", n_train=60, n_test=10)
+    said = new(tmp_path, "img", "--task", "image", "--gpu", "t4", "--data", str(data), "--folds", "3")
+    assert said["images"].startswith("60 in train/, 10 in test/ (.jpg), trained at 32 px  [--train-dir")
+    assert said["labels"].startswith("labels.csv, id column 'id', label column 'breed', 60 rows  [--labels-csv")
+    assert said["classes"].startswith("10 (eight, five, four, nine, one, ...)")
+    assert said["model"].startswith("efficientnet_b4, from ImageNet weights (offline: train.py --weights")
+    assert said["plan"].startswith("3 folds x 10 epochs, batch from the t4 profile's rule, budget 9h  [--folds")
+    assert said["competition"] == "none named (kagtpl kaggle will need one)  [--competition]"
+
+
+def test_a_table_names_its_problem_metric_and_rows(tmp_path):
+    data = table.write_table(tmp_path / "table", "multiclass")
+    said = new(tmp_path, "tab", "--task", "tabular", "--gpu", "cpu", "--data", str(data), "--competition", "my-comp")
+    train_rows = sum(1 for _ in open(data / "train.csv")) - 1
+    assert said["table"].startswith(f"train.csv {train_rows} rows x ")
+    assert said["columns"] == "id 'row_id', target 'label'  [--id-col --target]"
+    assert said["problem"].startswith("multiclass, classes 3 (cultivar_0, cultivar_1, cultivar_2); metric logloss")
+    assert said["models"].startswith("LightGBM, XGBoost and CatBoost")
+    assert said["competition"] == "my-comp  [--competition]"
+
+
+def test_a_text_competition_names_its_text_columns_lengths_and_model_folder(tmp_path):
+    data = textdata.write_authors(tmp_path / "authors")
+    said = new(tmp_path, "tx", "--task", "text", "--gpu", "cpu", "--data", str(data), "--model-dir", str(tmp_path))
+    assert said["problem"] == "multiclass, classes 3 (EAP, HPL, MWS); metric logloss  [--problem --metric]"
+    texts = r"columns text; median \d+ words, longest \d+ \(first 2000 rows\)  \[--text-cols]"
+    assert re.fullmatch(texts, said["texts"])
+    assert said["model"] == f"the Hugging Face folder {tmp_path}, read offline  [--model-dir]"
