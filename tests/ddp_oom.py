@@ -21,6 +21,12 @@ timeout = datetime.timedelta(seconds=int(os.environ.get("TIMEOUT_S", "20")))
 device = parallel.start_ddp(os.environ.get("DEVICE", "cpu"), timeout)
 
 
+def say(line: str) -> None:
+    """One write per line: both ranks share torchrun's stdout, and print's separate newline let
+    one rank's line run into the other's ("...=TrueRANK 1: ...")."""
+    os.write(1, (line + "\n").encode())
+
+
 def main() -> int:
     """The run; returns this rank."""
     rank = dist.get_rank()
@@ -57,7 +63,7 @@ def main() -> int:
         sum(torch.nn.functional.cross_entropy(ref(data[r][i][0]), data[r][i][1]) / 2 for r in range(2)).backward()
         ref_opt.step()
     same = all(torch.allclose(p, q, atol=1e-6) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
-    print(f"RANK {rank}: parts={batching.parts} calls={calls} same_as_one_process={same}", flush=True)
+    say(f"RANK {rank}: parts={batching.parts} calls={calls} same_as_one_process={same}")
     return rank
 
 
@@ -66,4 +72,4 @@ parallel.finish_ddp()
 # rank 1's caught out-of-memory errors held the DDP model in a reference cycle: without finish_ddp's
 # gc.collect, gloo's threads outlived the group and aborted the interpreter's exit
 threads = [p.read_text().strip() for p in Path("/proc/self/task").glob("*/comm")]
-print(f"RANK {rank} gloo threads after finish_ddp: {[t for t in threads if 'gloo' in t]}", flush=True)
+say(f"RANK {rank} gloo threads after finish_ddp: {[t for t in threads if 'gloo' in t]}")

@@ -688,7 +688,7 @@ def test_run_py_reports_a_failed_training_even_when_older_checkpoints_submit(ima
 @case("faults")
 def test_a_gpu_projects_dry_run_on_cpu_follows_the_cpu(tmp_path, digits_dir):
     project = render(tmp_path / "a10", data_dir=str(digits_dir), gpu="a10", image_size=64)
-    r = train(project, tmp_path / "out", "--workers", "0")
+    r = train(project, tmp_path / "out", "--workers", "0", "--no-pretrained")  # offline: no ImageNet weights
     assert r.returncode == 0, r.stderr[-2000:]
     assert "WARNING: --gpu a10 but training on cpu: batch and workers follow the CPU profile" in r.stdout
     assert re.search(r"^RESOURCES: \d+ CPU cores, batch=32,", r.stdout, re.M), r.stdout[:600]

@@ -37,6 +37,34 @@ def blend_lines(log: str) -> tuple[dict[str, float], float, dict[str, float]]:
 # ----------------------------------------------------------------------------- fast: the blend itself
 
 
+def test_members_over_different_rows_are_blended_on_the_shared_rows_with_a_line_that_says_so(tmp_path, capsys):
+    """The planner cut the MLP to 3 of 5 folds: it has 360 OOF rows where the trees have 600."""
+    project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="binary", metric="auc")
+    blend = import_project(project, ("blend",)).blend
+    rng = np.random.default_rng(0)
+    ids, y = [f"r{i}" for i in range(600)], rng.integers(0, 2, 600)
+    for name, n in (("lgbm", 600), ("mlp", 360)):
+        p1 = np.clip(y[:n] * 0.6 + rng.uniform(0, 0.4, n), 0, 1)
+        pd.DataFrame({"id": ids[:n], "target": y[:n], "p_0": 1 - p1, "p_1": p1}).to_csv(
+            tmp_path / f"oof_{name}.csv", index=False
+        )
+    from sklearn.metrics import roc_auc_score
+
+    score = lambda yy, p: roc_auc_score(yy, p[:, 1])  # noqa: E731
+    members = {"lgbm": np.zeros((5, 2)), "mlp": np.zeros((5, 2))}
+    blend.blend(members, tmp_path, "id", score, True, lambda df: df["target"].to_numpy(), "auc")
+    out = capsys.readouterr().out
+    assert (
+        "BLEND: the members' OOF files cover different rows (lgbm 600, mlp 360: a model's folds cut by the "
+        "planner); scored on the 360 rows all of them have" in out
+    ), out
+    assert "BLEND: member lgbm: OOF auc=" in out and "over 360 rows" in out
+    capsys.readouterr()
+    pd.read_csv(tmp_path / "oof_lgbm.csv").iloc[:360].to_csv(tmp_path / "oof_lgbm.csv", index=False)
+    blend.blend(members, tmp_path, "id", score, True, lambda df: df["target"].to_numpy(), "auc")
+    assert "cover different rows" not in capsys.readouterr().out  # the same rows: no line
+
+
 def test_hill_climbing_never_scores_below_its_best_member(tmp_path):
     project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="multiclass", metric="logloss")
     blend = import_project(project, ("blend",)).blend
