@@ -140,7 +140,8 @@ def test_fold_parallel_smoke():
     seq, par, ratio = figures(
         out, r"sequential \(1 process\):", r"fold-parallel \(2 workers\):", "parallel/sequential:"
     )
-    assert seq > 0 and par > 0 and ratio == pytest.approx(par / seq, abs=0.01), out
+    rounding = 0.05 * (1 + par / seq) / seq  # the times print to 0.1 s: 17.6 / 10.0 may be 1.75 unrounded
+    assert seq > 0 and par > 0 and ratio == pytest.approx(par / seq, abs=0.01 + rounding), out
     assert "folds per worker: {'cpu0': 1, 'cpu1': 1}" in out  # each worker trained a fold
 
 

@@ -234,10 +234,11 @@ def test_a_missing_model_folder_or_tokenizer_fails_in_seconds_saying_what_to_att
 def test_kagtpl_kaggle_ships_the_model_folder_and_passes_it_as_model_dir(text_data, tmp_path):
     project = text_project(tmp_path / "spooky", text_data["authors"], "authors")
     runner = CliRunner()
-    bad = runner.invoke(app, ["kaggle", str(project), "--user", "alice", "--no-wheels"])
+    slug = ["--competition", "spooky-author-identification"]
+    bad = runner.invoke(app, ["kaggle", str(project), "--user", "alice", "--no-wheels", *slug])
     assert bad.exit_code == 1 and "pass --model-dir DIR" in bad.output and not (project / "kaggle").exists()
     ok = runner.invoke(
-        app, ["kaggle", str(project), "--user", "alice", "--no-wheels", "--model-dir", str(minilm_dir())]
+        app, ["kaggle", str(project), "--user", "alice", "--no-wheels", *slug, "--model-dir", str(minilm_dir())]
     )
     assert ok.exit_code == 0, ok.output
     assert (project / "kaggle" / "weights" / "model" / "tokenizer.json").is_file()
