@@ -34,12 +34,13 @@ def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
     return (table[0], table[1:]) if table else ([], [])
 
 
-def column(path: Path, name: str) -> list[str]:
-    try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
-            return [row.get(name) or "" for row in csv.DictReader(f)]
-    except OSError:
+def column(table: tuple[list[str], list[list[str]]], name: str) -> list[str]:
+    """One column's values from read_csv's (header, rows); [] when there is no such column."""
+    head, body = table
+    if name not in head:
         return []
+    i = head.index(name)
+    return [row[i] if i < len(row) else "" for row in body]
 
 
 def classes_text(values: list[str]) -> str:
@@ -53,13 +54,13 @@ def count_files(folder: Path, ext: str) -> int:
 
 
 def image_lines(data: Path, a: dict) -> list[str]:
-    labels = data / a["labels_csv"]
+    labels = read_csv(data / a["labels_csv"])
     train, test = count_files(data / a["train_dir"], a["image_ext"]), count_files(data / a["test_dir"], a["image_ext"])
     return [
         f"images: {train} in {a['train_dir']}/, {test} in {a['test_dir']}/ ({a['image_ext']}), trained at "
         f"{a['image_size']} px  [--train-dir --test-dir --image-ext --image-size]",
         f"labels: {a['labels_csv']}, id column {a['id_col']!r}, label column {a['label_col']!r}, "
-        f"{len(read_csv(labels)[1])} rows  [--labels-csv --id-col --label-col]",
+        f"{len(labels[1])} rows  [--labels-csv --id-col --label-col]",
         f"classes: {classes_text(column(labels, a['label_col']))}  [from the label column]",
         f"model: {a['model']}, "
         + (
@@ -71,9 +72,9 @@ def image_lines(data: Path, a: dict) -> list[str]:
     ]
 
 
-def table_facts(data: Path, a: dict) -> list[str]:
-    train = data / a["train_csv"]
-    head, body = read_csv(train)
+def table_facts(data: Path, a: dict, train: tuple) -> list[str]:
+    """Rows, columns, id, target, problem and metric; `train` is read_csv's train.csv."""
+    head, body = train
     target = a["target"]
     problem = a["problem"]
     kind = "a number" if problem == "regression" else f"classes {classes_text(column(train, target.split(',')[0]))}"
@@ -87,19 +88,19 @@ def table_facts(data: Path, a: dict) -> list[str]:
 
 def table_lines(data: Path, a: dict) -> list[str]:
     return [
-        *table_facts(data, a),
+        *table_facts(data, a, read_csv(data / a["train_csv"])),
         "models: LightGBM, XGBoost and CatBoost (those installed), then an MLP, blended on out-of-fold "
         "predictions  [train.py --models]",
     ]
 
 
 def text_lines(data: Path, a: dict) -> list[str]:
-    train = data / a["train_csv"]
+    train = read_csv(data / a["train_csv"])
     cols = [c for c in str(a.get("text_cols", "")).split(",") if c]
     texts = [" ".join(parts) for parts in zip(*(column(train, c)[:TEXT_SAMPLE] for c in cols), strict=False)]
     words = [len(t.split()) for t in texts] or [0]
     return [
-        *table_facts(data, a),
+        *table_facts(data, a, train),
         f"texts: columns {', '.join(cols)}; median {statistics.median(words):.0f} words, longest {max(words)} "
         f"(first {TEXT_SAMPLE} rows)  [--text-cols]",
         f"model: {model_folder(a.get('model_dir'))}, read offline  [--model-dir]",

@@ -144,10 +144,10 @@ class Tee:
 
     def write(self, text: str) -> int:
         self.file.write(text)  # first: a reader gone from the pipe (EPIPE) must not cost the log
-        self.file.flush()
         return self.stream.write(text)
 
     def flush(self) -> None:
+        self.file.flush()
         self.stream.flush()
 
     def __getattr__(self, name):  # fileno, isatty, encoding...: the console's
@@ -158,7 +158,7 @@ def log_to(path: Path) -> None:
     """From here on this process's stdout and stderr also go to `path` (train.log, written anew
     each run: `kagtpl doctor` reads it; train_log.jsonl keeps every run). Called again (tune.py's
     trials), the log moves to the new path."""
-    file = open(path, "w", encoding="utf-8")  # noqa: SIM115  (open for the process's life)
+    file = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115  (line-buffered, open for the run)
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if isinstance(stream, Tee):
