@@ -45,7 +45,9 @@ def test_tabular_batching_smoke():
 
 
 def test_training_loop_smoke():
-    out = bench("training_loop.py", "--images", "64", "--size", "32", "--batch", "16", "--rounds", "1")
+    # best of 2 interleaved rounds (+1 s): one round under the other xdist worker's burst measured
+    # the engine's loop at 0.27 of the bare loop (30.4 / 112.3 samples/s) in CI; alone, 0.83-0.97
+    out = bench("training_loop.py", "--images", "64", "--size", "32", "--batch", "16", "--rounds", "2")
     rates = {}
     for name in ("kagtpl train.py loop", "kagtpl loop, no hooks", "bare PyTorch loop"):
         rate, ratio = map(float, re.search(rf"^{re.escape(name)}\s+{NUMBER}\s+{NUMBER}x$", out, re.M).groups())
@@ -53,7 +55,7 @@ def test_training_loop_smoke():
         assert rate > 0 and ratio > 0, out
     bare = rates["bare PyTorch loop"]
     assert float(re.search(rf"^bare PyTorch loop\s+{NUMBER}\s+{NUMBER}x$", out, re.M).group(2)) == 1.0
-    assert rates["kagtpl train.py loop"] / bare > 0.3  # same work: no order-of-magnitude loss even at this size
+    assert rates["kagtpl train.py loop"] / bare > 0.3, out  # same work: no order-of-magnitude loss even at this size
 
 
 def test_image_pipeline_smoke():
