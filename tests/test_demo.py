@@ -28,7 +28,7 @@ def test_demo_end_to_end(tmp_path):
     assert float(m.group(3)) > 0.9 and float(m.group(2)) < 0.5  # 10 classes: chance is 0.1 / 2.30
     sub = pd.read_csv(m.group(1))
     assert len(sub) == 297 and list(sub.columns)[:3] == ["id", "zero", "one"]
-    assert re.search(r"^OOF: logloss=[\d.]+, Acc=[\d.]+ over 1500 rows from folds \[0, 1, 2\]$", r.stdout, re.M)
+    assert re.search(r"^OOF: Acc=[\d.]+, logloss=[\d.]+ over 1500 rows from folds \[0, 1, 2\]$", r.stdout, re.M)
 
     again = subprocess.run(
         [sys.executable, "-m", "kagtpl", "demo", str(tmp_path / "demo")],

@@ -308,6 +308,73 @@ def test_fold_clock_drops_tta_first_then_folds_best_first(project_modules, capsy
     assert unhurried.best_first(checkpoints) == checkpoints and unhurried.next_fold(3, 4) and unhurried.views == 2
 
 
+def test_fold_clock_measures_its_rate_inside_a_fold_then_drops_tta_then_stops_the_fold(project_modules, capsys):
+    """A test set larger than any measured before: the first fold's own batches give the rate.
+    10 batches of 100 rows; each view of a row costs 0.01 s; the first batch's time (warm-up)
+    is not in the rate."""
+    submission = project_modules.submission
+    now = [0.0]
+    clock = submission.FoldClock(deadline=21.0, views=2, clock=lambda: now[0])
+    assert clock.next_fold(0, 3)
+    seen = []
+    for rows in range(100, 1001, 100):
+        now[0] += (5.0 if rows == 100 else 0.0) + 100 * clock.views * 0.01  # a 5 s warm-up on the first
+        seen.append(clock.views)
+        if not clock.batch_done(rows, 1000):
+            break
+    # after batch 2 (t=9): 800 rows x 2 views x 0.01 = 16 s > 21 - 9 - 3 s left -> TTA off; 8 s fits: it goes on
+    assert seen[:3] == [2, 2, 1] and not clock.cut and len(seen) == 10
+    assert "PREDICT: 200 of 1000 rows at 100 rows/s: TTA off for the rest" in capsys.readouterr().out
+    clock.fold_done()
+    assert not clock.next_fold(1, 3)  # the fold took 17 s, 1 s is left: a second does not fit
+    late = submission.FoldClock(deadline=12.0, views=1, clock=lambda: now[0])
+    now[0] = 0.0
+    assert late.next_fold(0, 1)
+    now[0] += 1.0
+    assert late.batch_done(100, 1000)  # one batch: no rate yet
+    now[0] += 1.0
+    assert not late.batch_done(200, 1000) and late.cut  # 800 x 0.01 = 8 s > 12 - 2 - 3 left
+    assert "this fold would not finish (200 of 1000 rows predicted): left out" in capsys.readouterr().out
+    assert not late.next_fold(1, 2)  # nothing more after a cut fold
+    assert submission.FoldClock(deadline=0, views=2).batch_done(1, 10)  # no deadline: never stops
+
+
+@pytest.mark.parametrize(
+    "config, classes, y, expected",
+    [
+        ({"problem": "multiclass", "submission": "probs"}, ["a", "b", "c"], [0, 0, 1, 2], {"a": 0.5, "b": 0.25}),
+        ({"problem": "multiclass", "submission": "label"}, ["a", "b", "c"], [2, 0, 2, 1], {"label": "c"}),
+        ({"problem": "binary", "submission": "probs"}, ["0", "1"], [0, 1, 1, 1], {"label": 0.75}),
+        ({"problem": "regression", "submission": "probs", "metric": "rmsle"}, [], np.log1p([1.0, 3.0]), None),
+    ],
+)
+def test_the_fallback_submission_is_the_training_prior_and_passes_the_check(
+    project_modules, tmp_path, capsys, config, classes, y, expected
+):
+    submission = project_modules.submission
+    columns = config["submission"] == "probs" and config["problem"] == "multiclass"
+    cols = ["id", *classes] if columns else ["id", "label"]
+    sample = pd.DataFrame({c: ["x", "y"] if c == "id" else [0, 0] for c in cols})
+    path = tmp_path / "submission.csv"
+    submission.write_fallback(path, sample, np.asarray(y), config, classes)
+    sub = pd.read_csv(path, dtype={"id": str})
+    assert list(sub.columns) == cols and list(sub["id"]) == ["x", "y"]
+    if expected is None:  # rmsle: the mean of log1p(y), back through expm1 as predict.py does
+        assert np.allclose(sub["label"], np.expm1(np.log1p([1.0, 3.0]).mean()))
+    for col, value in (expected or {}).items():
+        assert (sub[col] == value).all() if isinstance(value, str) else np.allclose(sub[col], value)
+    assert "is a fallback" in capsys.readouterr().out
+    # a valid submission already there (an earlier run's) stays; predict.py's keep() takes it
+    sub.iloc[:, 1:] = sub.iloc[:, 1:].iloc[::-1].to_numpy()
+    path.write_text(sub.to_csv(index=False))
+    before = path.read_text()
+    submission.write_fallback(path, sample, np.asarray(y), config, classes)
+    assert path.read_text() == before and "an earlier run's" in capsys.readouterr().out
+    submission.keep(path, sample)
+    with pytest.raises(project_modules.errors.RunError, match="other ids"):
+        submission.keep(path, sample.assign(id=["x", "z"]))
+
+
 def test_channels_last_inputs_meet_channels_last_weights_on_cpu(project_modules):
     """The engine moves 4-D batches (uint8 images too) to NHWC when the machine is channels_last;
     the device-side normalize keeps NHWC, and the model (made NHWC by the engine and predict.py)

@@ -292,7 +292,7 @@ def test_fold_workers_train_4_folds_that_predict_ensembles(tmp_path, digits_dir)
     out = project / "output"
     for k in range(4):
         assert torch.load(out / f"model_fold{k}.pth", map_location="cpu", weights_only=True)["complete"]
-    assert re.search(r"^OOF: logloss=[\d.]+, Acc=[\d.]+ over 240 rows from folds \[0, 1, 2, 3\]$", log, re.M)
+    assert re.search(r"^OOF: Acc=[\d.]+, logloss=[\d.]+ over 240 rows from folds \[0, 1, 2, 3\]$", log, re.M)
     records = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert sorted(r["fold"] for r in records) == [0, 1, 2, 3] and len({r["run"] for r in records}) == 1
     pred = run_script(project, "predict.py", "--device", "cpu").stdout

@@ -79,10 +79,10 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
     )
     score_old = """    p = np.clip(probs, 1e-15, 1 - 1e-15)
     logloss = log_loss(y, p / p.sum(1, keepdims=True), labels=range(n_classes))
-    return {"logloss": logloss, "Acc": accuracy_score(y, probs.argmax(1))}"""
+    scores = {"logloss": logloss, "Acc": accuracy_score(y, probs.argmax(1))}"""
     score_new = """    p = np.clip(probs, 1e-7, 1 - 1e-7)
     logloss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
-    return {"logloss": logloss, "Acc": float(((probs > 0.5) == y).mean())}"""
+    scores = {"logloss": logloss, "Acc": float(((probs > 0.5) == y).mean())}"""
     apply(project, readme, "train.py", score_old, score_new)
     apply(
         project,
@@ -116,7 +116,7 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
     )
 
     log = run_script(project, "train.py", *CPU, "--epochs", "2", "--folds", "2").stdout
-    assert "OOF: logloss=" in log and "Epoch 2:" in log
+    assert "OOF: Acc=" in log and "Epoch 2:" in log
     oof = pd.read_csv(project / "output" / "oof.csv")
     assert [f"target_{j}" for j in range(12)] == [c for c in oof.columns if c.startswith("target")]
     assert set(oof[[f"target_{j}" for j in range(12)]].sum(axis=1)) == {2.0}  # a digit and a parity per row

@@ -49,13 +49,13 @@ def test_dry_run_then_predict(project, digits_dir):
     assert re.search(r"^Model: resnet18 \(11\.2M params, small model\)$", log, re.M)
     assert "GPU Memory Used: none (CPU run)" in log
     epochs = re.findall(
-        r"^Epoch 1: Loss=[\d.]+, ValLoss=[\d.]+, Acc=[\d.]+, LR=\S+, Time=[\d.]+s, "
+        r"^Epoch 1: Loss=[\d.]+, ValLoss=([\d.]+), logloss=\1, LR=\S+, Time=[\d.]+s, "
         r"Throughput=\d+ samples/s, GPU=none$",
         log,
         re.M,
     )
     assert len(epochs) == 2  # 2 folds x 1 epoch
-    assert "FOLD 0 (1 of 2)" in log and "FOLD 1 (2 of 2)" in log and "OOF: logloss=" in log
+    assert "FOLD 0 (1 of 2)" in log and "FOLD 1 (2 of 2)" in log and "OOF: Acc=" in log
     records = [json.loads(x) for x in (project / "output" / "train_log.jsonl").read_text().splitlines()]
     assert [(r["fold"], r["epoch"]) for r in records] == [(0, 1), (1, 1)]
     assert records[0]["gpu_used_gb"] is None and records[0]["samples_per_s"] > 0
@@ -97,8 +97,9 @@ def test_dry_run_then_predict(project, digits_dir):
     row = rows.iloc[0]
     assert row["git"] == sha.strip() and row["task"] == "image" and row["model"] == "resnet18"
     assert (row["input"], row["batch"], row["folds_done"], row["epochs_done"]) == ("32px", "8x1", "2", "1 1")
-    oof = float(re.search(r"^OOF: logloss=[\d.]+, Acc=([\d.]+)", log, re.M).group(1))
-    assert abs(float(row["cv"]) - oof) < 1e-4 and row["metric"] == "Acc" and row["stop"] == "dry run"
+    # the dog-breed layout submits probabilities: the competition's metric, last and ranked by, is log loss
+    oof = float(re.search(r"^OOF: Acc=[\d.]+, logloss=([\d.]+)", log, re.M).group(1))
+    assert abs(float(row["cv"]) - oof) < 1e-4 and row["metric"] == "logloss" and row["stop"] == "dry run"
     assert len(row["fold_scores"].split()) == 2
     table = run_script(project, "-m", "machinery.experiments").stdout.splitlines()
     assert table[0].split()[:3] == ["time", "git", "model"] and len(table) == 2

@@ -1,5 +1,6 @@
 """The files a run leaves beside its checkpoints and the run signature every one of them carries:
-the folds file, the OOF files (per fold, oof.csv, oof_<model>.csv) and the resolved config.
+the folds file, the OOF files (per fold, oof.csv, oof_<model>.csv), the resolved config and the
+fallback submission.
 
 The run signature names what makes artifacts combinable: the data folder's files, the target
 and the folds (docs/generated-project.md). A checkpoint, an OOF file or tune.py's
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import logs, parallel, storage
+from . import logs, parallel, storage, submission
 from .errors import DataError
 
 # The flags that decide what a run's artifacts mean: which rows, which target, which features,
@@ -164,3 +165,12 @@ def read_targets(oof: pd.DataFrame) -> np.ndarray:
     if "target" in oof.columns:
         return oof["target"].to_numpy()
     return oof[[c for c in oof.columns if c.startswith("target_")]].to_numpy()
+
+
+def fallback_submission(args, sample, y: np.ndarray, classes: list, config: dict | None = None) -> None:
+    """A valid <out-dir>/submission.csv as soon as preflight has read sample_submission: the
+    training prior for every row (submission.write_fallback). A run stopped anywhere after this
+    still hands one in; predict.py replaces it. `config`: problem and submission (probs | label)
+    when the flags do not hold them (the image task's)."""
+    if parallel.writes() and not parallel.fold_worker():
+        submission.write_fallback(Path(args.out_dir) / "submission.csv", sample, y, config or vars(args), classes)

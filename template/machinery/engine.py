@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from . import artifacts, experiments, logs, parallel, storage, workers
-from .artifacts import copy_oof, fixed_folds, read_targets, target_columns
+from .artifacts import copy_oof, fallback_submission, fixed_folds, read_targets, target_columns
 from .errors import RunError
 from .fold import Fold, train_fold, watchers_started, watchers_stopped, watching
 from .gpu import describe_gpu
@@ -71,6 +71,7 @@ __all__ = [
     "check_folds",
     "copy_oof",
     "cross_validate",
+    "fallback_submission",
     "fit_steps",
     "fixed_folds",
     "inference_machine",

@@ -47,12 +47,14 @@ def split_batch(batch, parts: int) -> list:
 
 
 @torch.no_grad()
-def predict(predict_fn, model, batches, machine, max_batches=None) -> np.ndarray:
+def predict(predict_fn, model, batches, machine, max_batches=None, on_batch=None) -> np.ndarray | None:
     """predict_fn(model, batch) for every batch, in order: validation here, the test set in predict.py.
     Outputs stay on the device until the end (one copy back, one sync). A batch that runs out of
-    memory is predicted in halves (then quarters, ...), and the rest of the batches at that size."""
+    memory is predicted in halves (then quarters, ...), and the rest of the batches at that size.
+    `on_batch(rows done)` (predict.py's FoldClock under a deadline) is asked after each batch,
+    after a device sync so its clock is true; False stops and returns None."""
     model.eval()
-    out, parts = [], 1
+    out, parts, rows = [], 1, 0
     for i, batch in enumerate(batches):
         if max_batches is not None and i >= max_batches:
             break
@@ -69,6 +71,12 @@ def predict(predict_fn, model, batches, machine, max_batches=None) -> np.ndarray
                     raise
                 free_gpu_memory()
                 parts *= 2
+        rows += batch_rows(batch)
+        if on_batch is not None:
+            if machine.device.type == "cuda":
+                torch.cuda.synchronize(machine.device)
+            if not on_batch(rows):
+                return None
     return torch.cat(out).cpu().numpy()
 
 

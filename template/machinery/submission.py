@@ -63,6 +63,34 @@ def fill(sample, pred: np.ndarray, config: dict, classes: list):
     return sub, "distribution"
 
 
+def prior_prediction(y: np.ndarray, n_classes: int) -> np.ndarray:
+    """What a model that saw no feature predicts, in the models' output space: the training
+    class frequencies (n_classes > 0), else each target's training mean."""
+    y = np.asarray(y)
+    if n_classes:
+        return np.bincount(y.astype(np.int64), minlength=n_classes) / len(y)
+    return y.reshape(len(y), -1).astype(np.float64).mean(axis=0)
+
+
+def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list) -> None:
+    """The submission that exists from preflight on, so that a run stopped anywhere still hands
+    one in: every row the training prior (class frequencies, the majority class, or the mean).
+    A submission already at `path` that passes the check for this test set (an earlier run's)
+    is better and stays; predict.py replaces either."""
+    n_classes = 0 if config["problem"] == "regression" else len(classes)
+    sub, kind = fill(sample, np.tile(prior_prediction(y, n_classes), (len(sample), 1)), config, classes)
+    try:
+        check_submission(read_csv(path, dtype={sample.columns[0]: str}), sample, kind, labels=classes)
+        print(f"SUBMISSION: {path} (an earlier run's) stays until predict.py replaces it")
+        return
+    except (OSError, DataError, ValueError, KeyError):
+        pass  # none, or not one for this test set: the fallback replaces it
+    check_submission(sub, sample, kind, labels=classes)
+    write_csv_atomic(sub, path)
+    what = "the training mean" if kind == "number" else "the majority class" if kind == "label" else "class priors"
+    print(f"SUBMISSION: {path} is a fallback ({what} for every row) until predict.py replaces it")
+
+
 def ensemble(preds: list[np.ndarray], ids, normalize: bool = True) -> tuple[np.ndarray, int]:
     """Mean of the folds' predictions (class probabilities: renormalised so every row sums to 1;
     float32 softmax sums drift by ~1e-7, and the check allows 1e-4). A fold with a non-finite
@@ -126,17 +154,22 @@ def write_submission(sub, sample, kind: str, labels, path: Path, folds: int) -> 
 
 class FoldClock:
     """predict.py's side of the time budget. Under run.py it knows the deadline (the budget's
-    end); when the folds left will not fit, it first drops TTA (half the work per fold), then
-    stops taking folds: the folds come best validation loss first (`best_first`), so the
-    submission is made from the best folds there was time for. At least one fold always runs.
-    Seam for tests: `clock` (wall seconds, time.time by default)."""
+    end) and measures its own rate on the test set's first batches: when the rest of a fold
+    will not fit, it first drops TTA (half the work per row; the rows already predicted keep
+    their two views), then stops the fold and leaves it out. Folds come best validation loss
+    first (`best_first`) and a next one is taken only when its measured time fits, so the
+    submission is made from the best folds there was time for; when not even the first fold
+    fits, `cut` is set and predict.py keeps the submission it has (`keep`: train.py's fallback
+    or an earlier run's). Seam for tests: `clock` (wall seconds, time.time by default)."""
 
     MARGIN_S = 3.0  # ensembling, the check and the atomic write after the last fold
 
     def __init__(self, deadline: float | None, views: int, clock=time.time):
         self.deadline, self.views, self.clock = deadline or None, views, clock
         self.view_s: float | None = None  # seconds one fold took per view (the last fold's)
+        self.cut = False  # a fold was stopped by the deadline
         self._t0 = 0.0
+        self._rows = 0, 0.0, None  # this fold's rows, view-rows, (view-rows, time) at its first batch's end
 
     def best_first(self, checkpoints: list) -> list:
         if self.deadline is None:
@@ -153,19 +186,59 @@ class FoldClock:
             yield item
             self.fold_done()
 
+    def left(self) -> float:
+        return self.deadline - self.clock() - self.MARGIN_S
+
     def next_fold(self, done: int, total: int) -> bool:
         """Before each fold: does it fit (TTA is dropped first)? Starts the fold's timer."""
         if self.deadline is not None:
-            left = self.deadline - self.clock() - self.MARGIN_S
+            left = self.left()
             need = None if self.view_s is None else self.view_s * self.views * (total - done)
             if self.views > 1 and (left <= 0 or (need is not None and need > left)):
                 self.views = 1
                 print(f"PREDICT: {max(left, 0.0):.0f}s left before the deadline: TTA off (one view per image)")
-            if done and self.view_s is not None and self.view_s * self.views > left:
+            if self.cut or (done and self.view_s is not None and self.view_s * self.views > left):
                 print(f"PREDICT: deadline: {done} of {total} fold(s) used, best validation loss first")
                 return False
-        self._t0 = self.clock()
+        self._t0, self._rows = self.clock(), (0, 0.0, None)
         return True
+
+    def batch_done(self, rows: int, total: int) -> bool:
+        """After each test batch of a fold (`rows` predicted of `total`): False stops the fold.
+        The rate is measured from the first batch's end (its time holds the warm-up: cuDNN's
+        autotune, the loader's start) once a second batch is done."""
+        if self.deadline is None:
+            return True
+        now, (done, view_rows, first) = self.clock(), self._rows
+        view_rows += (rows - done) * self.views
+        if first is None:
+            first, stop = (view_rows, now), self.left() <= 0
+        else:
+            row_s = (now - first[1]) / max(view_rows - first[0], 1e-9)  # seconds per row and view
+            if self.views > 1 and (total - rows) * self.views * row_s > self.left():
+                self.views = 1
+                print(f"PREDICT: {rows} of {total} rows at {1 / max(row_s, 1e-9):.0f} rows/s: TTA off for the rest")
+            stop = (total - rows) * self.views * row_s > self.left()
+        self._rows = rows, view_rows, first
+        if stop:
+            self.cut = True
+            print(f"PREDICT: deadline: this fold would not finish ({rows} of {total} rows predicted): left out")
+        return not stop
 
     def fold_done(self) -> None:
         self.view_s = (self.clock() - self._t0) / self.views
+
+
+def keep(path: Path, sample) -> None:
+    """No fold finished before the deadline: the submission already at `path` stays, when it
+    has sample_submission's columns and ids (train.py's fallback, or an earlier run's)."""
+    id_col = sample.columns[0]
+    try:
+        have = read_csv(path, dtype={id_col: str})
+    except (OSError, DataError):
+        have = None
+    if have is None or list(have.columns) != list(sample.columns) or len(have) != len(sample):
+        raise RunError(f"no fold finished before the deadline and {path} is not a submission for this test set")
+    if (have[id_col].astype(str).to_numpy() != sample[id_col].astype(str).to_numpy()).any():
+        raise RunError(f"no fold finished before the deadline and {path} has other ids than sample_submission")
+    print(f"SUBMISSION: {path} kept: no fold finished before the deadline (train.py's fallback or an earlier run's)")
