@@ -113,6 +113,15 @@ def test_each_booster_alone_and_all_together_train_and_submit(tmp_path, kind, mo
         assert set(members) == set(models.split(","))
         assert blended <= min(members.values()) + 1e-12  # log loss: the blend is no worse than its best member
         assert abs(sum(weights.values()) - 1) < 0.011
+        # the experiments table: a row per model over the folds it used, and the submission's own (the blend)
+        rows = pd.read_csv(project / "output" / "experiments.csv", dtype=str).set_index("model")
+        assert list(rows.index) == [*models.split(","), "blend"] and set(rows["metric"]) == {"LOGLOSS"}
+        n = str(len(pd.read_csv(data / "train.csv")))
+        assert (rows.loc[models.split(","), "oof_rows"] == n).all() and (rows["folds_done"].dropna() == "3").all()
+        assert abs(float(rows.loc["blend", "cv"]) - blended) < 1e-4 and rows.loc["blend", "oof_rows"] == n
+        assert {m.rsplit(" ", 1)[0] for m in rows.loc["blend", "members"].split(", ")} == set(weights)
+        table = run_script(project, "-m", "machinery.experiments").stdout.splitlines()
+        assert " blend " in table[1]  # ranked first: log loss, lower is better, never above a member
     sub = pd.read_csv(project / "output" / "submission.csv")
     sample = pd.read_csv(data / "sample_submission.csv")
     assert list(sub.columns) == list(sample.columns) and sub.iloc[:, 0].tolist() == sample.iloc[:, 0].tolist()

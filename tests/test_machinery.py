@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -290,6 +291,28 @@ def test_experiments_table_appends_and_ranks_by_cv_in_the_metrics_direction(proj
     assert len(exp.read(path)) == 5  # the bad row changed nothing
 
 
+def test_a_runs_row_is_written_when_it_starts_and_says_how_it_ended(project_modules, tmp_path):
+    """The row written at the start (running (pid N)) is replaced by the end's (same run and
+    model); a run whose process is gone without an end reads back as killed; an exception's
+    type and first line are its stop."""
+    exp = project_modules.experiments
+    path = tmp_path / "experiments.csv"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    exp.append(path, {"run": "r1", "model": "resnet18", "stop": f"running (pid {dead.pid})"})
+    exp.append(path, {"run": "r2", "model": "resnet18", "stop": exp.running()})
+    exp.append(path, {"run": "r2", "model": "lgbm", "stop": exp.running()})
+    exp.append(path, {"run": "r2", "model": "resnet18", "cv": "0.5", "stop": "done"})
+    rows = exp.read(path)
+    assert [(r["run"], r["model"], r["stop"]) for r in rows] == [
+        ("r1", "resnet18", "killed (ended without a result)"),
+        ("r2", "resnet18", "done"),
+        ("r2", "lgbm", exp.running()),  # this process: still running
+    ]
+    assert exp.failure(ValueError("bad row 7\nmore")) == "failed: ValueError: bad row 7"
+    assert exp.failure(KeyboardInterrupt()) == "interrupted"
+
+
 def test_fold_clock_drops_tta_first_then_folds_best_first(project_modules, capsys):
     submission = project_modules.submission
     now = [0.0]
@@ -337,6 +360,8 @@ def test_fold_clock_measures_its_rate_inside_a_fold_then_drops_tta_then_stops_th
     assert "this fold would not finish (200 of 1000 rows predicted): left out" in capsys.readouterr().out
     assert not late.next_fold(1, 2)  # nothing more after a cut fold
     assert submission.FoldClock(deadline=0, views=2).batch_done(1, 10)  # no deadline: never stops
+    now[0] = 99.0  # past the deadline, the fold's last batch done: the fold is kept
+    assert submission.FoldClock(deadline=12.0, views=1, clock=lambda: now[0]).batch_done(50, 50)
 
 
 @pytest.mark.parametrize(

@@ -217,3 +217,31 @@ def test_no_epochs_given_back_once_the_last_fold_has_ended(project_modules):
     before = list(lines)
     planner.end_fold(0, first=True)  # ...re-planned after the only fold has ended: nothing to give back
     assert planner.epochs <= cut and not any("given back" in x for x in lines[len(before) :]), lines
+
+
+@pytest.mark.parametrize("workers,s_per_step", [(1, 0.07), (2, 0.14)])  # 2 workers: half the later folds each
+def test_folds_cut_by_the_estimate_are_given_back_when_measured_epochs_leave_time(project_modules, workers, s_per_step):
+    """Issue 29: the first estimate cuts 5 folds to 3 (epochs kept); measured epochs 3x faster
+    give the folds back (each is a model and a fifth of the OOF rows), never past the plan's 5.
+    Fold workers share the fold count (FoldQueue.cap): there the plan's folds stay."""
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=600)
+    planner.parallel = workers
+    first_epoch(planner, clock, s_per_step)
+    assert (planner.folds, planner.epochs) == (3, 30), lines
+    for epoch in range(2, 5):
+        planner.begin_epoch(40, 10)
+        clock.t += 1.0
+        planner.end_epoch(epoch)
+    if workers > 1:
+        assert planner.folds == 3 and not any("given back" in x for x in lines), lines
+        return
+    assert planner.folds == 5 and planner.epochs == 30, lines
+    assert [x for x in lines if "given back" in x] == [
+        next(
+            x
+            for x in lines
+            if x.startswith("TIME PLAN: measured 1.0s/epoch") and x.endswith("-> folds 3->5 (given back)")
+        )
+    ]
+    assert planner.progress().need(1.0, planner.folds, planner.epochs) <= 0.75 * planner.training_left()

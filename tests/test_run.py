@@ -100,7 +100,8 @@ def test_dry_run_then_predict(project, digits_dir):
     # the dog-breed layout submits probabilities: the competition's metric, last and ranked by, is log loss
     oof = float(re.search(r"^OOF: Acc=[\d.]+, logloss=([\d.]+)", log, re.M).group(1))
     assert abs(float(row["cv"]) - oof) < 1e-4 and row["metric"] == "logloss" and row["stop"] == "dry run"
-    assert len(row["fold_scores"].split()) == 2
+    over = re.search(r"^OOF: .* over (\d+) rows from folds \[0, 1\]$", log, re.M).group(1)
+    assert len(row["fold_scores"].split()) == 2 and row["oof_rows"] == over  # the dry run's validation batches
     table = run_script(project, "-m", "machinery.experiments").stdout.splitlines()
     assert table[0].split()[:3] == ["time", "git", "model"] and len(table) == 2
 
@@ -112,6 +113,9 @@ def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(
     assert any(x.startswith("FOLD 0 DONE") for x in seen), "".join(seen)
     out = project / "output"
     assert sorted(p.name for p in out.glob("model_fold*.pth")) == ["model_fold0.pth"]
+    # the experiments table has the killed run's row, written when it started
+    table = run_script(project, "-m", "machinery.experiments").stdout.splitlines()
+    assert len(table) == 2 and table[1].endswith("killed (ended without a result)"), table
 
     pred = run_script(project, "predict.py", *CPU).stdout
     assert "ENSEMBLE: 1 checkpoint(s), folds [0]: model_fold0.pth" in pred

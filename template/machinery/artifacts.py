@@ -141,17 +141,18 @@ def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
     return frame
 
 
-def oof_scores(comp, out: Path, folds: list[int], signature: str) -> tuple[dict, list[float]]:
-    """oof.csv from the folds' OOF files of this run signature, the OOF line, and the metric per fold."""
+def oof_scores(comp, out: Path, folds: list[int], signature: str) -> tuple[dict, list[float], int]:
+    """oof.csv from the folds' OOF files of this run signature, the OOF line, the metric per
+    fold, and the rows the scores are over."""
     oofs = [f for f in (read_signed(out / f"oof_fold{k}.csv", signature) for k in folds) if f is not None]
     if not oofs:
-        return {}, []
+        return {}, [], 0
     oof = pd.concat(oofs, ignore_index=True)
     storage.write_csv_atomic(oof, out / "oof.csv")
     scores = comp.score(read_targets(oof), oof[comp.oof_columns].to_numpy())
     print(logs.oof_line(scores, len(oof), sorted(set(oof["fold"]))))
     per_fold = [list(comp.score(read_targets(f), f[comp.oof_columns].to_numpy()).values())[-1] for f in oofs]
-    return scores, per_fold
+    return scores, per_fold, len(oof)
 
 
 def target_columns(y: np.ndarray) -> dict:

@@ -105,17 +105,27 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
     jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
     watchers_started(args.signature)
     worker, lost = parallel.fold_worker(), []
-    if args.parallel == "folds" and worker is None:
-        trained, lost = train_on_workers(comp, args, machine, batching, planner, run_id)
-        jlog.records = logs.read_records(jlog.path, run_id)
-    else:
-        trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
+    # the experiments row: written now (running), rewritten at the end, or with the error that ended the run
+    table, row = out / "experiments.csv", experiment_row(comp, args, batching, run_id)
+    recording = parallel.writes() and worker is None
+    if recording:
+        experiments.append(table, {**row, "stop": experiments.running()})
+    try:
+        if args.parallel == "folds" and worker is None:
+            trained, lost = train_on_workers(comp, args, machine, batching, planner, run_id)
+            jlog.records = logs.read_records(jlog.path, run_id)
+        else:
+            trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
+    except BaseException as e:
+        if recording:
+            experiments.append(table, {**row, "wall_s": f"{planner.elapsed():.0f}", "stop": experiments.failure(e)})
+        raise
     if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
         if worker and planner.stop_reason:
             print(logs.stopped_line(planner.stop_reason))
         parallel.finish_ddp()
         return {}
-    scores = finish(comp, args, machine, batching, planner, jlog, trained)
+    scores = finish(comp, args, machine, batching, planner, jlog, trained, row)
     watchers_stopped(planner.stop_reason)
     parallel.finish_ddp()
     if lost:
@@ -179,28 +189,39 @@ def train_on_workers(comp, args, machine, batching, planner, run_id: str) -> tup
     return sorted(done | set(result["claims"])), lost
 
 
-def finish(comp, args, machine: Machine, batching: Batching, planner: TimePlanner, jlog, trained: list[int]) -> dict:
+def experiment_row(comp, args, batching: Batching, run_id: str) -> dict:
+    """What the experiments row says of a run before it trains."""
+    return {
+        "run": run_id,
+        "git": experiments.git_commit(),
+        **comp.describe,
+        "model": comp.name,
+        "batch": f"{batching.size}x{batching.accum_steps}",
+        "lr": f"{batching.lr:.2e}",
+        "folds_planned": args.folds,
+        "epochs_planned": args.epochs,
+        "metric": comp.metric_name,
+        "higher_is_better": comp.higher_is_better,
+    }
+
+
+def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trained: list[int], row: dict) -> dict:
     """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
     out = Path(args.out_dir)
-    scores, fold_scores = artifacts.oof_scores(comp, out, trained, args.signature)
+    scores, fold_scores, rows = artifacts.oof_scores(comp, out, trained, args.signature)
     where = describe_gpu(machine.device)[0] if machine.device.type == "cuda" else "CPU"
     logs.write_report(jlog.records, out / "train_report.png", f"{comp.name} on {where}")
     experiments.append(
         out / "experiments.csv",
         {
-            "git": experiments.git_commit(),
-            **comp.describe,
-            "model": comp.name,
-            "batch": f"{batching.size}x{batching.accum_steps}",
+            **row,
+            "batch": f"{batching.size}x{batching.accum_steps}",  # the probe or an OOM may have changed it
             "lr": f"{batching.lr:.2e}",
-            "folds_planned": args.folds,
             "folds_done": len(fold_scores),
-            "epochs_planned": args.epochs,
             "epochs_done": " ".join(str(sum(r["fold"] == k for r in jlog.records)) for k in trained),
-            "metric": comp.metric_name,
-            "higher_is_better": comp.higher_is_better,
             "cv": f"{list(scores.values())[-1]:.5f}" if scores else "",
             "fold_scores": " ".join(f"{s:.4f}" for s in fold_scores),
+            "oof_rows": rows,
             "wall_s": f"{planner.elapsed():.0f}",
             "stop": planner.stop_reason or ("dry run" if args.dry_run else "done"),
         },

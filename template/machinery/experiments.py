@@ -3,10 +3,16 @@
     python -m machinery.experiments                     # every run, best CV first
     python -m machinery.experiments --out-dir DIR       # another output folder (on Kaggle: /kaggle/working)
 
-A row: when, the git commit (when the project is a repository), the task, model and input,
-batch x accumulation and LR, folds and epochs planned and done, the CV score per fold and
-overall, the wall time and why the run stopped. This is the results table Kagglers keep by
-hand. Pure Python (csv), no torch. It is machinery: `copier update` may replace it.
+A row: when, the run, the git commit (when the project is a repository), the task, model and
+input, batch x accumulation and LR, folds and epochs planned and done, the OOF rows the CV is
+over, the CV score (the competition's metric) per fold and overall, the blend's members, the wall
+time and why the run stopped. This is the results table Kagglers keep by hand.
+
+A run's row is written when its training starts (`stop`: running (pid N)) and rewritten when it
+ends: a run that failed says why (`failed: ...`, `interrupted`), one killed in between (SIGKILL,
+out of memory) reads back as `killed (ended without a result)`. The table project's blend has a
+row of its own (model `blend`, its members and weights), written by predict.py. Pure Python
+(csv), no torch. It is machinery: `copier update` may replace it.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +31,7 @@ from .storage import atomic_write
 
 COLUMNS = [
     "time",
+    "run",
     "git",
     "task",
     "model",
@@ -37,9 +46,12 @@ COLUMNS = [
     "higher_is_better",
     "cv",
     "fold_scores",
+    "oof_rows",
+    "members",
     "wall_s",
     "stop",
 ]
+RUNNING = re.compile(r"running \(pid (\d+)\)")
 
 
 def git_commit(cwd: Path = Path(".")) -> str:
@@ -60,19 +72,61 @@ def git_commit(cwd: Path = Path(".")) -> str:
     return sha + ("+" if dirty else "")
 
 
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
 def read(path: Path) -> list[dict]:
+    """The rows; a run still marked running whose process is gone reads as killed."""
     if not Path(path).exists():
         return []
     with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        m = RUNNING.fullmatch(r.get("stop") or "")
+        if m and not alive(int(m.group(1))):
+            r["stop"] = "killed (ended without a result)"
+    return rows
+
+
+def running() -> str:
+    """The `stop` of a run's row while it trains."""
+    return f"running (pid {os.getpid()})"
+
+
+def failure(error: BaseException) -> str:
+    """The `stop` of a run that ended on an exception: its type and first line."""
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(error, SystemExit):
+        return f"exited {error.code}"
+    line = (str(error).strip().splitlines() or [""])[0]
+    return f"failed: {type(error).__name__}: {line}"[:160]
 
 
 def append(path: Path, row: dict) -> None:
-    """Add one run; the whole file is rewritten atomically, so a kill never loses the table."""
-    rows = [*read(path), {"time": time.strftime("%Y-%m-%d %H:%M:%S"), **row}]
-    unknown = set(rows[-1]) - set(COLUMNS)
+    """Add one run's row, or replace the row of the same `run` and `model` (the row written when
+    it started). The whole file is rewritten atomically, so a kill never loses the table."""
+    new = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), **row}
+    unknown = set(new) - set(COLUMNS)
     if unknown:
         raise ValueError(f"not experiment columns: {sorted(unknown)}")
+    rows = read(path)
+    same = [
+        i
+        for i, r in enumerate(rows)
+        if new.get("run") and (r.get("run"), r.get("model")) == (new["run"], new.get("model"))
+    ]
+    if same:
+        rows[same[0]] = {**new, "time": rows[same[0]]["time"]}  # the row keeps its start time
+    else:
+        rows.append(new)
     text = io.StringIO()
     writer = csv.DictWriter(text, COLUMNS, restval="")
     writer.writeheader()
@@ -92,7 +146,10 @@ def ranked(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=key)
 
 
-SHOWN = ("time", "git", "model", "input", "batch", "lr", "folds_done", "epochs_done", "metric", "cv", "fold_scores")
+SHOWN = (
+    "time", "git", "model", "input", "batch", "lr", "folds_done", "epochs_done", "oof_rows", "metric", "cv", "fold_scores",
+    "members",
+)  # fmt: skip
 
 
 def format_table(rows: list[dict], columns=(*SHOWN, "wall_s", "stop")) -> str:

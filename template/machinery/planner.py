@@ -196,6 +196,7 @@ class TimePlanner:
     ):
         self.budget, self.folds, self.epochs = budget_s, folds, epochs
         self.planned_epochs = epochs  # the configured plan: epochs given back never go past it
+        self.planned_folds = folds  # ...nor folds
         self.min_epochs = min(min_epochs, epochs)
         self.clock, self.sync, self.log = clock, sync or (lambda: None), log
         self.t0 = clock() - elapsed_s
@@ -336,17 +337,30 @@ class TimePlanner:
             self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")
 
     def _give_back(self, epoch_s: float) -> bool:
-        if self.epochs >= self.planned_epochs or len(self.epoch_s) < 2:  # measured: an epoch after the first
+        """Measured epochs faster than the estimate that cut the plan: epochs back first, up to the
+        configured plan, then folds (each fold is a model of the ensemble and OOF rows of the
+        CV), as many as fit 75% of the time left. Fold workers share the fold count: not there."""
+        if len(self.epoch_s) < 2:  # measured: an epoch after the first
             return False
         limit = self.GIVE_BACK_FRACTION * self.training_left() * self.share
-        epochs = give_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_epochs, limit)
-        if epochs is None:
+        left = f"measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, self.training_left()))} left"
+        if self.epochs < self.planned_epochs:
+            epochs = give_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_epochs, limit)
+            if epochs is None:
+                return False
+            self.log(f"TIME PLAN: {left} -> epochs {self.epochs}->{epochs} (given back)")
+            self.epochs, self.plan_changed = epochs, True
+            return True
+        if self.folds >= self.planned_folds or self.parallel > 1:
             return False
-        self.log(
-            f"TIME PLAN: measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, self.training_left()))} "
-            f"left -> epochs {self.epochs}->{epochs} (given back)"
+        at = self.progress()
+        folds = next(
+            (f for f in range(self.planned_folds, self.folds, -1) if at.need(epoch_s, f, self.epochs) <= limit), None
         )
-        self.epochs, self.plan_changed = epochs, True
+        if folds is None:
+            return False
+        self.log(f"TIME PLAN: {left} -> folds {self.folds}->{folds} (given back)")
+        self.folds, self.plan_changed = folds, True
         return True
 
     def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:
