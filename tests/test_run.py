@@ -241,3 +241,40 @@ def test_label_column_submission(tmp_path, digits_dir):
     sub = pd.read_csv(project / "output" / "submission.csv", dtype={"id": str})
     assert list(sub.columns) == ["id", "breed"] and list(sub["id"]) == list(sample["id"])
     assert set(sub["breed"]) <= {"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"}
+
+
+def test_on_a_real_terminal_the_progress_line_is_redrawn_in_place_and_kept_out_of_train_log(project):
+    """train.py with its stdout on a pseudo-terminal (pty), as a person at a console runs it:
+    inside each epoch one line is redrawn in place (`\\r` + erase line), and cleared before the
+    Epoch line; output/train.log, the log of the same run, holds none of it (and no PROGRESS:
+    line either: an epoch here takes seconds, under the 30 s a log waits)."""
+    import pty
+
+    main, child = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *CPU, "--epochs", "2", "--folds", "2"],
+        cwd=project,
+        env=RUN_ENV,
+        stdin=subprocess.DEVNULL,
+        stdout=child,
+        stderr=child,
+    )
+    os.close(child)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child side is closed, the run has ended
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main)
+    assert proc.wait(timeout=60) == 0, seen[-3000:]
+    screen = seen.decode()
+    drawn = re.findall(r"\r\x1b\[Kfold (\d) epoch (\d) step (\d+)/(\d+), \d+ samples/s, ETA \S+, loss [\d.]+", screen)
+    assert {(f, e) for f, e, _, _ in drawn} >= {("0", "1")}, screen[-3000:]  # the first epoch, at least
+    assert all(int(i) <= int(n) for _, _, i, n in drawn)
+    assert "\r\x1b[KEpoch 1: " in screen, screen[-3000:]  # the progress line cleared, the Epoch line in its place
+    log = (project / "output" / "train.log").read_text()
+    assert "Epoch 1: " in log and "\x1b" not in log and "\r" not in log and "PROGRESS:" not in log
