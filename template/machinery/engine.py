@@ -100,26 +100,19 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
     the folds; it then scores them and writes the report, as a sequential run does.
     """
     out = Path(args.out_dir)
-    run_id = os.environ.get(parallel.RUN_ID_ENV) or f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_id = os.environ.get(parallel.RUN_ID_ENV) or experiments.run_id()
     # rank 0 alone writes the JSON log (the other ranks keep their records in memory)
     jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
     watchers_started(args.signature)
     worker, lost = parallel.fold_worker(), []
     # the experiments row: written now (running), rewritten at the end, or with the error that ended the run
-    table, row = out / "experiments.csv", experiment_row(comp, args, batching, run_id)
-    recording = parallel.writes() and worker is None
-    if recording:
-        experiments.append(table, {**row, "stop": experiments.running()})
-    try:
+    row = experiment_row(comp, args, batching, run_id)
+    with experiments.recording(out / "experiments.csv", row, planner.elapsed, parallel.writes() and worker is None):
         if args.parallel == "folds" and worker is None:
             trained, lost = train_on_workers(comp, args, machine, batching, planner, run_id)
             jlog.records = logs.read_records(jlog.path, run_id)
         else:
             trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
-    except BaseException as e:
-        if recording:
-            experiments.append(table, {**row, "wall_s": f"{planner.elapsed():.0f}", "stop": experiments.failure(e)})
-        raise
     if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
         if worker and planner.stop_reason:
             print(logs.stopped_line(planner.stop_reason))

@@ -18,6 +18,7 @@ row of its own (model `blend`, its members and weights), written by predict.py. 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import os
@@ -95,6 +96,26 @@ def read(path: Path) -> list[dict]:
     return rows
 
 
+def run_id() -> str:
+    """A run's id: its start time and process, `20261124-071818-4242` (the JSON log's too)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+@contextlib.contextmanager
+def recording(path: Path, row: dict, elapsed, enabled: bool = True):
+    """Around a run's training: its row is written at the start (`running (pid N)`) and, when
+    the training ends on an exception, rewritten with why (`failure`) and `elapsed()` seconds
+    before the exception goes on; the caller writes the row of a run that ends well."""
+    if enabled:
+        append(path, {**row, "stop": running()})
+    try:
+        yield
+    except BaseException as e:
+        if enabled:
+            append(path, {**row, "wall_s": f"{elapsed():.0f}", "stop": failure(e)})
+        raise
+
+
 def running() -> str:
     """The `stop` of a run's row while it trains."""
     return f"running (pid {os.getpid()})"
@@ -117,16 +138,12 @@ def append(path: Path, row: dict) -> None:
     unknown = set(new) - set(COLUMNS)
     if unknown:
         raise ValueError(f"not experiment columns: {sorted(unknown)}")
-    rows = read(path)
-    same = [
-        i
-        for i, r in enumerate(rows)
-        if new.get("run") and (r.get("run"), r.get("model")) == (new["run"], new.get("model"))
-    ]
-    if same:
-        rows[same[0]] = {**new, "time": rows[same[0]]["time"]}  # the row keeps its start time
-    else:
+    rows, key = read(path), (new.get("run"), new.get("model"))
+    same = next((i for i, r in enumerate(rows) if key[0] and (r.get("run"), r.get("model")) == key), None)
+    if same is None:
         rows.append(new)
+    else:
+        rows[same] = {**new, "time": rows[same]["time"]}  # the row keeps its start time
     text = io.StringIO()
     writer = csv.DictWriter(text, COLUMNS, restval="")
     writer.writeheader()

@@ -122,10 +122,8 @@ def ensemble(preds: list[np.ndarray], ids, normalize: bool = True) -> tuple[np.n
     return (mean / mean.sum(axis=1, keepdims=True) if normalize else mean), len(finite)
 
 
-def check_submission(sub, sample, kind: str, labels=None) -> None:
-    """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order,
-    row count, and values. kind: 'distribution' (probability columns whose rows sum to 1),
-    'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite)."""
+def check_layout(sub, sample) -> None:
+    """Raise ValueError unless `sub` has sample_submission's columns, row count, and ids in its order."""
     if list(sub.columns) != list(sample.columns):
         raise ValueError(f"submission columns {list(sub.columns)[:5]}... differ from sample_submission's")
     if len(sub) != len(sample):
@@ -134,6 +132,13 @@ def check_submission(sub, sample, kind: str, labels=None) -> None:
     bad = np.flatnonzero(sub[id_col].astype(str).to_numpy() != sample[id_col].astype(str).to_numpy())
     if len(bad):
         raise ValueError(f"submission row {bad[0]}: id {sub[id_col].iloc[bad[0]]!r} != {sample[id_col].iloc[bad[0]]!r}")
+
+
+def check_submission(sub, sample, kind: str, labels=None) -> None:
+    """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order,
+    row count, and values. kind: 'distribution' (probability columns whose rows sum to 1),
+    'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite)."""
+    check_layout(sub, sample)
     values = sub[sample.columns[1:]]
     if kind == "label":
         allowed = {str(v) for v in labels}
@@ -240,13 +245,11 @@ class FoldClock:
 def keep(path: Path, sample) -> None:
     """No fold finished before the deadline: the submission already at `path` stays, when it
     has sample_submission's columns and ids (train.py's fallback, or an earlier run's)."""
-    id_col = sample.columns[0]
     try:
-        have = read_csv(path, dtype={id_col: str})
-    except (OSError, DataError):
-        have = None
-    if have is None or list(have.columns) != list(sample.columns) or len(have) != len(sample):
-        raise RunError(f"no fold finished before the deadline and {path} is not a submission for this test set")
-    if (have[id_col].astype(str).to_numpy() != sample[id_col].astype(str).to_numpy()).any():
-        raise RunError(f"no fold finished before the deadline and {path} has other ids than sample_submission")
+        check_layout(read_csv(path, dtype={sample.columns[0]: str}), sample)
+    except (OSError, DataError, ValueError) as e:
+        raise RunError(
+            f"no fold finished before the deadline and {path} is not a submission for this test set (other ids, "
+            f"columns or rows than sample_submission: {e})"
+        ) from None
     print(f"SUBMISSION: {path} kept: no fold finished before the deadline (train.py's fallback or an earlier run's)")
