@@ -389,13 +389,13 @@ def test_the_fallback_submission_is_the_training_prior_and_passes_the_check(
     for col, value in (expected or {}).items():
         assert (sub[col] == value).all() if isinstance(value, str) else np.allclose(sub[col], value)
     assert "is a fallback" in capsys.readouterr().out
-    # a valid submission already there (an earlier run's) stays; predict.py's keep() takes it
-    sub.iloc[:, 1:] = sub.iloc[:, 1:].iloc[::-1].to_numpy()
-    path.write_text(sub.to_csv(index=False))
-    before = path.read_text()
+    # a submission already there is an earlier run's: moved aside, and this run's fallback written
+    fallback = path.read_text()
+    path.write_text("an earlier run's file\n")
     submission.write_fallback(path, sample, np.asarray(y), config, classes)
-    assert path.read_text() == before and "an earlier run's" in capsys.readouterr().out
-    submission.keep(path, sample)
+    assert path.read_text() == fallback and "moved to" in capsys.readouterr().out
+    assert (tmp_path / "submission.earlier.csv").read_text() == "an earlier run's file\n"
+    submission.keep(path, sample)  # predict.py with no fold in time keeps it
     with pytest.raises(project_modules.errors.RunError, match="other ids"):
         submission.keep(path, sample.assign(id=["x", "z"]))
 

@@ -7,6 +7,7 @@ replace it.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -77,23 +78,22 @@ def prior_prediction(y: np.ndarray, n_classes: int) -> np.ndarray:
 def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list) -> None:
     """The submission that exists from preflight on, so that a run stopped anywhere still hands
     one in: every row the training prior (class frequencies, the majority class, or the mean).
-    A submission already at `path` that passes the check for this test set (an earlier run's)
-    is better and stays; predict.py replaces either."""
+    A submission already at `path` is an earlier run's (perhaps a dry run's, or one made from
+    other data): it is moved to `submission.earlier.csv` with a line, so that the file this run
+    hands in is always this run's own; predict.py replaces the fallback."""
     prior = prior_prediction(y, 0 if config["problem"] == "regression" else len(classes))
     sub, kind = fill(sample, np.tile(prior, (len(sample), 1)), config, classes)
     if kind == "distribution" and not np.isclose(prior.sum(), 1.0):
         kind = "probability"  # several tags per row (multi-label): a probability per tag
     try:
-        check_submission(read_csv(path, dtype={sample.columns[0]: str}), sample, kind, labels=classes)
-        print(f"SUBMISSION: {path} (an earlier run's) stays until predict.py replaces it")
-        return
-    except (OSError, DataError, ValueError, KeyError):
-        pass  # none, or not one for this test set: the fallback replaces it
-    try:
         check_submission(sub, sample, kind, labels=classes)
     except ValueError as e:  # a competition edited past what fill() knows: training goes on without one
         print(f"WARNING: no fallback submission ({e}); predict.py writes the first")
         return
+    if path.is_file():
+        earlier = path.with_name(f"{path.stem}.earlier{path.suffix}")
+        os.replace(path, earlier)
+        print(f"SUBMISSION: the earlier run's {path.name} moved to {earlier} (this run hands in its own)")
     write_csv_atomic(sub, path)
     what = "the training mean" if kind == "number" else "the majority class" if kind == "label" else "class priors"
     print(f"SUBMISSION: {path} is a fallback ({what} for every row) until predict.py replaces it")
@@ -172,8 +172,8 @@ class FoldClock:
     their two views), then stops the fold and leaves it out. Folds come best validation loss
     first (`best_first`) and a next one is taken only when its measured time fits, so the
     submission is made from the best folds there was time for; when not even the first fold
-    fits, `cut` is set and predict.py keeps the submission it has (`keep`: train.py's fallback
-    or an earlier run's). Seam for tests: `clock` (wall seconds, time.time by default)."""
+    fits, `cut` is set and predict.py keeps the submission it has (`keep`: train.py's fallback,
+    unless predict.py ran since). Seam for tests: `clock` (wall seconds, time.time by default)."""
 
     MARGIN_S = 3.0  # ensembling, the check and the atomic write after the last fold
 
@@ -244,7 +244,7 @@ class FoldClock:
 
 def keep(path: Path, sample) -> None:
     """No fold finished before the deadline: the submission already at `path` stays, when it
-    has sample_submission's columns and ids (train.py's fallback, or an earlier run's)."""
+    has sample_submission's columns and ids (train.py's fallback, unless predict.py ran since)."""
     try:
         check_layout(read_csv(path, dtype={sample.columns[0]: str}), sample)
     except (OSError, DataError, ValueError) as e:
@@ -252,4 +252,6 @@ def keep(path: Path, sample) -> None:
             f"no fold finished before the deadline and {path} is not a submission for this test set (other ids, "
             f"columns or rows than sample_submission: {e})"
         ) from None
-    print(f"SUBMISSION: {path} kept: no fold finished before the deadline (train.py's fallback or an earlier run's)")
+    print(
+        f"SUBMISSION: {path} kept: no fold finished before the deadline (train.py's fallback unless predict.py ran since)"
+    )
