@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import csv
 import statistics
 from pathlib import Path
 
+from kagtpl import csvfile
 from kagtpl.errors import KagtplError
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
@@ -17,15 +17,13 @@ LAYOUT_KEYS = ("labels_csv", "id_col", "label_col", "train_dir", "test_dir", "im
 
 def _header(path: Path) -> list[str]:
     try:
-        with open(path, newline="") as f:
-            return next(csv.reader(f), [])
+        return csvfile.header(path)
     except (OSError, UnicodeDecodeError) as e:
         raise KagtplError(f"{path}: cannot read the CSV header ({e})") from e
 
 
 def _first_value(path: Path, column: str) -> str | None:
-    with open(path, newline="") as f:
-        row = next(csv.DictReader(f), None)
+    row = next(csvfile.dict_rows(path, limit=1), None)
     return None if row is None else row.get(column)
 
 
@@ -132,18 +130,17 @@ METRICS = {
 def _column_values(path: Path, column: str, limit: int = 64) -> tuple[set[str], bool]:
     """Up to `limit` distinct non-empty values of a CSV column, and whether all values are numbers."""
     values, numeric = set(), True
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            v = (row.get(column) or "").strip()
-            if not v:
-                continue
-            if numeric:
-                try:
-                    float(v)
-                except ValueError:
-                    numeric = False
-            if len(values) < limit:
-                values.add(v)
+    for row in csvfile.dict_rows(path):
+        v = (row.get(column) or "").strip()
+        if not v:
+            continue
+        if numeric:
+            try:
+                float(v)
+            except ValueError:
+                numeric = False
+        if len(values) < limit:
+            values.add(v)
     return values, numeric
 
 
@@ -196,10 +193,20 @@ def detect_tabular(data: Path, overrides: dict[str, str | None]) -> dict[str, st
             problem = "regression"
     if problem not in METRICS:
         raise KagtplError(f"unknown problem {problem!r}; valid problems: {', '.join(METRICS)}")
+    # The sample's values decide the output: numbers where the target is words (yes/no) are
+    # probabilities; whole numbers for a numeric target are labels
+    sample_values, sample_numeric = _column_values(data / sample, sample_cols[1])
+    sample_numeric = sample_numeric and bool(sample_values)
+    labels = not prob_columns and (not sample_numeric if not numeric else all(_is_int(v) for v in sample_values))
     metric = o["metric"]
+    if metric and problem == "binary" and (metric == "accuracy") != labels:
+        shown = sorted(sample_values)[:3]
+        print(
+            f"WARNING: --metric {metric} scores {'labels' if metric == 'accuracy' else 'probabilities'}, but "
+            f"{sample}'s {sample_cols[1]!r} holds {'labels' if labels else 'numbers'} ({', '.join(shown)}): "
+            f"the submission follows --metric"
+        )
     if not metric:
-        sample_values, _ = _column_values(data / sample, sample_cols[1])
-        labels = not prob_columns and (not numeric or all(_is_int(v) for v in sample_values))
         metric = {
             "binary": "accuracy" if labels else "auc",
             "multiclass": "logloss" if prob_columns else "accuracy",
@@ -236,19 +243,18 @@ TEXT_MIN_CHARS, TEXT_MIN_WORDS = 15, 3  # a column of prose, not a category or a
 def _looks_like_text(path: Path, column: str, limit: int = 200) -> bool:
     """Mean length >= 15 characters and >= 3 words over the first `limit` non-empty values."""
     chars = words = n = 0
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            v = (row.get(column) or "").strip()
-            if not v:
-                continue
-            try:
-                float(v)
-                return False  # a number column
-            except ValueError:
-                pass
-            chars, words, n = chars + len(v), words + len(v.split()), n + 1
-            if n >= limit:
-                break
+    for row in csvfile.dict_rows(path):
+        v = (row.get(column) or "").strip()
+        if not v:
+            continue
+        try:
+            float(v)
+            return False  # a number column
+        except ValueError:
+            pass
+        chars, words, n = chars + len(v), words + len(v.split()), n + 1
+        if n >= limit:
+            break
     return n > 0 and chars / n >= TEXT_MIN_CHARS and words / n >= TEXT_MIN_WORDS
 
 

@@ -6,9 +6,10 @@ before training, not after it."""
 
 from __future__ import annotations
 
-import csv
 import statistics
 from pathlib import Path
+
+from kagtpl import csvfile
 
 SHOWN_CLASSES = 5  # class names shown before "..."
 TEXT_SAMPLE = 2000  # rows read for the text lengths
@@ -27,11 +28,10 @@ def lines(answers: dict) -> list[str]:
 def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
     """A CSV's header and data rows (quoted newlines in texts kept whole); empty when unreadable."""
     try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
-            table = list(csv.reader(f))
+        head, rows = csvfile.read(path)
+        return head, list(rows)
     except OSError:
         return [], []
-    return (table[0], table[1:]) if table else ([], [])
 
 
 def column(table: tuple[list[str], list[list[str]]], name: str) -> list[str]:

@@ -30,9 +30,14 @@ SIGNATURE_FLAGS = (
 SIGNATURE_COLUMN = "signature"  # the OOF files' column that carries it
 
 
+TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".parquet")  # read whole into the fingerprint: relabelled rows count
+
+
 def data_fingerprint(folder) -> list:
-    """The data folder's top level: (name, size) per file, (name, entries) per folder. Cheap (no
-    file is read), the same on Kaggle's /kaggle/input and on a copy elsewhere."""
+    """The data folder's top level: a content hash per table (train.csv, labels.csv,
+    sample_submission.csv: a relabelled row or a class column added to the sample changes it,
+    even at the same size), size per other file, entry count per folder. Images are not read;
+    the same on Kaggle's /kaggle/input and on a copy elsewhere."""
     found = []
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -41,6 +46,9 @@ def data_fingerprint(folder) -> list:
     for entry in entries:
         if entry.is_dir():
             found.append((entry.name, sum(1 for _ in os.scandir(entry.path))))
+        elif entry.is_file() and entry.name.lower().endswith(TABLE_SUFFIXES):
+            with open(entry.path, "rb") as f:
+                found.append((entry.name, hashlib.file_digest(f, "sha1").hexdigest()))
         elif entry.is_file():
             found.append((entry.name, entry.stat().st_size))
     return found
@@ -97,7 +105,7 @@ def fixed_folds(out: Path, ids, y, k: int, seed: int, stratify: bool) -> tuple[l
     path = Path(out) / f"folds-k{k}-seed{seed}.csv"
     ids = np.asarray(ids).astype(str)
     if path.is_file():
-        saved = pd.read_csv(path, dtype={"id": str})
+        saved = storage.read_ours(path)
         fold_of = dict(zip(saved["id"], saved["fold"], strict=True))
         if len(saved) != len(ids) or not all(i in fold_of for i in ids):
             raise DataError(f"{path}: made for another train.csv (its ids differ); move it away to make new folds")
@@ -116,7 +124,7 @@ def fixed_folds(out: Path, ids, y, k: int, seed: int, stratify: bool) -> tuple[l
 def copy_oof(out: Path, source: str, name: str) -> None:
     """A model's OOF file under the blend's name (oof_<model>.csv), when the run wrote one."""
     if (Path(out) / source).is_file() and parallel.writes() and not parallel.fold_worker():
-        storage.write_csv_atomic(pd.read_csv(Path(out) / source), Path(out) / name)
+        storage.write_csv_atomic(storage.read_ours(Path(out) / source), Path(out) / name)
 
 
 def write_oof(comp, fold, y: np.ndarray, pred: np.ndarray, path: Path, args) -> None:
@@ -131,7 +139,7 @@ def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
     out with an OOF: line saying why. None when it is missing or left out."""
     if not path.exists():
         return None
-    frame = pd.read_csv(path)
+    frame = storage.read_ours(path)
     found = signature_of(frame)
     if found != signature:
         print(

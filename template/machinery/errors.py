@@ -37,8 +37,12 @@ def one_line_errors(parser) -> None:
 
 
 def main(fn, argv=None) -> None:
-    """Run a script's main(); a RunError becomes its one line on stderr and exit code 1."""
+    """Run a script's main(); a RunError becomes its one line on stderr and exit code 1, Ctrl-C
+    (KeyboardInterrupt) one STOPPED line and exit code 130, the shell's for SIGINT."""
     try:
         fn(argv)
     except RunError as e:
         sys.exit(f"{e.prefix}: {e}")
+    except KeyboardInterrupt:  # Ctrl-C before training, or twice: one line, not a traceback (every write is atomic)
+        print("STOPPED: interrupted (Ctrl-C); every file written so far is whole", file=sys.stderr)
+        sys.exit(130)

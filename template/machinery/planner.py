@@ -241,8 +241,18 @@ class TimePlanner:
 
     # --- signals
     def install_sigterm(self) -> None:
-        """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0."""
+        """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0. Ctrl-C
+        (SIGINT) too, once: the run saves and says so instead of a 40-line traceback; a second
+        Ctrl-C interrupts at once (errors.main turns it into one line)."""
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
+
+        def on_sigint(*_) -> None:
+            print("STOPPING: Ctrl-C: saving and ending after this step (Ctrl-C again to interrupt now)", flush=True)
+            self.request_stop("SIGINT (Ctrl-C)")
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when a caller (tune.py) took it
+            signal.signal(signal.SIGINT, on_sigint)
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason

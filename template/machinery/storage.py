@@ -22,6 +22,10 @@ from .errors import DataError, RunError
 TMP_PID = re.compile(r"\.(\d+)\.(?:[a-z0-9_]+\.)?tmp$")
 
 
+UMASK = os.umask(0o022)  # read once (setting it is the only way to read it), then put back
+os.umask(UMASK)
+
+
 def tmp_name(path: Path) -> Path:
     """The temporary file `path` is written to before its rename (for writers that need a fixed name)."""
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -36,6 +40,7 @@ def atomic_write(path: Path, write_fn) -> None:
     os.close(fd)
     try:
         write_fn(tmp)
+        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600: a teammate could not read a checkpoint or the submission
         os.replace(tmp, path)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -116,16 +121,42 @@ def first_non_utf8_line(path: Path) -> int:
     return 1
 
 
-def read_csv(path: Path, **kwargs):
-    """pandas.read_csv with the ways a competition CSV goes wrong as DataErrors naming the file
-    (and the line): missing, empty (0 bytes), header only, not UTF-8, a row with too many fields."""
+# pandas' default missing-value words: read as text, they are labels ("NA": North America, a class
+# "None", an id "null"); in a column of numbers they are its missing values (House Prices' "NA")
+NA_WORDS = frozenset(
+    "#N/A,#N/A N/A,#NA,-1.#IND,-1.#QNAN,-NaN,-nan,1.#IND,1.#QNAN,<NA>,N/A,NA,NULL,NaN,None,n/a,nan,null".split(",")
+)
+SEPARATORS = (",", ";", "\t")
+
+
+def separator(path: Path) -> str:
+    """The header line's separator: a comma when it has one, else a semicolon or a tab (a
+    spreadsheet's "CSV" in a European locale), else a comma (a one-column file). The same rule
+    as kagtpl's, so the generator and the project read a file alike."""
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
+        first = f.readline()
+    return next((s for s in SEPARATORS if s in first), ",")
+
+
+def read_csv(path: Path, text=(), nrows: int | None = None):
+    """A competition CSV as the competition means it: UTF-8 with or without a byte-order mark,
+    the header line's own separator, header names stripped (a WARNING names them), every cell
+    read as text first. Only an empty cell is missing: "NA", "None", "null" are values. A column
+    whose cells are all numbers (or empty, or a missing-value word like "NA") becomes numeric;
+    the columns named in `text` (ids, labels; by name or position; True: all) stay text, so id
+    00200 stays "00200".
+    The ways a CSV goes wrong are DataErrors naming the file (and the line): missing, empty
+    (0 bytes), header only, not UTF-8, a row with too many fields."""
     import pandas as pd
 
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found (check --data-dir)")
     try:
-        df = pd.read_csv(path, **kwargs)
+        df = pd.read_csv(
+            path, sep=separator(path), dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8-sig",
+            nrows=nrows,
+        )  # fmt: skip
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: the file is empty (0 bytes or blank lines only)") from None
     except UnicodeDecodeError:
@@ -138,7 +169,35 @@ def read_csv(path: Path, **kwargs):
         raise DataError(f"{path}: cannot be parsed as CSV ({str(e).strip()[:160]})") from None
     if df.empty:
         raise DataError(f"{path}: no rows (only a header)")
+    names = [str(c).strip() for c in df.columns]
+    if names != [str(c) for c in df.columns]:
+        spaced = [str(c) for c in df.columns if str(c) != str(c).strip()]
+        print(f"WARNING: {path}: header names with spaces around them, read without: {spaced} -> {names}")
+        df.columns = names
+    for i, c in enumerate(df.columns):
+        if text is not True and c not in text and i not in text:
+            df[c] = as_numbers(df[c])
     return df
+
+
+def as_numbers(column):
+    """A text column whose cells are all numbers, empty or a missing-value word, as numbers (the
+    words missing); any other column as it is."""
+    import pandas as pd
+
+    words = column.isin(NA_WORDS)
+    values = pd.to_numeric(column.mask(words), errors="coerce")
+    if values.isna().sum() != (column.isna() | words).sum() or values.notna().sum() == 0:
+        return column  # a word that is not a number: a text column (or all missing: nothing to say)
+    return values
+
+
+def read_ours(path: Path, **kwargs):
+    """A CSV this project wrote (folds, OOF and test predictions): its first column, the id, as
+    text ("00200", "NA" and "null" are ids), and only empty cells missing."""
+    import pandas as pd
+
+    return pd.read_csv(path, dtype={0: str}, keep_default_na=False, na_values=[""], **kwargs)
 
 
 def write_csv_atomic(df, path: Path) -> None:
@@ -213,7 +272,14 @@ def fold_is_done(path: Path, config: dict, same_keys) -> bool:
     ckpt = load_checkpoint(path)
     if ckpt is None or not ckpt.get("complete") or ckpt["config"].get("dry_run"):
         return False
-    return all(ckpt["config"].get(k) == config.get(k) for k in same_keys)
+    differ = [k for k in same_keys if ckpt["config"].get(k) != config.get(k)]
+    if "signature" in differ:  # the data changed under it (relabelled or added rows, a new class)
+        made = ckpt["config"].get("signature")
+        print(
+            f"FOLD: {Path(path).name} was trained with run signature {made}, this run is {config.get('signature')} "
+            f"(other data, target or folds): retrained"
+        )
+    return not differ
 
 
 def fold_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:

@@ -21,10 +21,9 @@ def read_table(path: Path, id_col: str):
     """A CSV with an id column whose values are unique; ids are strings ('PassengerId' 892..,
     'id' 'a1f3'..: labels, not positions). A missing column or a duplicate id is a DataError
     naming the file and line."""
-    df = read_csv(path)
+    df = read_csv(path, text=(id_col,))
     if id_col not in df.columns:
         raise DataError(f"{path}: no id column {id_col!r} (columns: {list(df.columns)[:10]})")
-    df[id_col] = df[id_col].astype(str)
     dup = np.flatnonzero(df[id_col].duplicated().to_numpy())
     if len(dup):
         raise DataError(f"{path} line {dup[0] + 2}: duplicate id {df[id_col].iloc[dup[0]]!r}")
@@ -60,8 +59,20 @@ def fill(sample, pred: np.ndarray, config: dict, classes: list):
     if problem == "binary":
         sub[cols[0]] = pred[:, 1]
         return sub, "probability"
+    check_classes(cols, classes)
     sub[cols] = pred[:, [classes.index(c) for c in cols]]
     return sub, "distribution"
+
+
+def check_classes(columns: list, classes: list) -> None:
+    """sample_submission's probability columns are classes the model was trained on; one added to
+    the competition since (a rerun after the sample gained a column) is a RunError naming it."""
+    new = [c for c in columns if c not in classes]
+    if new:
+        raise RunError(
+            f"sample_submission has class column(s) {new[:5]} the checkpoints were not trained on (their "
+            f"classes: {list(classes)[:10]}): the data changed since training; run python train.py again"
+        )
 
 
 def prior_prediction(y: np.ndarray, n_classes: int) -> np.ndarray:
@@ -129,7 +140,8 @@ def check_layout(sub, sample) -> None:
     if len(sub) != len(sample):
         raise ValueError(f"submission has {len(sub)} rows, sample_submission has {len(sample)}")
     id_col = sample.columns[0]
-    bad = np.flatnonzero(sub[id_col].astype(str).to_numpy() != sample[id_col].astype(str).to_numpy())
+    # byte for byte: the ids are text on both sides (00200 is not 200), never converted to compare
+    bad = np.flatnonzero(sub[id_col].to_numpy(dtype=object) != sample[id_col].to_numpy(dtype=object))
     if len(bad):
         raise ValueError(f"submission row {bad[0]}: id {sub[id_col].iloc[bad[0]]!r} != {sample[id_col].iloc[bad[0]]!r}")
 
@@ -246,7 +258,7 @@ def keep(path: Path, sample) -> None:
     """No fold finished before the deadline: the submission already at `path` stays, when it
     has sample_submission's columns and ids (train.py's fallback, unless predict.py ran since)."""
     try:
-        check_layout(read_csv(path, dtype={sample.columns[0]: str}), sample)
+        check_layout(read_csv(path, text=(0,)), sample)
     except (OSError, DataError, ValueError) as e:
         raise RunError(
             f"no fold finished before the deadline and {path} is not a submission for this test set (other ids, "
