@@ -32,6 +32,8 @@ def test_the_signature_follows_data_target_and_folds_not_training_settings(proje
     (data / "train" / "img.jpg").write_bytes(b"x")  # another image in the training folder
     assert sign(flags(data)) != base
     (data / "train" / "img.jpg").unlink()
+    (data / "labels.csv").write_text("id,breed\na,y\n")  # a row relabelled: the same size, other content
+    assert sign(flags(data)) != base
     (data / "labels.csv").write_text("id,breed\na,x\nb,y\n")  # another labels file
     assert sign(flags(data)) != base
 
