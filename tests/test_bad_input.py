@@ -9,6 +9,7 @@ kagtpl runs as `python -m kagtpl`. Fast tier: the kagtpl and flag cases. Slow ti
 
 from __future__ import annotations
 
+import ast
 import errno
 import os
 import re
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import timm
 import torch
 
 from conftest import ROOT, render, run_script, start_until
@@ -887,6 +889,185 @@ def test_a_labels_csv_with_a_bom_and_semicolons_is_detected_and_trains(digits_di
     assert "id_col: id\n" in answers and "label_col: breed\n" in answers, answers
     log = run_script(tmp_path / "semi", "train.py", "--dry-run", "--device", "cpu", "--no-pretrained").stdout
     assert "DONE: 2 folds" in log and "header names with spaces around them" in log
+
+
+def odd_table(d: Path) -> Path:
+    """A multiclass table whose sample lists a class train.csv never holds (`wolf`), with column
+    names LightGBM and XGBoost refuse: `weight [kg]`, `x<5`, `type: "main"`."""
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    w, x, kind = rng.normal(70, 10, 90), rng.normal(0, 1, 90), rng.choice(["main", "side"], 90)
+    y = np.where(x > 0.3, "cat", np.where(x < -0.3, "dog", "cow"))
+    rows = [f"{i},{w[i]:.1f},{x[i]:.3f},{kind[i]}" for i in range(90)]
+    header = 'id,weight [kg],x<5,"type: ""main"""'
+    (d / "train.csv").write_text(header + ",animal\n" + "".join(f"{r},{y[i]}\n" for i, r in enumerate(rows[:70])))
+    (d / "test.csv").write_text(header + "\n" + "".join(r + "\n" for r in rows[70:]))
+    sample = "id,cat,cow,dog,wolf\n" + "".join(f"{i},0.25,0.25,0.25,0.25\n" for i in range(70, 90))
+    (d / "sample_submission.csv").write_text(sample)
+    return d
+
+
+@pytest.mark.slow
+@round_two(2)
+def test_a_class_train_never_holds_and_names_the_boosters_refuse_train_every_model(tmp_path):
+    """LightGBM's fold writer raised `Columns must be same length as key` (3 probability columns
+    for the sample's 4), and LightGBM and XGBoost refused the names: now every booster trains
+    under names of their own, and the submission has every class of the sample."""
+    data = odd_table(tmp_path / "data")
+    answers = {"task": "tabular", "id_col": "id", "target": "animal", "problem": "multiclass", "metric": "logloss"}
+    project = render(tmp_path / "odd", data_dir=str(data), submission="probs", **answers)
+    log = run_script(project, "train.py", "--dry-run", "--device", "cpu", "--models", "lgbm,xgb,cat").stdout
+    assert "WARNING: class(es) ['wolf'] of sample_submission.csv never occur in " in log, log
+    for name in ("lgbm", "xgb", "cat"):
+        assert re.search(rf"^OOF: logloss=\d\.\d+ over 70 rows from folds \[0, 1\] \({name}\)$", log, re.M), log
+    run_script(project, "predict.py", "--device", "cpu")
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    assert list(sub.columns) == ["id", "cat", "cow", "dog", "wolf"] and len(sub) == 20
+    assert np.allclose(sub.iloc[:, 1:].sum(axis=1), 1) and (sub["wolf"] < 0.01).all()
+
+
+def _symlink_loop(t: Path) -> list[str]:
+    (t / "loop_a").symlink_to(t / "loop_b")
+    (t / "loop_b").symlink_to(t / "loop_a")
+    return ["--data", str(t / "loop_a")]
+
+
+def _first_train_image_links_to_itself(t: Path, digits_dir: Path) -> list[str]:
+    data = spoiled(digits_dir, t, lambda d: None)
+    first = data / "train" / (next(csv_rows(data / "labels.csv"))[0] + ".jpg")
+    first.unlink()
+    first.symlink_to(first.name)
+    return ["--data", str(data)]
+
+
+def csv_rows(path: Path):
+    return (line.split(",") for line in path.read_text().splitlines()[1:])
+
+
+LINK_CASES = [
+    (lambda t, d: _symlink_loop(t), "--data {t}/loop_a: a symlink loop (it leads back to itself)"),
+    (lambda t, d: _first_train_image_links_to_itself(t, d), ".jpg: a symlink that leads to itself or nowhere"),
+]
+
+
+@round_two(len(LINK_CASES))
+@pytest.mark.parametrize("make,words", LINK_CASES, ids=["--data a symlink loop", "an image linked to itself"])
+def test_symlink_loops_are_one_red_line_naming_the_link(digits_dir, tmp_path, make, words):
+    """pathlib's RuntimeError traceback, and "pass --image-ext" for an image linked to itself:
+    now one line naming the link, and nothing written."""
+    r = kagtpl("new", "p", "--task", "image", "--gpu", "cpu", *make(tmp_path, digits_dir), cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    assert words.format(t=tmp_path) in r.stderr and "--image-ext" not in r.stderr, r.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_projects_preflight_names_a_training_image_linked_to_itself(project_modules, tmp_path):
+    image = tmp_path / "a.jpg"
+    image.symlink_to("a.jpg")
+    with pytest.raises(project_modules.errors.DataError, match="a.jpg: a symlink that leads to itself or nowhere"):
+        project_modules.train.check_images_exist([str(image)], "labels.csv")
+
+
+@round_two()
+def test_an_image_past_pils_decompression_bomb_limit_is_measured_with_a_warning(digits_dir, tmp_path):
+    """A 14000x14000 scan: PIL's DecompressionBombError was a traceback from kagtpl new. Its
+    header is read without decoding (here a real JPEG whose frame header says 14000x14000)."""
+
+    def huge(d: Path) -> None:
+        image = sorted((d / "train").iterdir())[0]
+        data = bytearray(image.read_bytes())
+        frame = data.find(b"\xff\xc0")  # SOF0: length (2), precision (1), height (2), width (2)
+        data[frame + 5 : frame + 9] = (14000).to_bytes(2, "big") * 2
+        image.write_bytes(bytes(data))
+
+    data = spoiled(digits_dir, tmp_path, huge)
+    r = kagtpl("new", "big", "--task", "image", "--gpu", "cpu", "--data", str(data), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    warning = r"^WARNING: 1 training image\(s\) over PIL's decompression-bomb limit .*, 14000x14000\)"
+    assert re.search(warning, r.stdout, re.M), r.stdout
+    assert "Image size: 32 px" in r.stdout  # the median side: one huge image does not move it
+
+
+@pytest.mark.slow
+@round_two()
+def test_images_named_by_their_id_alone_are_found_and_train(digits_dir, tmp_path):
+    """Images without an extension: "no training image folder" even with --train-dir, and
+    --image-ext '' was ignored. Now found (detected, or given as '') and trained on."""
+
+    def strip(d: Path) -> None:
+        for image in [*(d / "train").iterdir(), *(d / "test").iterdir()]:
+            image.rename(image.with_suffix(""))
+
+    data = spoiled(digits_dir, tmp_path, strip)
+    for name, given in (("found", []), ("given", ["--image-ext", ""])):
+        r = kagtpl("new", name, "--task", "image", "--gpu", "cpu", "--data", str(data), *given, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "image_ext: ''\n" in (tmp_path / name / ".copier-answers.yml").read_text()
+    log = run_script(tmp_path / "found", "train.py", "--dry-run", "--device", "cpu", "--no-pretrained").stdout
+    assert "DONE: 2 folds" in log
+
+
+@round_two()
+def test_a_data_path_with_an_emoji_is_written_into_the_scripts_as_it_is(tmp_path):
+    """tojson wrote U+1F4C1 as the surrogate pair \\ud83d\\udcc1, which a Python literal reads as
+    two lone surrogates: the data folder was "not found". The scripts now hold the path itself."""
+    folder = "/data/📁 comp/ünï"
+    project = render(tmp_path / "p", data_dir=folder)
+    for script in ("train.py", "run.py"):
+        line = next(x for x in (project / script).read_text().splitlines() if x.startswith("DATA_DIR = "))
+        assert ast.literal_eval(line.split(" = ", 1)[1]) == folder, line
+
+
+CASES["round two"] += 1  # a text --model-dir whose pytorch_model.bin carries a pickle payload: tests/test_text.py
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("echo ran > /dev/null",))
+
+
+def _weights(tmp_path: Path, kind: str) -> Path:
+    from safetensors.torch import save_file
+
+    path = tmp_path / f"{kind}.weights"
+    if kind == "random bytes":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    elif kind == "a pickle payload":
+        torch.save({"fc.weight": Payload()}, path)
+    else:
+        save_file(timm.create_model(kind).state_dict(), path)
+    return path
+
+
+@pytest.mark.slow
+@round_two(2)
+@pytest.mark.parametrize(
+    "kind,words",
+    [
+        ("random bytes", "not a weights file (neither safetensors nor torch.save's format)"),
+        ("a pickle payload", "a pickle that calls posix.system on loading: refused, nothing of it ran"),
+    ],
+)
+def test_a_weights_file_that_is_not_one_is_one_line_naming_it(image_project, tmp_path, kind, words):
+    """timm's traceback ended in advice to set weights_only=False; now one line naming the file."""
+    weights = _weights(tmp_path, kind)
+    one_error(train(image_project, tmp_path / "out", f"--weights={weights}"), "ERROR", f"--weights {weights}: {words}")
+
+
+@pytest.mark.slow
+@round_two()
+def test_weights_of_another_model_are_refused_or_a_one_line_warning_with_the_shares(image_project, tmp_path):
+    """A partial load was exit 0 after a wall of unexpected keys. resnet34's weights fit every
+    resnet18 tensor (the same blocks, more of them): one WARNING line with both shares.
+    efficientnet_b0's fit none: refused."""
+    r = train(image_project, tmp_path / "a", "--model=resnet18", f"--weights={_weights(tmp_path, 'resnet34')}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [line for line in r.stdout.splitlines() if line.startswith("WARNING: --weights ")]
+    assert len(said) == 1 and re.search(r"100% of resnet18's weights loaded, 4\d% of the file's unused", said[0]), said
+    assert "Unexpected key" not in r.stdout + r.stderr
+    weights = _weights(tmp_path, "efficientnet_b0")
+    r = train(image_project, tmp_path / "b", "--model=resnet18", f"--weights={weights}")
+    one_error(r, "ERROR", f"--weights {weights}: only 0% of resnet18's weights are in it")
 
 
 # ----------------------------------------------------------------------------- the counts in docs/

@@ -5,6 +5,7 @@ installed with `pip install --no-deps`, as README's test command does)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import textdata
+import torch
 from typer.testing import CliRunner
 
 from conftest import render, run_script, start_until
@@ -228,7 +230,21 @@ def test_a_missing_model_folder_or_tokenizer_fails_in_seconds_saying_what_to_att
         (partial / f).symlink_to(minilm_dir() / f)
     r = run_script(project, "train.py", "--model-dir", str(partial), check=False)
     assert r.returncode == 1 and "no tokenizer files (tokenizer.json, or vocab.txt / spm.model)" in r.stderr
+    # round two (docs/bad-input.md): a pytorch_model.bin that would run code was a transformers
+    # traceback advising weights_only=False; now one line naming the file and what it calls
+    pickled = tmp_path / "pickled"
+    shutil.copytree(minilm_dir(), pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save({"x": Payload()}, pickled / "pytorch_model.bin")
+    r = run_script(project, "train.py", "--model-dir", str(pickled), check=False)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert f"--model-dir {pickled / 'pytorch_model.bin'}: a pickle that calls posix.system on loading" in r.stderr
     print(f"missing model folder: exit 1 after {took:.1f}s (interpreter and imports included)")
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("echo ran > /dev/null",))
 
 
 def test_kagtpl_kaggle_ships_the_model_folder_and_passes_it_as_model_dir(text_data, tmp_path):

@@ -136,7 +136,8 @@ def new_cmd(
         Optional[str], typer.Option(metavar="TEST_DIR", help="Override the detected test image folder.")
     ] = None,
     image_ext: Annotated[
-        Optional[str], typer.Option(metavar="IMAGE_EXT", help="Override the detected image extension.")
+        Optional[str],
+        typer.Option(metavar="IMAGE_EXT", help="Override the detected image extension ('': images named by their id)."),
     ] = None,
     sample_submission: Annotated[
         Optional[str], typer.Option(metavar="SAMPLE_SUBMISSION", help="Override the sample submission CSV.")

@@ -48,18 +48,34 @@ def _pick_submission(data: Path, given: str | None, what: str, task: str) -> str
 
 def median_side(folder: Path, ext: str, limit: int = 200) -> float | None:
     """The median side (widths and heights together) of up to `limit` training images, from
-    their headers (PIL reads sizes without decoding); None without PIL or without a readable image."""
+    their headers (PIL reads sizes without decoding); None without PIL or without a readable image.
+    An image past PIL's decompression-bomb limit (a 14000x14000 scan) is measured all the same,
+    with a WARNING: the project decodes it with OpenCV, whose limit is 2**30 pixels."""
     try:
         from PIL import Image
     except ImportError:
         return None
     sides: list[int] = []
-    for path in sorted(folder.glob(f"*{ext}"))[:limit]:
-        try:
-            with Image.open(path) as img:
-                sides += list(img.size)
-        except OSError:
-            continue
+    huge: list[tuple[Path, tuple[int, int]]] = []
+    limit_px, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # headers only: nothing is decoded
+    try:
+        for path in sorted(p for p in folder.glob(f"*{ext}") if p.is_file())[:limit]:
+            try:
+                with Image.open(path) as img:
+                    sides += list(img.size)
+                    if limit_px and img.size[0] * img.size[1] > limit_px:
+                        huge.append((path, img.size))
+            except OSError:
+                continue
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit_px
+    if huge:
+        (path, (w, h)) = huge[0]
+        print(
+            f"WARNING: {len(huge)} training image(s) over PIL's decompression-bomb limit of {limit_px / 1e6:.0f}M "
+            f"pixels (first: {path}, {w}x{h}): measured from the header; decoding one takes "
+            f"{w * h * 3 / 2**30:.1f} GB of memory per loader worker"
+        )
     return statistics.median(sides) if sides else None
 
 
@@ -96,18 +112,11 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
             raise KagtplError(f"{data / labels}: cannot tell the label column among {others}; pass --label-col")
     if label_col not in label_cols:
         raise KagtplError(f"{data / labels}: no label column {label_col!r} (columns: {label_cols})")
-    has_images = lambda p: p.is_dir() and any(q.suffix.lower() in IMAGE_EXTS for q in p.iterdir())  # noqa: E731
-    train_dir = _pick(data, o["train_dir"], TRAIN_DIRS, "training image folder", has_images)
-    test_dir = _pick(data, o["test_dir"], TEST_DIRS, "test image folder", has_images)
-    ext = o["image_ext"]
-    if not ext:
-        first_id = _first_value(data / labels, id_col) or ""
-        found = [e for e in IMAGE_EXTS if (data / train_dir / f"{first_id}{e}").is_file()]
-        if Path(first_id).suffix.lower() in IMAGE_EXTS:
-            found = [Path(first_id).suffix]
-        if not found:
-            raise KagtplError(f"{data / train_dir}: no image named after the first id {first_id!r}; pass --image-ext")
-        ext = found[0]
+    ext = o["image_ext"]  # "" is an answer: images named by their id alone (some competitions ship them so)
+    train_dir = _pick(data, o["train_dir"], TRAIN_DIRS, "training image folder", lambda p: has_images(p, ext))
+    test_dir = _pick(data, o["test_dir"], TEST_DIRS, "test image folder", lambda p: has_images(p, ext))
+    if ext is None:
+        ext = image_ext(data / train_dir, _first_value(data / labels, id_col) or "")
     return {
         "labels_csv": labels,
         "id_col": id_col,
@@ -117,6 +126,30 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         "image_ext": ext,
         "sample_submission": sample,
     }
+
+
+def has_images(folder: Path, ext: str | None) -> bool:
+    """A folder holding images: files with an image extension, or `ext`'s, or (any extension
+    allowed) files with none: some competitions name images by their id alone."""
+    if not folder.is_dir():
+        return False
+    wanted = (ext.lower(),) if ext else (*IMAGE_EXTS, "") if ext is None else ("",)
+    return any(q.suffix.lower() in wanted for q in folder.iterdir())
+
+
+def image_ext(folder: Path, first_id: str) -> str:
+    """The extension of the image named after the first id: its own (an id `a.png`), one of
+    IMAGE_EXTS, or none (a file named as the id). A symlink that leads nowhere or to itself is
+    named as such: no --image-ext would find it."""
+    if Path(first_id).suffix.lower() in IMAGE_EXTS:
+        return Path(first_id).suffix
+    for e in (*IMAGE_EXTS, ""):
+        path = folder / f"{first_id}{e}"
+        if path.is_file():
+            return e
+        if path.is_symlink():
+            raise KagtplError(f"{path}: a symlink that leads to itself or nowhere; fix or remove it")
+    raise KagtplError(f"{folder}: no image named after the first id {first_id!r}; pass --image-ext")
 
 
 TABULAR_KEYS = ("train_csv", "test_csv", "sample_submission", "id_col", "target", "problem", "metric")

@@ -164,14 +164,15 @@ def copier_data(answers: NewAnswers) -> dict:
     overrides = {**answers.layout, "metric": answers.metric}
     detector, keys = DETECTORS[task]
     if answers.data is not None:
-        data["data_dir"] = str(answers.data.resolve())
-        data.update(detector(answers.data.resolve(), overrides))
+        folder = paths.data_folder(answers.data)
+        data["data_dir"] = str(folder)
+        data.update(detector(folder, overrides))
         if task == "image" and answers.image_size is None:  # small images: do not upscale them 16x
             profile = hardware().PROFILES[data.get("gpu", hardware().DEFAULT_PROFILE)]
-            data["image_size"], why = detect.image_size(answers.data.resolve(), data, profile)
+            data["image_size"], why = detect.image_size(folder, data, profile)
             print(f"Image size: {data['image_size']} px ({why}; --image-size overrides)")
     else:
-        data.update({k: v for k, v in overrides.items() if v and k in keys})
+        data.update({k: v for k, v in overrides.items() if v is not None and k in keys})
     return data
 
 

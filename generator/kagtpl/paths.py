@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +20,21 @@ def check_writable_folder(folder: Path, flag: str) -> None:
         raise KagtplError(f"{flag} {folder}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise KagtplError(f"{flag} {folder}: {existing} is not writable")
+
+
+def data_folder(folder: Path, flag: str = "--data") -> Path:
+    """The competition folder, resolved: a symlink loop (or one that points nowhere) is an error
+    naming it, not pathlib's RuntimeError."""
+    try:
+        resolved = folder.resolve(strict=True)
+    except RuntimeError as e:  # Python 3.11-3.12: pathlib's "Symlink loop from ..."
+        raise KagtplError(f"{flag} {folder}: a symlink loop (it leads back to itself)") from e
+    except OSError as e:
+        why = "a symlink loop (it leads back to itself)" if e.errno == errno.ELOOP else "no such folder"
+        raise KagtplError(f"{flag} {folder}: {why}") from e
+    if not resolved.is_dir():
+        raise KagtplError(f"{flag} {folder}: not a folder")
+    return resolved
 
 
 def made_parents(folder: Path) -> list[Path]:

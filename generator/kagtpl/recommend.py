@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kagtpl import detect
+from kagtpl import detect, paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, planner
 
@@ -29,7 +29,8 @@ def recommend_table(
     if image_size is not None:
         size_why = "set by you"
     elif data is not None:
-        image_size, size_why = detect.image_size(data, detect.detect_image(data, {}), profile)
+        folder = paths.data_folder(data)
+        image_size, size_why = detect.image_size(folder, detect.detect_image(folder, {}), profile)
     else:
         image_size, size_why = hw.image_size_for(profile, None)
     rec = hw.recommend(profile, model, image_size)

@@ -265,6 +265,47 @@ def load_checkpoint(path: Path) -> dict | None:
     return ckpt
 
 
+def read_weights(path: Path, flag: str) -> dict:
+    """Pretrained weights from a file, as {name: tensor}: safetensors, or a torch file read with
+    weights_only=True (a state dict, or one under "state_dict" / "model"). What is not (random
+    bytes, a pickle that would run code, a pickled object) is a RunError naming the file and what
+    was found, never a traceback advising weights_only=False."""
+    import torch
+
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(9)
+    try:
+        if len(head) == 9 and head[8:9] == b"{":  # safetensors: an 8-byte header length, then JSON
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        elif head[:2] == b"PK" or head[:1] == b"\x80":  # torch.save's zip, or a bare pickle
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise RunError(f"{flag} {path}: not a weights file (neither safetensors nor torch.save's format)")
+    except RunError:
+        raise
+    except Exception as e:  # safetensors and torch raise many kinds: each becomes one line
+        raise RunError(f"{flag} {path}: {weights_problem(e)}") from None
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise RunError(f"{flag} {path}: holds a {type(state).__name__}, not a state dict of tensors")
+    return {k.removeprefix("module."): v for k, v in state.items()}  # DDP's prefix
+
+
+def weights_problem(e: Exception) -> str:
+    """What a weights file that would not load holds, in words."""
+    text = str(e)
+    code = re.search(r"GLOBAL ([\w.]+)|Unsupported globals?: ([\w.]+)", text)
+    if code:
+        name = (code.group(1) or code.group(2)).rstrip(".")
+        return f"a pickle that calls {name} on loading: refused, nothing of it ran (save weights as .safetensors)"
+    return f"not a weights file that loads ({type(e).__name__}: {text.strip().splitlines()[-1][:100] if text.strip() else ''})"
+
+
 def fold_is_done(path: Path, config: dict, same_keys) -> bool:
     """A rerun skips a fold whose checkpoint is complete, not a dry run, and made with the same split."""
     if not Path(path).exists():
