@@ -27,7 +27,7 @@ import pytest
 import timm
 import torch
 
-from conftest import ROOT, render, run_script, start_until
+from conftest import ROOT, RUN_ENV, render, run_script, start_until
 from kagtpl import table
 
 CASES: Counter = Counter()  # category -> cases tried by the single tests below (the lists count themselves)
@@ -1019,6 +1019,7 @@ def test_a_data_path_with_an_emoji_is_written_into_the_scripts_as_it_is(tmp_path
 
 
 CASES["round two"] += 1  # a text --model-dir whose pytorch_model.bin carries a pickle payload: tests/test_text.py
+CASES["round two"] += 1  # a budget too small for one epoch, said at the first estimate: tests/test_planner.py
 
 
 class Payload:
@@ -1068,6 +1069,41 @@ def test_weights_of_another_model_are_refused_or_a_one_line_warning_with_the_sha
     weights = _weights(tmp_path, "efficientnet_b0")
     r = train(image_project, tmp_path / "b", "--model=resnet18", f"--weights={weights}")
     one_error(r, "ERROR", f"--weights {weights}: only 0% of resnet18's weights are in it")
+
+
+@pytest.mark.slow
+@round_two()
+def test_drop_leaves_out_a_column_only_test_csv_has(tabular_project, table_data, tmp_path):
+    """An extra column in test.csv was a clear error, but `--drop leak` was refused (not a column
+    of train.csv), so a read-only Kaggle input could not be used as shipped."""
+    data = tmp_path / "data"
+    shutil.copytree(table_data, data)
+    rewrite_csv(data / "test.csv", lambda df: df.insert(2, "leak", 1))
+    r = train(tabular_project, tmp_path / "out", "--models=mlp", data=data)
+    one_error(r, "PREFLIGHT ERROR", "column 'leak' is not a column of train.csv; pass --drop leak to leave it out")
+    r = train(tabular_project, tmp_path / "out", "--models=mlp", "--drop=leak", data=data)
+    assert r.returncode == 0 and "DONE: 2 folds" in r.stdout, r.stderr[-2000:]
+    r = run_script(
+        tabular_project, "predict.py", "--device", "cpu", f"--out-dir={tmp_path / 'out'}", f"--data-dir={data}"
+    )
+    assert "SUBMISSION:" in r.stdout
+
+
+@pytest.mark.slow
+@round_two()
+def test_run_from_another_folder_writes_into_the_project(table_data, tmp_path):
+    """`python /proj/run.py` could not find train.py, and `python /proj/train.py` wrote ./output
+    in the caller's folder: the project's own files are found and written beside the scripts."""
+    answers = {"task": "tabular", "id_col": "row_id", "target": "target", "problem": "binary", "metric": "auc"}
+    project = render(tmp_path / "proj", data_dir=str(table_data), submission="probs", **answers)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cmd = [sys.executable, str(project / "run.py"), "--device=cpu", "--dry-run", "--models=mlp"]
+    r = subprocess.run(cmd, cwd=elsewhere, capture_output=True, text=True, timeout=300, env=RUN_ENV)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (project / "output" / "submission.csv").is_file() and (project / "output" / "model_fold0.pth").is_file()
+    assert not list(elsewhere.iterdir())
+    assert f"SUBMISSION: {project / 'output' / 'submission.csv'}" in r.stdout
 
 
 # ----------------------------------------------------------------------------- the counts in docs/

@@ -245,3 +245,30 @@ def test_folds_cut_by_the_estimate_are_given_back_when_measured_epochs_leave_tim
         )
     ]
     assert planner.progress().need(1.0, planner.folds, planner.epochs) <= 0.75 * planner.training_left()
+
+
+def test_a_budget_too_small_for_one_epoch_is_said_once_at_the_first_estimate(project_modules):
+    """Issue 30 (round two): `run.py --budget 20s` trained from a never-validated model with no word
+    that the budget was too small. The first estimate says so, with the budget that fits one."""
+    planner, clock, lines = make(project_modules.planner, budget=120)
+    planner.begin_fold(0)
+    planner.begin_epoch(400, 100)  # 0.5 s a step: ~3.9 min an epoch, far past the budget
+    for i in range(planner.WARMUP_BATCHES + planner.MEASURE_BATCHES + 5):
+        clock.t += 0.5
+        planner.tick(i)
+    said = [line for line in lines if "too small for one epoch" in line]
+    assert len(said) == 1, lines
+    assert said[0].startswith("TIME PLAN: the budget 2.0 min is too small for one epoch (~3.9 min/epoch, ")
+    assert said[0].endswith("fits one") and "train.py's fallback or a checkpoint from inside the first epoch" in said[0]
+
+
+def test_a_deadline_before_any_estimate_says_the_budget_is_too_small(project_modules):
+    planner, clock, lines = make(project_modules.planner, budget=20)
+    planner.begin_fold(0)
+    planner.begin_epoch(40, 10)
+    clock.t += 30.0  # the first (warm-up) step outlasts the budget
+    assert planner.tick(0)
+    assert lines == [
+        "TIME PLAN: the budget 20s is too small for one epoch (the deadline came at step 1 of the first, before any "
+        "estimate): the submission will be train.py's fallback or a checkpoint from inside the first epoch"
+    ]

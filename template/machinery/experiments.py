@@ -55,7 +55,7 @@ COLUMNS = [
 RUNNING = re.compile(r"running \(pid (\d+)\)")
 
 
-def git_commit(cwd: Path = Path(".")) -> str:
+def git_commit(cwd: Path = hardware.PROJECT) -> str:
     """The short commit of the project's repository ('' when it is none), '+' when edited since."""
     try:
         sha = subprocess.run(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 # The profile table and the precision rule live in profiles.py; scripts and kagtpl's generator
 # read them here too (hardware.PROFILES), beside the rules that use them.
@@ -42,12 +43,26 @@ def competition_dir(slug: str) -> str:
     return next((p for p in places if os.path.isdir(p)), places[0])
 
 
+PROJECT = Path(__file__).resolve().parent.parent  # the folder train.py, predict.py and run.py are in
+
+
+def in_project(name: str) -> str:
+    """`name` in the project folder, whatever folder the script was started from (`python
+    /proj/train.py` wrote ./output in the caller's folder): as given when started from the
+    project (the log's lines say output/...), else the absolute path."""
+    try:
+        here = Path.cwd().resolve() == PROJECT
+    except OSError:  # the caller's folder was deleted
+        here = False
+    return name if here else str(PROJECT / name)
+
+
 def data_and_output_dirs(competition: str, data_dir: str) -> tuple[str, str]:
-    """Where the data is read and everything is written: `data_dir` and output/ here; on Kaggle
-    the competition's folder (mounted read-only) and /kaggle/working (the only folder kept)."""
+    """Where the data is read and everything is written: `data_dir` and output/ in the project;
+    on Kaggle the competition's folder (mounted read-only) and /kaggle/working (the only folder kept)."""
     if on_kaggle():
         return competition_dir(competition), os.path.join(kaggle_root(), "working")
-    return data_dir, "output"
+    return data_dir, in_project("output")
 
 
 # Batch anchors from the field notes: A10 (24 GB), 224 px, AMP on, EfficientNet-B4/B5 or a

@@ -213,6 +213,7 @@ class TimePlanner:
         self.plan_changed = False  # since the last TIME line: the next epoch prints one
         self._steady_epoch_s = 0.0  # epoch time from the timed steps after warm-up
         self._epoch_t0 = self._measure_t0 = self._fold_t0 = None
+        self._said_too_small = False  # the too-small-budget line, said once
 
     # --- where we stand
     def elapsed(self) -> float:
@@ -277,6 +278,8 @@ class TimePlanner:
                 self._first_plan((self.clock() - self._measure_t0) / self.MEASURE_BATCHES)
         if self.budget and self.training_left() <= 0:
             self.request_stop("deadline")
+            if not self.planned and not self.epoch_s:
+                self.too_small(f"the deadline came at step {batch + 1} of the first, before any estimate")
         return self.stop_reason is not None
 
     def end_epoch(self, epoch: int) -> None:
@@ -345,6 +348,29 @@ class TimePlanner:
         )
         if not self._replan(epoch_s, "estimate", first=True):
             self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")
+        if epoch_s > self.training_left() * self.share:
+            self.too_small(
+                f"~{fmt_s(epoch_s)}/epoch, {fmt_s(max(0.0, self.training_left()))} training time left", epoch_s
+            )
+
+    def too_small(self, why: str, epoch_s: float | None = None) -> None:
+        """Said once, at the first estimate (or at a deadline that came before one): no epoch fits,
+        so the submission is train.py's fallback or a checkpoint from inside the first epoch."""
+        if self._said_too_small:
+            return
+        self._said_too_small = True
+        enough = (
+            ""
+            if epoch_s is None
+            else (
+                f"; a budget of at least {fmt_s(self.elapsed() + epoch_s / self.PLAN_FRACTION + self.reserve() + self.FINISH_S)}"
+                " fits one"
+            )
+        )
+        self.log(
+            f"TIME PLAN: the budget {fmt_s(self.budget)} is too small for one epoch ({why}): the submission will be "
+            f"train.py's fallback or a checkpoint from inside the first epoch{enough}"
+        )
 
     def _give_back(self, epoch_s: float) -> bool:
         """Measured epochs faster than the estimate that cut the plan: epochs back first, up to the
