@@ -173,4 +173,7 @@ def test_the_data_is_found_where_kaggle_mounts_it(project_modules, tmp_path, mon
     data.mkdir(parents=True)
     assert hardware.data_and_output_dirs("dog-breed-identification", "data") == (str(data), str(tmp_path / "working"))
     monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE")
+    elsewhere = ("data", str(hardware.PROJECT / "output"))  # started from another folder: the project's output/
+    assert hardware.data_and_output_dirs("dog-breed-identification", "data") == elsewhere
+    monkeypatch.chdir(hardware.PROJECT)
     assert hardware.data_and_output_dirs("dog-breed-identification", "data") == ("data", "output")
