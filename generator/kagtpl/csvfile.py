@@ -1,7 +1,7 @@
 """Reading a competition's CSV the way the generated project reads it (machinery/storage.read_csv):
-UTF-8 with or without a byte-order mark, the separator of the file's own header line (a comma,
-else a semicolon or a tab), header names stripped of spaces. Values are kept as text: "NA",
-"None" and "null" are labels here, not missing values."""
+UTF-8 with or without a byte-order mark, the separator of the file's own header line (the
+project's own rule, storage.separator: a comma, else a semicolon or a tab), header names stripped
+of spaces. Values are kept as text: "NA", "None" and "null" are labels here, not missing values."""
 
 from __future__ import annotations
 
@@ -9,21 +9,14 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
-SEPARATORS = (",", ";", "\t")
-
-
-def separator(first_line: str) -> str:
-    """The header line's separator: a comma when it has one, else a semicolon or a tab (a
-    spreadsheet's "CSV" in a European locale), else a comma (a one-column file)."""
-    return next((s for s in SEPARATORS if s in first_line), ",")
+from kagtpl.template import template_module
 
 
 def read(path: Path, limit: int | None = None) -> tuple[list[str], Iterator[list[str]]]:
     """The header (stripped) and an iterator over the data rows (as read, quoted newlines kept)."""
+    delimiter = template_module("storage").separator(path)
     f = open(path, newline="", encoding="utf-8-sig", errors="replace")  # noqa: SIM115  (closed by rows())
-    first = f.readline()
-    f.seek(0)
-    reader = csv.reader(f, delimiter=separator(first))
+    reader = csv.reader(f, delimiter=delimiter)
     header = [h.strip() for h in next(reader, [])]
 
     def rows() -> Iterator[list[str]]:

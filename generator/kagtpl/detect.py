@@ -133,7 +133,7 @@ def has_images(folder: Path, ext: str | None) -> bool:
     allowed) files with none: some competitions name images by their id alone."""
     if not folder.is_dir():
         return False
-    wanted = (ext.lower(),) if ext else (*IMAGE_EXTS, "") if ext is None else ("",)
+    wanted = (*IMAGE_EXTS, "") if ext is None else (ext.lower(),)  # "" given: files named by their id alone
     return any(q.suffix.lower() in wanted for q in folder.iterdir())
 
 

@@ -111,7 +111,7 @@ def source() -> Source:
 # The template's torch-free machinery modules the generator shares. They are loaded as modules of
 # the template's own `machinery` package (under another name, so nothing in sys.modules clashes),
 # so their relative imports find each other exactly as in the generated project.
-SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report")
+SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report", "storage")
 PACKAGE = "kagtpl_template_machinery"
 
 

@@ -359,14 +359,10 @@ class TimePlanner:
         if self._said_too_small:
             return
         self._said_too_small = True
-        enough = (
-            ""
-            if epoch_s is None
-            else (
-                f"; a budget of at least {fmt_s(self.elapsed() + epoch_s / self.PLAN_FRACTION + self.reserve() + self.FINISH_S)}"
-                " fits one"
-            )
-        )
+        enough = ""
+        if epoch_s is not None:  # what fits one epoch: the time so far, the epoch with the estimate's slack, the rest
+            need = self.elapsed() + epoch_s / self.PLAN_FRACTION + self.reserve() + self.FINISH_S
+            enough = f"; a budget of at least {fmt_s(need)} fits one"
         self.log(
             f"TIME PLAN: the budget {fmt_s(self.budget)} is too small for one epoch ({why}): the submission will be "
             f"train.py's fallback or a checkpoint from inside the first epoch{enough}"

@@ -275,17 +275,16 @@ def read_weights(path: Path, flag: str) -> dict:
     path = Path(path)
     with open(path, "rb") as f:
         head = f.read(9)
+    safetensors = len(head) == 9 and head[8:9] == b"{"  # an 8-byte header length, then JSON
+    if not (safetensors or head[:2] == b"PK" or head[:1] == b"\x80"):  # torch.save's zip, or a bare pickle
+        raise RunError(f"{flag} {path}: not a weights file (neither safetensors nor torch.save's format)")
     try:
-        if len(head) == 9 and head[8:9] == b"{":  # safetensors: an 8-byte header length, then JSON
+        if safetensors:
             from safetensors.torch import load_file
 
             state = load_file(str(path))
-        elif head[:2] == b"PK" or head[:1] == b"\x80":  # torch.save's zip, or a bare pickle
-            state = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            raise RunError(f"{flag} {path}: not a weights file (neither safetensors nor torch.save's format)")
-    except RunError:
-        raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors and torch raise many kinds: each becomes one line
         raise RunError(f"{flag} {path}: {weights_problem(e)}") from None
     for key in ("state_dict", "model"):
