@@ -594,6 +594,37 @@ def test_sigterm_to_the_process_group_with_loader_workers_saves_and_exits_0(imag
     assert (out / "model_fold0.pth").exists()
 
 
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@case("faults")
+def test_a_main_process_killed_outright_takes_its_loader_workers_with_it(image_project, tmp_path):
+    """run.py kills a predict.py or train.py still running at the budget. Their loader workers
+    sit in their own process group, and lived on until DataLoader's 5 s check noticed, holding
+    the run's stdout open: the run ended 5 s past its budget (44 s of 40). The kernel now kills
+    them with the main process (PR_SET_PDEATHSIG)."""
+    args = ["train.py", "--device", "cpu", "--epochs", "50", "--workers", "2", f"--out-dir={tmp_path / 'out'}"]
+    proc, _ = start_until(image_project, args, "Epoch 1:")
+    workers = children(proc.pid)
+    assert workers and all(alive(w) for w in workers)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    time.sleep(1.0)  # the kernel's kill is immediate; DataLoader's own check comes after 5 s
+    assert not [w for w in workers if alive(w)]
+
+
 def _dead_pid() -> int:
     p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     return int(p.stdout)
