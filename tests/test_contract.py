@@ -30,7 +30,9 @@ def test_gpu_choices_are_the_profiles():
 @pytest.mark.parametrize("gpu", list(hardware().PROFILES))
 def test_default_image_size_is_the_profiles(gpu):
     expected = hardware().image_size_for(hardware().PROFILES[gpu], None)[0]
-    assert int(jinja(COPIER["image_size"]["default"], gpu=gpu)) == expected
+    assert int(jinja(COPIER["image_size"]["default"], gpu=gpu, task="image")) == expected
+    tile = new.SEGMENTATION_TILE["gpu" if hardware().PROFILES[gpu].is_gpu else "cpu"]  # segmentation: the tile
+    assert int(jinja(COPIER["image_size"]["default"], gpu=gpu, task="segmentation")) == tile
 
 
 def test_task_choices_are_the_generators():
@@ -49,8 +51,11 @@ def test_kaggle_profiles_get_the_kaggle_budget_and_input(gpu):
 def test_validators_enforce_the_ranges(key):
     low, high = hardware().RANGES[key]
     validator = COPIER[key]["validator"]
-    assert jinja(validator, **{key: low}) == "" and jinja(validator, **{key: high}) == ""
-    assert jinja(validator, **{key: low - 1}) != "" and jinja(validator, **{key: high + 1}) != ""
+    assert jinja(validator, task="image", **{key: low}) == "" and jinja(validator, task="image", **{key: high}) == ""
+    assert (
+        jinja(validator, task="image", **{key: low - 1}) != ""
+        and jinja(validator, task="image", **{key: high + 1}) != ""
+    )
 
 
 @pytest.mark.parametrize("task", new.TASKS)

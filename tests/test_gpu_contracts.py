@@ -485,7 +485,7 @@ def test_compile_needs_compute_capability_7(project_modules, monkeypatch):
 def test_image_normalize_builds_its_constants_once_per_device(project_modules):
     train = project_modules.train
     x = torch.randint(0, 255, (2, 3, 4, 4), dtype=torch.uint8)
-    a, b = train.imagenet_stats(x.device), train.imagenet_stats(x.device)
+    a, b = project_modules.images.imagenet_stats(x.device), project_modules.images.imagenet_stats(x.device)
     assert a[0] is b[0] and a[1] is b[1]
     expected = (x.float() - torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255) / (
         torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255

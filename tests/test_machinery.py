@@ -422,5 +422,5 @@ def test_channels_last_inputs_meet_channels_last_weights_on_cpu(project_modules)
     # the mean and std are ImageNet's: a mid-grey image normalizes to about (0.5 - mean) / std
     grey = m.train.normalize(torch.full((1, 3, 2, 2), 128, dtype=torch.uint8))
     torch.testing.assert_close(
-        grey[0, :, 0, 0], (128 / 255 - torch.tensor(m.train.IMAGENET_MEAN)) / torch.tensor(m.train.IMAGENET_STD)
+        grey[0, :, 0, 0], (128 / 255 - torch.tensor(m.images.IMAGENET_MEAN)) / torch.tensor(m.images.IMAGENET_STD)
     )

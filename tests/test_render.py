@@ -43,9 +43,10 @@ MACHINERY = {
 EXPECTED_FILES = {f for f in TOP if "." in f and f != "tests"} | {"tests/test_project.py"}
 EXPECTED_FILES |= {f"machinery/{name}" for name in MACHINERY}
 IMAGE_ONLY = {"machinery/images.py"}  # the decode cache and timm weights: tabular projects do not ship them
+SEGMENTATION_ONLY = {"machinery/images.py", "machinery/masks.py"}  # and RLE, tiles, Dice statistics
 TEXT_ONLY = {"machinery/texts.py"}  # the offline model folder, token cache and length-grouped batches
 TABULAR_ONLY = {"machinery/boosters.py", "machinery/blend.py"}  # the trees and predict.py's hill-climbing blend
-TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY}
+TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY, "segmentation": SEGMENTATION_ONLY}
 
 
 def files_of(project):
@@ -85,8 +86,17 @@ TEXT_MATRIX = [
 ]
 
 
+SEGMENTATION_MATRIX = [
+    {"task": "segmentation", "gpu": "t4", "image_size": 512, "work_size": 1024},
+    {"task": "segmentation", "gpu": "cpu", "mask_dir": "", "class_col": "class", "arch": "fpn", "metric": "iou"},
+    {"task": "segmentation", "gpu": "a100-80", "mask_values": "1,2,3", "rle_order": "C", "rle_start": 0},
+]
+
+
 @pytest.mark.parametrize(
-    "data", MATRIX + TABULAR_MATRIX + TEXT_MATRIX, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items())
+    "data",
+    MATRIX + TABULAR_MATRIX + TEXT_MATRIX + SEGMENTATION_MATRIX,
+    ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()),
 )
 def test_render_matrix(tmp_path, data):
     project = render(tmp_path / "my-comp", **data)
@@ -102,13 +112,18 @@ def test_render_matrix(tmp_path, data):
     for key, value in data.items():
         assert answers[key] == value
     train = (project / "train.py").read_text()
-    assert ("class TabularMLP" in train) == tabular and ("import albumentations" in train) == (task == "image")
+    images = task in ("image", "segmentation")
+    assert ("class TabularMLP" in train) == tabular and ("import albumentations" in train) == images
     assert ("class TextModel" in train) == (task == "text") and ("model_dir" in answers) == (task == "text")
-    assert ("image_size" in answers) == (task == "image") and ("problem" in answers) == (task != "image")
+    assert ("image_size" in answers) == images and ("problem" in answers) == (task in ("tabular", "text"))
     requirements = (project / "requirements.txt").read_text()
-    assert ("transformers" in requirements) == (task == "text") and ("timm" in requirements) == (task == "image")
+    assert ("transformers" in requirements) == (task == "text") and ("timm" in requirements) == images
     assert ("lightgbm" in requirements) == tabular and ("catboost" in requirements) == tabular
-    if task != "image":
+    assert ("segmentation-models-pytorch" in requirements) == (task == "segmentation")
+    if task == "segmentation":
+        assert f'METRIC = "{answers["metric"]}"' in train and f'ARCH = "{answers["arch"]}"' in train
+        assert f'"rle_start": {answers["rle_start"]},' in train and f'"mask_dir": "{answers["mask_dir"]}",' in train
+    elif task != "image":
         assert f'PROBLEM = "{data["problem"]}"' in train and f'METRIC = "{answers["metric"]}"' in train
     assert f'GPU_PROFILE = "{data["gpu"]}"' in train
     if "image_size" in data:
@@ -136,7 +151,7 @@ def test_typo_in_template_fails_with_strict_undefined(tmp_path):
 
 def test_rendered_project_is_ruff_clean(tmp_path):
     ruff = shutil.which("ruff") or str(__import__("pathlib").Path(sys.executable).parent / "ruff")
-    for data in (MATRIX[1], MATRIX[-1], TABULAR_MATRIX[0], TABULAR_MATRIX[2], TEXT_MATRIX[2]):
+    for data in (MATRIX[1], MATRIX[-1], TABULAR_MATRIX[0], TABULAR_MATRIX[2], TEXT_MATRIX[2], SEGMENTATION_MATRIX[1]):
         project = render(tmp_path / f"{data.get('task', 'image')}-{data['gpu']}", **data)
         check = subprocess.run([ruff, "check", "."], cwd=project, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
@@ -156,13 +171,13 @@ def test_template_has_no_tasks_migrations_or_extensions():
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 470, 60  # "no machinery file over ~450 lines, no function over ~60"
 
 
-@pytest.mark.parametrize("task", ["image", "tabular", "text"])
+@pytest.mark.parametrize("task", ["image", "tabular", "text", "segmentation"])
 def test_machinery_reads_file_by_file(tmp_path, task):
     """Every machinery file says what it holds in its docstring, is under ~450 lines, and has no
     function over 60 (classes are read method by method)."""
     import ast
 
-    project = render(tmp_path / "p", task=task, **({} if task == "image" else {"problem": "binary"}))
+    project = render(tmp_path / "p", task=task, **({"problem": "binary"} if task in ("tabular", "text") else {}))
     for path in sorted((project / "machinery").glob("*.py")):
         source = path.read_text()
         tree = ast.parse(source)

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from kagtpl import __version__, check, demo, doctor, gpus, kaggle, new, recommend, summary, table, update
+from kagtpl import __version__, check, demo, doctor, gpus, kaggle, new, recommend, shapes, summary, table, update
 from kagtpl.errors import KagtplError
 
 try:  # Typer >= 0.20 carries its own copy of Click
@@ -87,7 +87,7 @@ def main(
 def new_cmd(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Project folder name, e.g. dog-breed.")],
     task: Annotated[
-        Optional[str], typer.Option(metavar="TASK", help="Competition type: image, tabular or text.")
+        Optional[str], typer.Option(metavar="TASK", help="Competition type: image, tabular, text or segmentation.")
     ] = None,
     gpu: Annotated[
         Optional[str], typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus), or auto to detect.")
@@ -162,6 +162,33 @@ def new_cmd(
         Optional[str],
         typer.Option(metavar="METRIC", help="Tables: logloss, accuracy, auc, rmse or rmsle (default: inferred)."),
     ] = None,
+    mask_dir: Annotated[
+        Optional[str], typer.Option(metavar="DIR", help="Segmentation: mask files' folder ('' = RLE in --train-csv).")
+    ] = None,
+    mask_values: Annotated[
+        Optional[str],
+        typer.Option(metavar="VALUES", help="Segmentation: mask values, '255' binary or '1,2,3' classes."),
+    ] = None,
+    missing_mask: Annotated[
+        Optional[str], typer.Option(metavar="RULE", help="Segmentation: an image without a mask: error or empty.")
+    ] = None,
+    rle_col: Annotated[Optional[str], typer.Option(metavar="COL", help="Segmentation: the RLE column.")] = None,
+    class_col: Annotated[
+        Optional[str], typer.Option(metavar="COL", help="Segmentation: the class column of the RLE CSV ('' = none).")
+    ] = None,
+    rle_order: Annotated[
+        Optional[str],
+        typer.Option(metavar="F|C", help="Segmentation: RLE pixel order, F column-major (default), C rows."),
+    ] = None,
+    rle_start: Annotated[
+        Optional[int], typer.Option(metavar="1|0", help="Segmentation: the first pixel's number (default detected).")
+    ] = None,
+    arch: Annotated[
+        Optional[str], typer.Option(metavar="ARCH", help="Segmentation: unet, unetplusplus, fpn or deeplabv3plus.")
+    ] = None,
+    work_size: Annotated[
+        Optional[int], typer.Option(metavar="PX", help="Segmentation: every image resized to this (default: detected).")
+    ] = None,
     dest: Annotated[Path, typer.Option(metavar="DEST", help="Parent folder of the new project.")] = Path("."),
     force: Annotated[bool, typer.Option(help="Render into an existing non-empty folder.")] = False,
 ) -> None:
@@ -179,6 +206,14 @@ def new_cmd(
         "target": target,
         "problem": problem,
         "text_cols": text_cols,
+        "mask_dir": mask_dir,
+        "mask_values": mask_values,
+        "missing_mask": missing_mask,
+        "rle_col": rle_col,
+        "class_col": class_col,
+        "rle_order": rle_order,
+        "rle_start": rle_start,
+        "arch": arch,
     }
     answers = new.NewAnswers(
         name=name,
@@ -189,6 +224,7 @@ def new_cmd(
         model=model,
         model_dir=model_dir,
         image_size=image_size,
+        work_size=work_size,
         folds=folds,
         epochs=epochs,
         batch_size=batch_size,
@@ -253,6 +289,21 @@ def table_cmd(
 ) -> None:
     """Write a small real table competition (from scikit-learn's datasets) to try --task tabular on."""
     print(f"Wrote {table.write_table(dest.resolve(), kind)}")
+
+
+@app.command("shapes")
+@boundary
+def shapes_cmd(
+    dest: Annotated[Path, typer.Argument(metavar="DEST", help="Folder to write the images, masks and sample into.")],
+    layout: Annotated[
+        str, typer.Option(metavar="LAYOUT", help="png, rle, classes (class-index PNGs) or rle-classes.")
+    ] = "png",
+    train: Annotated[int, typer.Option(metavar="N", help="Training images.")] = 120,
+    test: Annotated[int, typer.Option(metavar="N", help="Test images.")] = 30,
+    size: Annotated[int, typer.Option(metavar="PX", help="Image side in pixels.")] = 96,
+) -> None:
+    """Write a small segmentation competition (shapes on cluttered backgrounds) to try --task segmentation on."""
+    print(f"Wrote {shapes.write_shapes(dest.resolve(), layout, train, test, size)}")
 
 
 @app.command("demo")

@@ -335,3 +335,89 @@ def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
             raise KagtplError(f"{data / train}: no text column among {common[:8]}; pass --text-cols")
         text_cols = ",".join(texts)
     return {**found, "text_cols": text_cols}
+
+
+# ----------------------------------------------------------------------------- segmentation
+
+SEGMENTATION_KEYS = (
+    "train_dir", "test_dir", "image_ext", "mask_dir", "mask_ext", "mask_values", "missing_mask", "train_csv", "id_col",
+    "rle_col", "class_col", "rle_order", "rle_start", "sample_submission", "metric", "arch",
+)  # fmt: skip
+MASK_DIRS = ("train_masks", "masks", "train_mask", "train_labels", "labels", "images/masks")
+RLE_CSVS = ("train.csv", "train_rle.csv", "train_masks.csv", "train_labels.csv")
+
+
+def mask_values(folder: Path, limit: int = 50) -> str:
+    """The values besides background 0 in up to `limit` mask files, comma-separated ('255' for
+    0/255 masks, '1,2,3' for class indices); '255' when every one read is empty."""
+    from PIL import Image
+
+    found: set[int] = set()
+    for path in sorted(p for p in folder.iterdir() if p.is_file())[:limit]:
+        try:
+            with Image.open(path) as img:
+                band = img.convert("L") if img.mode == "1" else img.getchannel(0) if len(img.getbands()) > 1 else img
+                found |= {int(v) for _, v in band.getcolors(maxcolors=1 << 16) or []}
+        except (OSError, ValueError):
+            continue
+    found.discard(0)
+    return ",".join(str(v) for v in sorted(found)) or "255"
+
+
+def _rle_start(path: Path, column: str) -> str:
+    """'0' when a run of the first rows starts at pixel 0 (0-indexed RLE), else '1'."""
+    for row in csvfile.dict_rows(path, limit=500):
+        numbers = (row.get(column) or "").split()
+        if numbers[0::2] and "0" in numbers[0::2]:
+            return "0"
+    return "1"
+
+
+def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
+    """Answers for the segmentation keys: the images, masks as files or as RLE in a CSV, and the
+    submission's shape; `overrides` (flags) win over what is found."""
+    if not data.is_dir():
+        raise KagtplError(f"--data {data}: no such folder")
+    o = {k: overrides.get(k) for k in SEGMENTATION_KEYS}
+    sample = _pick_submission(data, o["sample_submission"], "sample submission CSV", "a segmentation")
+    sample_cols = _header(data / sample)
+    if len(sample_cols) not in (2, 3):
+        raise KagtplError(
+            f"{data / sample}: a mask submission has columns id, rle or id, class, rle (found {sample_cols})"
+        )
+    ext = o["image_ext"]
+    train_dir = _pick(
+        data, o["train_dir"], TRAIN_DIRS, "training image folder", lambda p: has_images(p, ext), "a segmentation"
+    )
+    test_dir = _pick(
+        data, o["test_dir"], TEST_DIRS, "test image folder", lambda p: has_images(p, ext), "a segmentation"
+    )
+    if ext is None:
+        ext = next((p.suffix for p in sorted((data / train_dir).iterdir()) if p.suffix.lower() in IMAGE_EXTS), "")
+    found = {"train_dir": train_dir, "test_dir": test_dir, "image_ext": ext, "sample_submission": sample}
+    found.update({k: o[k] for k in ("rle_order", "missing_mask", "metric", "arch") if o[k] is not None})
+    mask_dir = o["mask_dir"]
+    if mask_dir is None and not o["train_csv"]:
+        mask_dir = next((d for d in MASK_DIRS if has_images(data / d, None)), None)
+    if mask_dir:
+        if not (data / mask_dir).is_dir():
+            raise KagtplError(f"--data {data}: mask folder {mask_dir!r} not found")
+        first = next((p for p in sorted((data / mask_dir).iterdir()) if p.is_file()), None)
+        mask_ext = o["mask_ext"] or (first.suffix if first is not None else ".png")
+        values = o["mask_values"] or mask_values(data / mask_dir)
+        return {**found, "mask_dir": mask_dir, "mask_ext": mask_ext, "mask_values": values}
+    csv = _pick(data, o["train_csv"], RLE_CSVS, "mask folder or RLE CSV", Path.is_file, "a segmentation")
+    cols = _header(data / csv)
+    id_col = o["id_col"] or (sample_cols[0] if sample_cols[0] in cols else cols[0])
+    rle_col = o["rle_col"] or (sample_cols[-1] if sample_cols[-1] in cols else cols[-1])
+    class_col = o["class_col"]
+    if class_col is None:
+        class_col = sample_cols[1] if len(sample_cols) == 3 and sample_cols[1] in cols else ""
+    for what, col in (("id", id_col), ("RLE", rle_col), ("class", class_col)):
+        if col and col not in cols:
+            raise KagtplError(f"{data / csv}: no {what} column {col!r} (columns: {cols})")
+    start = o["rle_start"] or _rle_start(data / csv, rle_col)
+    return {
+        **found, "mask_dir": "", "train_csv": csv, "id_col": id_col, "rle_col": rle_col, "class_col": class_col,
+        "rle_start": int(start),
+    }  # fmt: skip

@@ -17,7 +17,7 @@ from kagtpl import detect, kaggle, paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, planner, profiles, source
 
-TASKS = ("image", "tabular", "text")
+TASKS = ("image", "tabular", "text", "segmentation")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -31,6 +31,7 @@ class NewAnswers:
     model: str | None = None
     model_dir: str | None = None  # text: the local Hugging Face folder
     image_size: int | None = None
+    work_size: int | None = None  # segmentation: the size every image is resized to
     folds: int | None = None
     epochs: int | None = None
     batch_size: int | None = None
@@ -72,6 +73,12 @@ def validate_choices(answers: NewAnswers) -> None:
         value = getattr(answers, key)
         if value is not None and not low <= value <= high:
             raise KagtplError(f"--{key.replace('_', '-')} {value}: must be between {low} and {high}")
+    for key in ("image_size", "work_size"):
+        value = getattr(answers, key)
+        if answers.task == "segmentation" and value is not None and value % 32:
+            raise KagtplError(
+                f"--{key.replace('_', '-')} {value}: segmentation needs a multiple of 32 (the encoder halves it 5x)"
+            )
     if answers.competition is not None:
         kaggle.check_slug("--competition", answers.competition)
     if answers.budget is not None:
@@ -135,14 +142,19 @@ def check_destination(answers: NewAnswers) -> None:
 
 # flags that only some tasks take: the tasks, and what the error says otherwise
 FOR_TASK = {
-    "model": (("image", "text"), "for image (timm) and text (Hugging Face) competitions; tables get an MLP"),
+    "model": (
+        ("image", "text", "segmentation"),
+        "for image and segmentation (timm) and text (Hugging Face) competitions; tables get an MLP",
+    ),
     "model_dir": (("text",), "for text competitions (the local Hugging Face folder)"),
-    "image_size": (("image",), "for image competitions"),
+    "image_size": (("image", "segmentation"), "for image and segmentation competitions"),
+    "work_size": (("segmentation",), "for segmentation competitions"),
 }
 DETECTORS = {
     "image": (detect.detect_image, detect.LAYOUT_KEYS),
     "tabular": (detect.detect_tabular, detect.TABULAR_KEYS),
     "text": (detect.detect_text, detect.TEXT_KEYS),
+    "segmentation": (detect.detect_segmentation, detect.SEGMENTATION_KEYS),
 }
 
 
@@ -156,7 +168,7 @@ def copier_data(answers: NewAnswers) -> dict:
     if answers.gpu is not None:
         data["gpu"] = detect_gpu() if answers.gpu == "auto" else answers.gpu
     task = answers.task or "image"
-    for key in ("model", "model_dir", "image_size", "folds", "epochs", "batch_size", "budget"):
+    for key in ("model", "model_dir", "image_size", "work_size", "folds", "epochs", "batch_size", "budget"):
         if getattr(answers, key) is not None and key in FOR_TASK and task not in FOR_TASK[key][0]:
             raise KagtplError(f"--{key.replace('_', '-')} is {FOR_TASK[key][1]}")
         if getattr(answers, key) is not None:
@@ -171,9 +183,30 @@ def copier_data(answers: NewAnswers) -> dict:
             profile = hardware().PROFILES[data.get("gpu", hardware().DEFAULT_PROFILE)]
             data["image_size"], why = detect.image_size(folder, data, profile)
             print(f"Image size: {data['image_size']} px ({why}; --image-size overrides)")
+        if task == "segmentation":
+            segmentation_sizes(folder, data, answers)
     else:
         data.update({k: v for k, v in overrides.items() if v is not None and k in keys})
     return data
+
+
+SEGMENTATION_TILE = {"gpu": 512, "cpu": 128}  # the training tile: 512 px on a GPU (8 GB for U-Net/resnet34 at 16)
+
+
+def segmentation_sizes(folder: Path, data: dict, answers: NewAnswers) -> None:
+    """The working size (the training images' median side, rounded up to a multiple of 32) and
+    the tile (the working size, or 512 px on a GPU / 128 px on CPU when the images are larger),
+    unless given."""
+    side = detect.median_side(folder / data["train_dir"], data["image_ext"])
+    work = answers.work_size or min(8192, max(32, -(-int(side or 256) // 32) * 32))
+    data["work_size"] = work
+    if answers.image_size is None:
+        gpu = hardware().PROFILES[data.get("gpu", hardware().DEFAULT_PROFILE)].is_gpu
+        data["image_size"] = min(work, SEGMENTATION_TILE["gpu" if gpu else "cpu"])
+    tiles = "whole images" if data.get("image_size", work) >= work else f"{data['image_size']} px tiles"
+    print(
+        f"Image size: {work} px working size ({'median side ' + str(int(side)) if side else 'no image read'}), {tiles}"
+    )
 
 
 def render(answers: NewAnswers, data: dict) -> Path:

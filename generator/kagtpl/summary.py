@@ -21,7 +21,8 @@ def lines(answers: dict) -> list[str]:
     if not data.is_dir():
         found = [f"data: {data} is not on this machine (read there when the scripts run)  [--data]"]
     else:
-        found = {"image": image_lines, "tabular": table_lines, "text": text_lines}[task](data, answers)
+        lines_of = {"image": image_lines, "tabular": table_lines, "text": text_lines, "segmentation": mask_lines}
+        found = lines_of[task](data, answers)
     return ["Detected and chosen:", *(f"  {line}" for line in [*found, *plan_lines(answers)])]
 
 
@@ -69,6 +70,28 @@ def image_lines(data: Path, a: dict) -> list[str]:
             else "from random weights (train.py --pretrained --weights FILE starts from ImageNet's)"
         )
         + "  [--model]",
+    ]
+
+
+def mask_lines(data: Path, a: dict) -> list[str]:
+    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_files(data / a["test_dir"], a["image_ext"])
+    if a.get("mask_dir"):
+        values = str(a.get("mask_values", ""))
+        kind = "binary" if "," not in values else f"{len(values.split(','))} classes"
+        masks = f"masks: files in {a['mask_dir']}/ ({kind}, values {values})  [--mask-dir --mask-values]"
+    else:
+        by_class = f", class column {a['class_col']!r}" if a.get("class_col") else " (binary)"
+        masks = (
+            f"masks: RLE in {a['train_csv']}, column {a['rle_col']!r}{by_class}, pixels from {a['rle_start']} in "
+            f"{'column' if a['rle_order'] == 'F' else 'row'}-major order  "
+            "[--train-csv --rle-col --class-col --rle-start --rle-order]"
+        )
+    tiles = "whole" if a["image_size"] >= a["work_size"] else f"in {a['image_size']} px tiles"
+    return [
+        f"images: {train} in {a['train_dir']}/, {test} in {a['test_dir']}/ ({a['image_ext']}), resized to "
+        f"{a['work_size']} px, trained {tiles}  [--train-dir --test-dir --image-ext --work-size --image-size]",
+        masks,
+        f"model: {a['arch']} with a {a['model']} encoder, metric {a['metric']} per image  [--arch --model --metric]",
     ]
 
 

@@ -25,7 +25,8 @@ from .errors import DataError
 # which folds. Training settings (model, LR, epochs) are not among them: the blend mixes models.
 SIGNATURE_FLAGS = (
     "labels_csv", "label_col", "train_dir", "image_ext", "train_csv", "id_col", "target", "drop", "problem",
-    "text_cols", "text_sep", "folds", "seed",
+    "text_cols", "text_sep", "folds", "seed", "mask_dir", "mask_ext", "rle_col", "class_col", "mask_values",
+    "missing_mask", "rle_order", "rle_start", "work_size",
 )  # fmt: skip
 SIGNATURE_COLUMN = "signature"  # the OOF files' column that carries it
 

@@ -22,7 +22,13 @@ from .profiles import amp_mode as amp_mode
 
 # The valid range of each numeric setting, stated once: copier.yml's validators, `kagtpl new`
 # and the generated scripts' flags check against these (a test keeps copier.yml in step).
-RANGES = {"image_size": (16, 2048), "folds": (2, 20), "epochs": (1, 1000), "batch_size": (0, 65536)}
+RANGES = {
+    "image_size": (16, 2048),
+    "work_size": (32, 8192),
+    "folds": (2, 20),
+    "epochs": (1, 1000),
+    "batch_size": (0, 65536),
+}
 
 
 def on_kaggle() -> bool:

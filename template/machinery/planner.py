@@ -25,6 +25,7 @@ DEFAULT_PLAN = {
     "image": (5, 10),
     "tabular": (5, 50),
     "text": (5, 4),
+    "segmentation": (5, 20),
 }  # folds, epochs: copier.yml's defaults (a test keeps them so)
 
 

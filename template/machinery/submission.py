@@ -8,6 +8,7 @@ replace it.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import numpy as np
 
 from .errors import DataError, RunError
 from .storage import read_csv, write_csv_atomic
+
+RLE = re.compile(r"(\d+ \d+( \d+ \d+)*)?")  # "start length start length ...", or "" (empty mask)
 
 
 def read_table(path: Path, id_col: str):
@@ -92,12 +95,16 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     A submission already at `path` is an earlier run's (perhaps a dry run's, or one made from
     other data): it is moved to `submission.earlier.csv` with a line, so that the file this run
     hands in is always this run's own; predict.py replaces the fallback."""
-    prior = prior_prediction(y, 0 if config["problem"] == "regression" else len(classes))
-    sub, kind = fill(sample, np.tile(prior, (len(sample), 1)), config, classes)
-    if kind == "distribution" and not np.isclose(prior.sum(), 1.0):
-        kind = "probability"  # several tags per row (multi-label): a probability per tag
+    if config.get("submission") == "rle":  # segmentation: an empty mask on every row
+        sub, kind = sample.copy(), "rle"
+        sub[sample.columns[-1]] = ""
+    else:
+        prior = prior_prediction(y, 0 if config["problem"] == "regression" else len(classes))
+        sub, kind = fill(sample, np.tile(prior, (len(sample), 1)), config, classes)
+        if kind == "distribution" and not np.isclose(prior.sum(), 1.0):
+            kind = "probability"  # several tags per row (multi-label): a probability per tag
     try:
-        check_submission(sub, sample, kind, labels=classes)
+        check_layout(sub, sample) if kind == "rle" else check_submission(sub, sample, kind, labels=classes)
     except ValueError as e:  # a competition edited past what fill() knows: training goes on without one
         print(f"WARNING: no fallback submission ({e}); predict.py writes the first")
         return
@@ -106,7 +113,9 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
         os.replace(path, earlier)
         print(f"SUBMISSION: the earlier run's {path.name} moved to {earlier} (this run hands in its own)")
     write_csv_atomic(sub, path)
-    what = "the training mean" if kind == "number" else "the majority class" if kind == "label" else "class priors"
+    what = {"number": "the training mean", "label": "the majority class", "rle": "an empty mask"}.get(
+        kind, "class priors"
+    )
     print(f"SUBMISSION: {path} is a fallback ({what} for every row) until predict.py replaces it")
 
 
@@ -148,10 +157,15 @@ def check_layout(sub, sample) -> None:
 
 def check_submission(sub, sample, kind: str, labels=None) -> None:
     """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order,
-    row count, and values. kind: 'distribution' (probability columns whose rows sum to 1),
+    row count, and values. kind: 'rle' (the last column run-length strings), 'distribution' (probability columns whose rows sum to 1),
     'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite)."""
     check_layout(sub, sample)
     values = sub[sample.columns[1:]]
+    if kind == "rle":  # segmentation: the last column is an RLE string ("" = an empty mask)
+        bad = [v for v in sub[sample.columns[-1]] if not isinstance(v, str) or not RLE.fullmatch(v)]
+        if bad:
+            raise ValueError(f"submission RLE {str(bad[0])[:40]!r} is not start/length pairs")
+        return
     if kind == "label":
         allowed = {str(v) for v in labels}
         wrong = [v for v in values.to_numpy().ravel() if str(v) not in allowed]

@@ -1,0 +1,256 @@
+"""--task segmentation: the layouts kagtpl new detects, RLE both ways, tiles, the threshold and
+minimum area chosen on OOF, preflight, and render-and-run of each layout on generated shapes data
+(real smp, timm and albumentations on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import import_project, run_script, start_until
+from kagtpl import detect, new, shapes
+from kagtpl.errors import KagtplError
+
+SIZE, TRAIN, TEST = 96, 24, 6
+FAST = ["--device", "cpu", "--workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def shapes_data(tmp_path_factory) -> dict:
+    """Every layout of the generated shapes competition: {layout: data folder}."""
+    root = tmp_path_factory.mktemp("shapes")
+    return {layout: shapes.write_shapes(root / layout, layout, TRAIN, TEST, SIZE) for layout in shapes.LAYOUTS}
+
+
+def make_project(tmp_path, data, name: str = "seg", **flags):
+    answers = new.NewAnswers(
+        name=name, task="segmentation", gpu="cpu", data=data, folds=2, epochs=1, dest=tmp_path, **flags
+    )
+    return new.new_project(answers)
+
+
+@pytest.fixture(scope="module")
+def png_project(tmp_path_factory, shapes_data):
+    """A binary PNG-mask project that trains on 64 px tiles of its 96 px images."""
+    return make_project(tmp_path_factory.mktemp("png"), shapes_data["png"], image_size=64)
+
+
+@pytest.fixture(scope="module")
+def m(png_project):
+    return import_project(png_project, ("train", "masks", "errors"))
+
+
+# ----------------------------------------------------------------------------- kagtpl new detects the layout
+
+
+def test_kagtpl_new_detects_each_layout(shapes_data):
+    found = {layout: detect.detect_segmentation(shapes_data[layout], {}) for layout in shapes.LAYOUTS}
+    assert found["png"]["mask_dir"] == "train_masks" and found["png"]["mask_values"] == "255"
+    assert found["classes"]["mask_values"] == "1,2"  # class indices, read from the mask files
+    assert found["rle"]["mask_dir"] == "" and found["rle"]["train_csv"] == "train.csv"
+    assert found["rle"]["class_col"] == "" and found["rle-classes"]["class_col"] == "class"
+    assert found["rle"]["rle_start"] == 1 and found["png"]["image_ext"] == ".png"
+
+
+def test_a_zero_indexed_rle_is_detected_and_a_bad_sample_is_one_line(tmp_path, shapes_data):
+    data = tmp_path / "zero"
+    data.mkdir()
+    for name in ("train", "test", "sample_submission.csv"):
+        (data / name).symlink_to(shapes_data["rle"] / name)
+    (data / "train.csv").write_text("id,rle\nimg0000,0 5\n")
+    assert detect.detect_segmentation(data, {})["rle_start"] == 0
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "sample_submission.csv").write_text("id,a,b,rle\nx,1,2,\n")
+    with pytest.raises(KagtplError, match="id, rle or id, class, rle"):
+        detect.detect_segmentation(tmp_path / "bad", {})
+    with pytest.raises(KagtplError, match="multiple of 32"):
+        make_project(tmp_path, shapes_data["png"], name="odd", image_size=100)
+    assert not (tmp_path / "odd").exists()
+
+
+# ----------------------------------------------------------------------------- RLE, tiles, the OOF choice
+
+
+@pytest.mark.parametrize(("order", "start"), [("F", 1), ("C", 1), ("F", 0)])
+def test_rle_round_trips_in_every_convention(m, order, start):
+    rng = np.random.default_rng(0)
+    last = np.zeros((7, 5), np.uint8)
+    last[-1, -1] = 1  # touches the last pixel
+    for mask in (rng.random((7, 5)) > 0.5, np.zeros((7, 5)), np.ones((7, 5)), last):
+        rle = m.masks.rle_encode(mask, order, start)
+        assert np.array_equal(m.masks.rle_decode(rle, mask.shape, order, start), mask.astype(np.uint8))
+    assert m.masks.rle_encode(np.zeros((7, 5)), order, start) == ""
+    assert m.masks.rle_encode(last, order, start) == f"{35 - 1 + start} 1"
+
+
+def test_rle_is_kaggles_column_major_convention_and_matches_an_independent_encoder(m):
+    mask = np.zeros((3, 4), np.uint8)
+    mask[0:2, 1] = 1  # pixels 4 and 5, counted down the columns from 1
+    assert m.masks.rle_encode(mask) == "4 2" and m.masks.rle_encode(mask, "C") == "2 1 6 1"
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        random = rng.random((13, 9)) > 0.6
+        assert m.masks.rle_encode(random) == shapes.runs(random)
+
+
+@pytest.mark.parametrize(
+    ("rle", "why"),
+    [("11 3", "past the image's last"), ("1 2 3", "pairs"), ("a b", "whole numbers"), ("0 2", "not a run")],
+)
+def test_a_bad_rle_is_a_data_error_naming_its_line(m, rle, why):
+    with pytest.raises(m.errors.DataError, match=f"train.csv line 7.*{why}"):
+        m.masks.rle_decode(rle, (3, 4), "F", 1, "train.csv line 7")
+
+
+def test_tiles_cover_the_image_and_stitch_smoothly(m):
+    assert m.masks.tile_starts(96, 64, 16) == [0, 32] and m.masks.tile_starts(64, 64, 16) == [0]
+    assert m.masks.tile_starts(200, 64, 16)[-1] == 136  # the last tile ends on the edge
+    x = torch.rand(2, 3, 96, 96)
+    calls = []
+
+    def probs(tile):
+        calls.append(tile.shape)
+        return tile[:, :1]
+
+    stitched = m.masks.predict_tiled(probs, x, 64, 16)
+    assert len(calls) == 4 and all(c[-2:] == (64, 64) for c in calls)
+    torch.testing.assert_close(stitched, x[:, :1])  # a weighted mean of equal values is the value
+    window = m.masks.gaussian_window(64, "cpu", None)
+    assert window.max() == pytest.approx(1, abs=0.01) and 0.01 < window[0, 0] < 0.1 < window[0, 32] < window[32, 32]
+
+
+def test_threshold_and_minimum_area_are_chosen_on_oof_statistics(m):
+    """Images whose masks come out right above 0.7, plus empty images with a few stray pixels:
+    the choice is 0.7 and a minimum area that empties the strays, and it scores above 0.5's."""
+    truth = np.zeros((8, 1, 32, 32), bool)
+    truth[:4, 0, 8:24, 8:24] = True
+    probs = np.where(truth, 0.8, 0.6).astype(np.float32)  # 0.6 everywhere else: wrong below 0.6
+    probs[4:, 0, :2, :2] = 0.95  # 4 stray pixels on each empty image
+    stats = m.masks.image_stats(torch.from_numpy(probs), torch.from_numpy(truth), torch.zeros(8)).numpy()
+    assert stats.shape == (8, len(m.masks.stat_columns(["mask"])))
+    chosen = m.masks.choose_postprocess(truth.sum((1, 2, 3)), stats, ["mask"], 32 * 32, "dice")
+    rule = chosen["classes"]["mask"]
+    assert 0.6 <= rule["threshold"] < 0.8 and 4 < rule["min_area"] <= 256
+    assert chosen["tuned"] == pytest.approx(1.0) and chosen["plain"] < 0.6
+    empty = m.masks.apply_postprocess(probs[4, 0], rule, (64, 48))  # emptied, at the image's own size
+    assert empty.shape == (64, 48) and not empty.any()
+    assert int(m.masks.apply_postprocess(probs[0, 0], rule, (64, 64)).sum()) == pytest.approx(32 * 32, rel=0.2)
+
+
+# ----------------------------------------------------------------------------- preflight
+
+
+def spoil(tmp_path, source, name: str):
+    """A copy of a data folder (images linked, tables and masks copied) to spoil."""
+    dest = tmp_path / name
+    dest.mkdir()
+    for item in source.iterdir():
+        if item.name == "train_masks":
+            (dest / item.name).mkdir()
+            for f in item.iterdir():
+                (dest / item.name / f.name).write_bytes(f.read_bytes())
+        elif item.is_dir():
+            (dest / item.name).symlink_to(item)
+        else:
+            (dest / item.name).write_bytes(item.read_bytes())
+    return dest
+
+
+def preflight(m, data, *flags) -> None:
+    m.train.main([*FAST, "--data-dir", str(data), "--out-dir", str(data.parent / "out"), *flags])
+
+
+def test_preflight_names_the_file_of_each_bad_mask(tmp_path, m, shapes_data):
+    from PIL import Image
+
+    data = spoil(tmp_path, shapes_data["png"], "png")
+    mask = data / "train_masks" / "img0003.png"
+    Image.fromarray(np.zeros((SIZE, SIZE + 4), np.uint8)).save(mask)
+    with pytest.raises(m.errors.DataError, match=r"img0003.png: mask is 100x96, its image .* is 96x96"):
+        preflight(m, data)
+    mask.write_bytes(b"not a png")
+    with pytest.raises(m.errors.DataError, match="img0003.png: mask of .* cannot be decoded"):
+        preflight(m, data)
+    Image.fromarray(np.full((SIZE, SIZE), 7, np.uint8)).save(mask)
+    with pytest.raises(m.errors.DataError, match=r"img0003.png: value\(s\) \[7\] are not background"):
+        preflight(m, data)
+    mask.unlink()
+    with pytest.raises(m.errors.DataError, match="img0003.png: mask of .* missing"):
+        preflight(m, data)
+    args = m.train.get_args(["--data-dir", str(data), "--missing-mask", "empty"])
+    row = list(m.train.training_rows(data, args, ["rle"]).itertuples())[3]
+    assert not m.train.training_mask(args, row, "binary").any()  # empty masks allowed: read as empty
+
+
+def test_preflight_names_the_line_of_a_bad_rle_row(tmp_path, m, shapes_data):
+    data = spoil(tmp_path, shapes_data["rle-classes"], "rlec")
+    rows = (data / "train.csv").read_text().splitlines()
+    flags = ["--mask-dir", "", "--train-csv", "train.csv", "--class-col", "class"]
+    rows[5] = "img0002,ellipse,9200 100"
+    (data / "train.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(m.errors.DataError, match="train.csv line 6 .id img0002.: RLE run 1 ends at pixel 9299, past"):
+        preflight(m, data, *flags)
+    rows[5] = "img0002,triangle,"
+    (data / "train.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(m.errors.DataError, match="train.csv line 6 .id img0002.: class 'triangle' is not one of"):
+        preflight(m, data, *flags)
+
+
+# ----------------------------------------------------------------------------- render and run
+
+
+def check_submission(project, data, classes: int) -> None:
+    sub = pd.read_csv(project / "output" / "submission.csv", dtype=str, keep_default_na=False)
+    sample = pd.read_csv(data / "sample_submission.csv", dtype=str, keep_default_na=False)
+    assert list(sub.columns) == list(sample.columns) and len(sub) == TEST * classes
+    assert (sub[sub.columns[0]] == sample[sample.columns[0]]).all()
+    for rle in sub[sub.columns[-1]]:  # each one a mask of the image's own size
+        numbers = [int(v) for v in rle.split()]
+        assert all(s >= 1 and s + n - 1 <= SIZE * SIZE for s, n in zip(numbers[0::2], numbers[1::2], strict=True))
+    score = shapes.dice_score(
+        project / "output" / "submission.csv", data.parent / f"{data.name}_solution.csv", (SIZE, SIZE)
+    )
+    assert 0 <= score <= 1
+
+
+@pytest.mark.slow
+def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_project, shapes_data):
+    out = run_script(png_project, "train.py", *FAST).stdout
+    assert "DATA: 24 train images" in out and "binary" in out and "64px tiles of 96px" in out
+    assert "OOF: Dice@0.5=" in out and "POSTPROCESS: rle > " in out
+    saved = json.loads((png_project / "output" / "postprocess.json").read_text())
+    m = import_project(png_project, ("masks",))
+    again = m.masks.tuned_postprocess(png_project / "output", saved["signature"], ["rle"], SIZE * SIZE, "dice")
+    assert again == saved and saved["folds"] == [0, 1] and saved["rows"] == TRAIN
+    assert f"{saved['tuned']:.4f}" in out.split("OOF: ")[1].splitlines()[0]  # the OOF line's tuned Dice
+    ckpt = torch.load(png_project / "output" / "model_fold0.pth", weights_only=True)
+    assert ckpt["config"]["mode"] == "binary" and ckpt["classes"] == ["rle"]  # predict.py rebuilds from these
+    predicted = run_script(png_project, "predict.py", "--device", "cpu").stdout
+    assert "SUBMISSION: " in predicted and "2 fold(s) ensembled" in predicted
+    check_submission(png_project, shapes_data["png"], 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "mode"), [("classes", "multiclass"), ("rle-classes", "multilabel")])
+def test_class_layouts_render_train_and_predict_a_row_per_image_and_class(tmp_path, shapes_data, layout, mode):
+    project = make_project(tmp_path, shapes_data[layout])
+    out = run_script(project, "run.py", "--budget", "10m", *FAST[2:]).stdout
+    assert f"{mode}, classes ['ellipse', 'rectangle']" in out and "POSTPROCESS: ellipse > " in out
+    check_submission(project, shapes_data[layout], 2)
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_with_its_finished_fold(tmp_path, shapes_data):
+    project = make_project(tmp_path, shapes_data["rle"])
+    proc, _ = start_until(project, ["train.py", *FAST], "FOLD 0 DONE")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (project / "output" / "submission.csv").is_file()  # the fallback: empty masks, from preflight
+    out = run_script(project, "train.py", *FAST).stdout
+    assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in out and "POSTPROCESS:" in out
