@@ -381,8 +381,10 @@ def test_a_budget_stop_ends_both_fold_workers_in_time(tmp_path):
         "100000",
     )
     wall = time.time() - t0
-    assert wall <= 60, wall
     log = r.stdout
+    total = float(re.search(r"^RUN: train .*, total ([\d.]+)s", log, re.M).group(1))
+    assert total <= 60, log[-3000:]  # run.py's own clock, from its process start
+    assert wall <= 62, (wall, log[-3000:])  # and outside: starting the process under a loaded CI takes up to ~2 s
     assert re.search(r"^\[cpu0\] TIME PLAN: ", log, re.M) and re.search(r"^\[cpu1\] TIME PLAN: ", log, re.M)
     assert "RUN: train.py still running" not in log  # the workers' own planners ended training
     assert "SUBMISSION: " in log
