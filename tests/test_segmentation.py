@@ -202,6 +202,17 @@ def test_preflight_names_the_line_of_a_bad_rle_row(tmp_path, m, shapes_data):
         preflight(m, data, *flags)
 
 
+def test_the_mask_cache_is_made_again_when_the_rle_table_changes(tmp_path, m, shapes_data):
+    """The cache key covers the RLE table itself (by its path in the data folder), so relabelled
+    masks are never read from an earlier run's cache."""
+    data = spoil(tmp_path, shapes_data["rle"], "rle")
+    args = m.train.get_args(["--data-dir", str(data), "--mask-dir", "", "--train-csv", "train.csv"])
+    rows = m.train.training_rows(data, args, ["rle"])
+    before = m.masks.files_key(m.train.mask_sources(args, rows), "binary")
+    (data / "train.csv").write_text((data / "train.csv").read_text().replace("img0001,", "img0001,1 5 ", 1))
+    assert m.masks.files_key(m.train.mask_sources(args, rows), "binary") != before
+
+
 # ----------------------------------------------------------------------------- render and run
 
 
