@@ -1,4 +1,4 @@
-"""Run every benchmark, one after the other (about 17-20 minutes on a 2-core machine):
+"""Run every benchmark, one after the other (about 30 minutes on a 2-core machine):
 
 python benchmarks/run_all.py
 """
@@ -21,6 +21,7 @@ SCRIPTS = [
     "fold_parallel.py",
     "text_padding.py",
     "text_score.py",
+    "segmentation.py",
     "tabular_models.py",
     "tune_storage.py",
     "tune_pruners.py",

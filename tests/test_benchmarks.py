@@ -179,3 +179,17 @@ def test_tune_pruners_smoke():
     none = rows[-1]
     assert none[1] == "0" and int(none[2]) == 6 * 4, out  # no pruner: every trial trains every epoch
     assert all(int(epochs) <= 24 for _, _, epochs, _, _ in rows), out
+
+
+def test_segmentation_score_smoke():
+    out = bench("segmentation.py", "--budget", "20s", "--train", "16", "--test", "4", "--size", "64")
+    names = (
+        "U-Net (kagtpl segmentation)",
+        "empty masks (the fallback)",
+        "Otsu threshold",
+        "per-pixel logistic regression",
+    )
+    rows = {name: re.search(rf"^{re.escape(name)}\s+([\d.]+)\s+([\d.]+)\s+\d+$", out, re.M) for name in names}
+    assert all(rows.values()), out
+    scores = [float(v) for m in rows.values() for v in m.groups()]
+    assert all(0 <= v <= 1 for v in scores) and "SUBMISSION: output/submission.csv (4 rows" in out, out

@@ -31,7 +31,7 @@ def test_gpu_choices_are_the_profiles():
 def test_default_image_size_is_the_profiles(gpu):
     expected = hardware().image_size_for(hardware().PROFILES[gpu], None)[0]
     assert int(jinja(COPIER["image_size"]["default"], gpu=gpu, task="image")) == expected
-    tile = new.SEGMENTATION_TILE["gpu" if hardware().PROFILES[gpu].is_gpu else "cpu"]  # segmentation: the tile
+    tile = hardware().SEGMENTATION_TILE["gpu" if hardware().PROFILES[gpu].is_gpu else "cpu"]  # segmentation: the tile
     assert int(jinja(COPIER["image_size"]["default"], gpu=gpu, task="segmentation")) == tile
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kagtpl.template import hardware
+from kagtpl.template import profiles
 
 LOGS = Path(__file__).parent / "logs"
 
@@ -152,13 +152,12 @@ def test_errors_are_one_red_line(tmp_path):
 )
 def test_matrix_band_edges(pct, size, row):
     """Each edge of the field notes' bands falls on the side they put it."""
-    assert hardware().memory_decision(pct, size).row == row
+    assert profiles().memory_decision(pct, size).row == row
 
 
 def test_memory_drop_warning_edge():
-    hw = hardware()
-    assert hw.memory_drop_warning(76.0, 56.0)  # a fall of exactly 20 points warns
-    assert hw.memory_drop_warning(76.0, 56.1) is None
+    assert profiles().memory_drop_warning(76.0, 56.0)  # a fall of exactly 20 points warns
+    assert profiles().memory_drop_warning(76.0, 56.1) is None
 
 
 def test_a_cpu_log_is_read_and_said_to_have_no_gpu(tmp_path):

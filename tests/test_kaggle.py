@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from conftest import RUN_ENV, render
-from kagtpl import kaggle
+from kagtpl import kaggle, new, shapes
 
 
 def kagtpl(*args, cwd):
@@ -53,6 +53,29 @@ def test_the_package_has_the_metadata_kaggle_needs(project, tmp_path):
     assert lines[1].strip() == f"kaggle datasets create -p {out / 'code'} --dir-mode zip"  # machinery/ is a folder
     assert lines[-1].strip() == f"kaggle kernels push -p {out}"
     assert not list(project.glob(".kaggle.*"))  # the staging folder is gone
+
+
+def test_a_segmentation_project_ships_its_encoder_weights_and_the_smp_wheel(tmp_path):
+    """smp is not in Kaggle's image: its wheel (for Kaggle's Python, really downloaded) travels as a
+    dataset the notebook installs from offline; the encoder's weights are asked for as for images."""
+    data = shapes.write_shapes(tmp_path / "shapes", "png", 8, 2, 64)
+    answers = new.NewAnswers(
+        name="seg-proj", task="segmentation", gpu="t4", data=data, competition="shapes-comp", dest=tmp_path
+    )
+    project = new.new_project(answers)
+    r = kagtpl("kaggle", str(project), "--user", "alice", cwd=tmp_path)
+    assert r.returncode == 1 and "trains from pretrained resnet34 weights" in r.stderr
+    weights = tmp_path / "resnet34.safetensors"
+    weights.write_bytes(b"weights")
+    r = kagtpl("kaggle", str(project), "--user", "alice", "--weights", str(weights), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = project / "kaggle"
+    assert [w.name.split("-")[0] for w in (out / "wheels").glob("*.whl")] == ["segmentation_models_pytorch"]
+    meta = json.loads((out / "kernel-metadata.json").read_text())
+    assert meta["dataset_sources"] == ["alice/seg-proj-code", "alice/seg-proj-wheels", "alice/seg-proj-weights"]
+    cells = "\n".join(c.source for c in nbformat.read(out / "notebook.ipynb", as_version=4).cells)
+    assert "'segmentation-models-pytorch'" in cells and "--weights=" in cells
+    assert {"masks.py", "images.py"} <= {p.name for p in (out / "code" / "machinery").iterdir()}
 
 
 def test_the_wheel_list_is_what_the_image_lacks(tmp_path):

@@ -254,6 +254,23 @@ def test_ensemble_leaves_out_a_diverged_fold_and_never_writes_nan(project_module
     np.testing.assert_allclose(ensemble([np.array([[2.0]]), np.array([[4.0]])], ["a"], normalize=False)[0], [[3.0]])
 
 
+def test_fold_mean_is_a_running_sum_of_one_array_in_the_dtype_asked(project_modules, capsys):
+    """segmentation's predict.py adds each fold's probabilities (images x classes x H x W) to one
+    float32 sum instead of keeping every fold; a diverged fold is still left out by name."""
+    rng = np.random.default_rng(0)
+    folds = [rng.random((3, 1, 4, 4), dtype=np.float32) for _ in range(3)]
+    fold_mean = project_modules.submission.FoldMean(["a", "b", "c"], 4, np.float32)
+    first = folds[0].copy()
+    for pred in folds:
+        fold_mean.add(pred)
+    fold_mean.add(np.where(np.arange(3)[:, None, None, None] == 2, np.nan, folds[0]))
+    mean, count = fold_mean.mean(normalize=False)
+    np.testing.assert_allclose(mean, np.mean(folds, axis=0), rtol=1e-6)
+    assert count == 3 and fold_mean.seen == 4 and mean.dtype == np.float32
+    np.testing.assert_array_equal(folds[0], first)  # the first fold is copied, never summed into
+    assert "model 4 of 4 predicts non-finite values (1 rows, first id 'c')" in capsys.readouterr().out
+
+
 def test_image_cache_names_the_bad_file_and_reuses_the_cache(project_modules, tmp_path, digits_dir):
     images, errors = project_modules.images, project_modules.errors
     good = sorted((digits_dir / "train").glob("*.jpg"))[:3]

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import time
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from conftest import import_project, run_script, start_until
 from kagtpl import detect, new, shapes
+from kagtpl.cli import app
 from kagtpl.errors import KagtplError
+from kagtpl.template import hardware
 
 SIZE, TRAIN, TEST = 96, 24, 6
 FAST = ["--device", "cpu", "--workers", "0"]
@@ -29,10 +34,8 @@ def shapes_data(tmp_path_factory) -> dict:
 
 
 def make_project(tmp_path, data, name: str = "seg", **flags):
-    answers = new.NewAnswers(
-        name=name, task="segmentation", gpu="cpu", data=data, folds=2, epochs=1, dest=tmp_path, **flags
-    )
-    return new.new_project(answers)
+    plan = {"folds": 2, "epochs": 1, **flags}
+    return new.new_project(new.NewAnswers(name=name, task="segmentation", gpu="cpu", data=data, dest=tmp_path, **plan))
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +203,11 @@ def test_preflight_names_the_line_of_a_bad_rle_row(tmp_path, m, shapes_data):
     (data / "train.csv").write_text("\n".join(rows) + "\n")
     with pytest.raises(m.errors.DataError, match="train.csv line 6 .id img0002.: class 'triangle' is not one of"):
         preflight(m, data, *flags)
+    ids = sorted({r.split(",")[0] for r in (data / "sample_submission.csv").read_text().splitlines()[1:]})
+    nine = [f"{i},c{k}," for i in ids for k in range(9)]  # a bit per class in a uint8: 9 do not fit
+    (data / "sample_submission.csv").write_text("\n".join(["id,class,rle", *nine]) + "\n")
+    with pytest.raises(m.errors.DataError, match="sample_submission.csv: 9 classes; overlapping .* at most 8"):
+        preflight(m, data, *flags)
 
 
 def test_the_mask_cache_is_made_again_when_the_rle_table_changes(tmp_path, m, shapes_data):
@@ -236,12 +244,12 @@ def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_
     assert "DATA: 24 train images" in out and "binary" in out and "64px tiles of 96px" in out
     assert "OOF: Dice@0.5=" in out and "POSTPROCESS: rle > " in out
     saved = json.loads((png_project / "output" / "postprocess.json").read_text())
-    m = import_project(png_project, ("masks",))
+    m = import_project(png_project, ("masks", "train"))
     again = m.masks.tuned_postprocess(png_project / "output", saved["signature"], ["rle"], SIZE * SIZE, "dice")
     assert again == saved and saved["folds"] == [0, 1] and saved["rows"] == TRAIN
     assert f"{saved['tuned']:.4f}" in out.split("OOF: ")[1].splitlines()[0]  # the OOF line's tuned Dice
     ckpt = torch.load(png_project / "output" / "model_fold0.pth", weights_only=True)
-    assert ckpt["config"]["mode"] == "binary" and ckpt["classes"] == ["rle"]  # predict.py rebuilds from these
+    assert m.train.mode_of(ckpt["config"]) == "binary" and ckpt["classes"] == ["rle"]  # predict.py rebuilds from these
     predicted = run_script(png_project, "predict.py", "--device", "cpu").stdout
     assert "SUBMISSION: " in predicted and "2 fold(s) ensembled" in predicted
     check_submission(png_project, shapes_data["png"], 1)
@@ -265,3 +273,62 @@ def test_a_killed_run_resumes_with_its_finished_fold(tmp_path, shapes_data):
     assert (project / "output" / "submission.csv").is_file()  # the fallback: empty masks, from preflight
     out = run_script(project, "train.py", *FAST).stdout
     assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in out and "POSTPROCESS:" in out
+
+
+@pytest.mark.slow
+def test_run_py_fits_a_plan_of_many_times_the_budget_and_submits(tmp_path, shapes_data):
+    project = make_project(tmp_path, shapes_data["png"], folds=5, epochs=60)
+    budget, t0 = 30, time.time()
+    log = run_script(project, "run.py", "--budget", f"{budget}s", "--device", "cpu").stdout
+    wall = time.time() - t0
+    estimate = re.search(r"^TIME ESTIMATE: .* = ([\d.]+) ?(min|s) for the whole plan", log, re.M)
+    assert estimate and float(estimate.group(1)) * (60 if estimate.group(2) == "min" else 1) > 2 * budget, log
+    assert re.search(r"^TIME PLAN: estimate .* -> folds 5->\d", log, re.M), log
+    run = re.search(r"^RUN: train [\d.]+s, predict [\d.]+s, total ([\d.]+)s = ([\d.]+) of the 30s budget$", log, re.M)
+    assert run and float(run.group(2)) <= 1.0 and wall <= budget + 2, f"{wall:.1f}s\n{log[-2000:]}"
+    assert "POSTPROCESS: rle > " in log
+    check_submission(project, shapes_data["png"], 1)
+
+
+# ----------------------------------------------------------------------------- kagtpl recommend --task segmentation
+
+
+def test_the_decoders_activations_shrink_the_batch_and_its_accumulation_target():
+    hw = hardware()
+    t4, a100 = hw.PROFILES["t4"], hw.PROFILES["a100-80"]
+    classify = hw.recommend(t4, "resnet34", 512)
+    unet, unetpp = (
+        hw.recommend(t4, "resnet34", 512, decoder="unet"),
+        hw.recommend(a100, "resnet34", 512, decoder="unetplusplus"),
+    )
+    assert classify.batch_size == hw.MIN_GPU_BATCH and unet.batch_size == hw.MIN_DECODER_BATCH  # 9.7 -> 8, not 32
+    assert (
+        unet.batch_size * unet.accum_steps == hw.DECODER_EFFECTIVE_BATCH
+        and "/ 2.2 for the unet decoder" in unet.why["batch_size"]
+    )
+    sizes = {arch: hw.recommend(a100, "resnet34", 512, decoder=arch).batch_size for arch in hw.DECODER_ACTIVATIONS}
+    assert sizes["fpn"] > sizes["unet"] > sizes["unetplusplus"] == unetpp.batch_size  # by their measured activations
+    assert (
+        hw.segmentation_tile(t4, 1024) == (512, hw.segmentation_tile(t4, 1024)[1])
+        and hw.segmentation_tile(t4, 256)[0] == 256
+    )
+    assert hw.segmentation_tile(hw.PROFILES["cpu"], 1024)[0] == 128 and hw.segmentation_work_size(500)[0] == 512
+
+
+def test_recommend_segmentation_explains_tile_batch_and_precision(shapes_data):
+    def recommend(*flags):
+        return CliRunner().invoke(app, ["recommend", "--task", "segmentation", *flags], env={"COLUMNS": "250"})
+
+    r = recommend("--gpu", "t4", "--work-size", "1024")
+    assert r.exit_code == 0, r.output
+    for words in ("512 px tile of the 1024 px images", "/ 2.2 for the unet decoder", "8 x 4", "fp16 autocast", "9h"):
+        assert words in r.output
+    r = recommend("--gpu", "a100-80", "--arch", "fpn", "--data", str(shapes_data["png"]))
+    assert r.exit_code == 0, r.output
+    assert "median side is 96 px -> 96 px" in r.output and "whole 96 px images" in r.output and "bf16" in r.output
+    for flags, message in (
+        (["--arch", "segformer"], "unknown --arch 'segformer'"),
+        (["--image-size", "100"], "a multiple of 32"),
+    ):
+        r = recommend(*flags)
+        assert r.exit_code == 1 and message in r.output

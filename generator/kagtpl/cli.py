@@ -249,7 +249,9 @@ def gpus_cmd() -> None:
 @app.command("recommend")
 @boundary
 def recommend_cmd(
-    task: Annotated[str, typer.Option(metavar="TASK", help="Competition type: image, tabular or text.")] = "image",
+    task: Annotated[
+        str, typer.Option(metavar="TASK", help="Competition type: image, tabular, text or segmentation.")
+    ] = "image",
     gpu: Annotated[str, typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus).")] = "t4",
     model: Annotated[
         Optional[str], typer.Option(metavar="MODEL", help="timm model name; text: a Hugging Face name.")
@@ -269,10 +271,20 @@ def recommend_cmd(
     data: Annotated[
         Optional[Path], typer.Option(metavar="DIR", help="Competition data: the image size from its images.")
     ] = None,
+    arch: Annotated[
+        str, typer.Option(metavar="ARCH", help="Segmentation: unet, unetplusplus, fpn or deeplabv3plus.")
+    ] = "unet",
+    work_size: Annotated[
+        Optional[int],
+        typer.Option(metavar="PX", help="Segmentation: the size images are resized to (default: from --data)."),
+    ] = None,
 ) -> None:
     """Print the settings kagtpl would choose, and why."""
     if task == "text":
         show(recommend.text_table(gpu, model, max_len, budget))
+        return
+    if task == "segmentation":
+        show(recommend.segmentation_table(gpu, model, arch, image_size, work_size, budget, data))
         return
     show(recommend.recommend_table(task, gpu, model, image_size, budget, data))
 

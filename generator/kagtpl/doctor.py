@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kagtpl.errors import KagtplError
-from kagtpl.template import hardware
+from kagtpl.template import hardware, profiles
 
 RESOURCES = re.compile(r"RESOURCES: (\d+) CPU cores, batch=(\d+), GPU=(.+?), Mixed Precision=(ON|OFF)")
 TOTAL = re.compile(r"^GPU Memory: ([\d.]+) GB")
@@ -160,12 +160,12 @@ def diagnose(log: Log, model: str | None = None) -> Report:
         return cpu_report(log, name, cls)
     if pct is None:
         raise KagtplError("the log has no GPU memory line (GPU Memory Used: ... or Epoch N: ... GPU=xGB (y%))")
-    decision = hw.memory_decision(pct, cls)
+    decision = profiles().memory_decision(pct, cls)
     new_batch = None
     if decision.factor > 1 and log.batch:
         new_batch = hw.round_batch(log.batch * decision.factor)
     action = decision.action + (f": batch {log.batch} -> {new_batch}" if new_batch else "")
-    warnings = [w for a, b in zip(points, points[1:], strict=False) if (w := hw.memory_drop_warning(a, b))]
+    warnings = [w for a, b in zip(points, points[1:], strict=False) if (w := profiles().memory_drop_warning(a, b))]
     return Report(
         name,
         cls,

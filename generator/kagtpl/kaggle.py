@@ -134,7 +134,8 @@ def plan(req: KaggleRequest) -> Package:
         raise KagtplError(f"--weights {req.weights}: no such file")
     if req.model_dir is not None and not req.model_dir.is_dir():
         raise KagtplError(f"--model-dir {req.model_dir}: no such folder")
-    wants_weights = answers.get("task") == "image" and answers.get("pretrained") and req.pretrained
+    # an image model, or a segmentation model's encoder (its decoder starts from scratch)
+    wants_weights = answers.get("task") in ("image", "segmentation") and answers.get("pretrained") and req.pretrained
     if wants_weights and req.weights is None:
         raise KagtplError(
             f"{project.name} trains from pretrained {answers.get('model')} weights and Kaggle kernels run offline: "

@@ -190,19 +190,15 @@ def copier_data(answers: NewAnswers) -> dict:
     return data
 
 
-SEGMENTATION_TILE = {"gpu": 512, "cpu": 128}  # the training tile: 512 px on a GPU (8 GB for U-Net/resnet34 at 16)
-
-
 def segmentation_sizes(folder: Path, data: dict, answers: NewAnswers) -> None:
-    """The working size (the training images' median side, rounded up to a multiple of 32) and
-    the tile (the working size, or 512 px on a GPU / 128 px on CPU when the images are larger),
-    unless given."""
+    """The working size and the training tile, by the template's rules (hardware.segmentation_work_size
+    and segmentation_tile), unless given."""
+    hw = hardware()
     side = detect.median_side(folder / data["train_dir"], data["image_ext"])
-    work = answers.work_size or min(8192, max(32, -(-int(side or 256) // 32) * 32))
+    work = answers.work_size or hw.segmentation_work_size(side)[0]
     data["work_size"] = work
     if answers.image_size is None:
-        gpu = hardware().PROFILES[data.get("gpu", hardware().DEFAULT_PROFILE)].is_gpu
-        data["image_size"] = min(work, SEGMENTATION_TILE["gpu" if gpu else "cpu"])
+        data["image_size"] = hw.segmentation_tile(hw.PROFILES[data.get("gpu", hw.DEFAULT_PROFILE)], work)[0]
     tiles = "whole images" if data.get("image_size", work) >= work else f"{data['image_size']} px tiles"
     print(
         f"Image size: {work} px working size ({'median side ' + str(int(side)) if side else 'no image read'}), {tiles}"

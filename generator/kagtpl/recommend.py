@@ -15,8 +15,8 @@ def recommend_table(
     task: str, gpu: str, model: str | None, image_size: int | None, budget: str | None = None, data: Path | None = None
 ) -> Table:
     hw = hardware()
-    if task not in ("image", "tabular", "text"):
-        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular, text")
+    if task not in ("image", "tabular", "text", "segmentation"):
+        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular, text, segmentation")
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
     low, high = hw.RANGES["image_size"]
@@ -52,6 +52,66 @@ def recommend_table(
     ]
     rows += budget_rows(gpu, budget, "image")
     for name, value, why in rows:
+        table.add_row(name, str(value), why)
+    return table
+
+
+def segmentation_table(
+    gpu: str,
+    model: str | None,
+    arch: str,
+    tile: int | None,
+    work_size: int | None,
+    budget: str | None = None,
+    data: Path | None = None,
+) -> Table:
+    """The working size, the tile, the batch for the decoder, AMP and the loader for a segmentation
+    project on a profile, by the rules train.py applies (hardware.segmentation_tile, recommend with
+    the decoder's activations)."""
+    hw = hardware()
+    if gpu not in hw.PROFILES:
+        raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
+    if arch not in hw.DECODER_ACTIVATIONS:
+        raise KagtplError(f"unknown --arch {arch!r}; valid: {', '.join(hw.DECODER_ACTIVATIONS)}")
+    for flag, value in (("--image-size", tile), ("--work-size", work_size)):
+        if value is not None and (value % 32 or not 32 <= value <= 8192):
+            raise KagtplError(f"{flag} {value}: a multiple of 32 between 32 and 8192 (the encoder halves it 5 times)")
+    profile = hw.PROFILES[gpu]
+    model = model or ("resnet18" if gpu == "cpu" else "resnet34")
+    if work_size is not None:
+        work_why = "set by you"
+    elif data is not None:
+        folder = paths.data_folder(data)
+        layout = detect.detect_segmentation(folder, {})
+        work_size, work_why = hw.segmentation_work_size(
+            detect.median_side(folder / layout["train_dir"], layout["image_ext"])
+        )
+    else:
+        work_size, work_why = hw.segmentation_work_size(None)
+    tile, tile_why = (tile, "set by you") if tile is not None else hw.segmentation_tile(profile, work_size)
+    rec = hw.recommend(profile, model, tile, decoder=arch)
+    table = Table(title=f"segmentation on {profile.label} ({gpu}), {arch} on tu-{model}, {tile} px tiles")
+    for col in ("setting", "value", "why"):
+        table.add_column(col)
+    rows = [
+        ("work_size", work_size, work_why),
+        ("image_size (tile)", tile, tile_why),
+        (
+            "batch_size",
+            rec.batch_size,
+            rec.why["batch_size"] + ("; the probe refines it on CUDA" if profile.is_gpu else ""),
+        ),
+        ("accum_steps", rec.accum_steps, rec.why["accum_steps"]),
+        ("num_workers", rec.loader["num_workers"], rec.why["num_workers"]),
+        (
+            "AMP",
+            rec.amp,
+            rec.why["amp"] + ("; the loss is computed in fp32 from the probabilities" if rec.amp != "off" else ""),
+        ),
+        ("channels_last", rec.channels_last, rec.why["channels_last"]),
+        ("TTA", "horizontal flip", "predict.py averages each image and its flip; under a deadline TTA goes first"),
+    ]
+    for name, value, why in rows + budget_rows(gpu, budget, "segmentation"):
         table.add_row(name, str(value), why)
     return table
 

@@ -76,8 +76,12 @@ def data_and_output_dirs(competition: str, data_dir: str) -> tuple[str, str]:
 ANCHOR_BATCH = 128
 ANCHOR_MEMORY_GB = 24.0
 MIN_GPU_BATCH = 32  # batch=32 on a big GPU is the failure kagtpl exists to prevent
+MIN_DECODER_BATCH = 8  # a segmentation decoder at 512 px: 8 tiles is the floor (BatchNorm's statistics)
 CPU_BATCH = 32
 TARGET_EFFECTIVE_BATCH = 128  # accumulation tops a smaller micro-batch up to this
+# segmentation: each tile is thousands of labelled pixels; Kaggle's segmentation solutions train
+# at 8-32 tiles a step, so accumulation tops a decoder's batch up to 32, not 128
+DECODER_EFFECTIVE_BATCH = 32
 
 # Memory per sample does not grow with pixel count alone (weights, workspace), so the
 # resolution factor is a table fitted to the anchors: 224 px -> 1, 384 px -> 1/2.
@@ -198,6 +202,36 @@ def image_size_for(profile: Profile, median_side: float | None) -> tuple[int, st
     )
 
 
+# Segmentation: images are resized to a working size (their median side, up to a multiple of 32)
+# and trained on tiles of it. 512 px tiles on a GPU (the usual Kaggle crop: context for a decoder
+# at 1/32 resolution); 128 px on CPU, where a 512 px tile takes 16x a 128 px one's time.
+SEGMENTATION_TILE = {"gpu": 512, "cpu": 128}
+# A decoder keeps activations at up to full resolution for the backward: the bytes autograd saves
+# for one step, relative to the classifier on the same encoder (measured on CPU at 256 px with
+# saved_tensors_hooks, smp 0.6.0, the largest over tu-resnet18 / resnet34 / efficientnet_b0):
+# Unet 2.2x, Unet++ 4.6x, FPN 1.4x, DeepLabV3+ 1.6x. The batch is divided by it.
+DECODER_ACTIVATIONS = {"unet": 2.2, "unetplusplus": 4.6, "fpn": 1.4, "deeplabv3plus": 1.6}
+
+
+def segmentation_work_size(median_side: float | None) -> tuple[int, str]:
+    """The size every image is resized to: the training images' median side, up to a multiple of 32."""
+    if median_side is None:
+        return 256, "no training image read: 256 px"
+    size = min(8192, max(32, 32 * -(-int(median_side) // 32)))
+    return size, f"the training images' median side is {median_side:g} px -> {size} px (up to a multiple of 32)"
+
+
+def segmentation_tile(profile: Profile, work_size: int) -> tuple[int, str]:
+    """The training tile: the whole working size when it fits the profile's tile, else that tile."""
+    cap = SEGMENTATION_TILE["gpu" if profile.is_gpu else "cpu"]
+    if work_size <= cap:
+        return work_size, f"whole {work_size} px images (within the {profile.name} profile's {cap} px tile)"
+    return cap, (
+        f"the {profile.name} profile's {cap} px tile of the {work_size} px images: random tiles in training, "
+        f"overlapping by {cap // 4} px and stitched under a Gaussian window in validation and predict.py"
+    )
+
+
 def fit_to_steps(batch: int, accum: int, rows: int) -> tuple[int, int]:
     """(batch, accumulation) giving an epoch of `rows` at least MIN_STEPS_PER_EPOCH optimizer
     steps: accumulation shrinks first, then the batch (a multiple of 8, at least 8)."""
@@ -260,10 +294,16 @@ class Recommendation:
 
 
 def recommend(
-    profile: Profile, model: str, image_size: int, cpus: int | None = None, batch_size: int = 0
+    profile: Profile,
+    model: str,
+    image_size: int,
+    cpus: int | None = None,
+    batch_size: int = 0,
+    decoder: str | None = None,
 ) -> Recommendation:
     """The settings for one GPU profile, model and resolution, each with its reason.
-    batch_size > 0 keeps that batch (the user chose it) and derives the rest."""
+    batch_size > 0 keeps that batch (the user chose it) and derives the rest. decoder: a
+    segmentation architecture (DECODER_ACTIVATIONS), whose activations shrink the batch."""
     cls = model_class(model)
     amp = amp_mode(profile.capability)
     cpus = profile.vcpus if cpus is None else cpus
@@ -276,18 +316,21 @@ def recommend(
         res = resolution_factor(image_size)
         mdl = 0.5 if cls == "heavy" else 1.0
         prec = 1.0 if amp in ("bf16", "fp16") else 0.5  # fp32 activations take twice the memory
-        raw = ANCHOR_BATCH * mem * res * mdl * prec
-        batch = max(MIN_GPU_BATCH, round_batch(raw))
+        dec = DECODER_ACTIVATIONS[decoder] if decoder else 1.0
+        raw = ANCHOR_BATCH * mem * res * mdl * prec / dec
+        floor = MIN_DECODER_BATCH if decoder else MIN_GPU_BATCH
+        batch = max(floor, round_batch(raw))
         aggressive = max(batch, min(round_batch(batch * 1.5), batch + 64))
+        per_decoder = f" / {dec:g} for the {decoder} decoder's activations" if decoder else ""
         why["batch_size"] = (
             f"{ANCHOR_BATCH} (A10 24GB, 224px, AMP) x {mem:.2f} memory x {res:g} for {image_size}px"
-            f" x {mdl:g} for a {cls} model x {prec:g} precision = {raw:.0f} -> {batch}"
-            f" (never below {MIN_GPU_BATCH} on a GPU); aggressive {aggressive}"
+            f" x {mdl:g} for a {cls} model x {prec:g} precision{per_decoder} = {raw:.0f} -> {batch}"
+            f" (never below {floor} on a GPU); aggressive {aggressive}"
         )
     else:
         batch = aggressive = CPU_BATCH
         why["batch_size"] = f"CPU: {CPU_BATCH}; batch size does not buy speed without a GPU"
-    target = TARGET_EFFECTIVE_BATCH if profile.is_gpu else batch
+    target = (DECODER_EFFECTIVE_BATCH if decoder else TARGET_EFFECTIVE_BATCH) if profile.is_gpu else batch
     accum = max(1, round(target / batch))
     why["accum_steps"] = f"effective batch {batch * accum} (target {target}) = {batch} x {accum}"
     loader = loader_settings(cpus, profile.is_gpu)
@@ -404,52 +447,3 @@ def text_checkpointing(profile: Profile, params_m: float) -> tuple[bool, str]:
         return False, f"{params_m:.0f}M params: small enough without"
     where = f"{profile.memory_gb:g} GB" if profile.is_gpu else "CPU memory"
     return False, f"{where} holds a {params_m:.0f}M model's activations"
-
-
-# The decision matrix (field notes): GPU memory % after the first steps, by model size class.
-# Target 70-90% for every model; small models may sit at 50-60%.
-TARGET_PCT = {"small": 50.0, "large": 70.0}
-BAND_MAX_PCT = 90.0  # keep ~10% free: a batch right at the limit OOMs later (Lightning #21154)
-DROP_WARNING_POINTS = 20.0
-
-
-@dataclass(frozen=True)
-class Decision:
-    row: str
-    action: str
-    factor: float  # suggested batch multiplier (1 = keep)
-    needed: bool  # action needed (doctor exits 1)
-    optional: bool = False
-
-
-def memory_decision(pct: float, size_class: str) -> Decision:
-    """The row of the matrix for a GPU memory percentage and a 'small' / 'large' model."""
-    small = size_class == "small"
-    if pct < 50:
-        # memory is mostly fixed cost (weights, optimizer, CUDA context) at a few %: doubling from
-        # 1% takes six tries; the power of two toward 70% takes one (at most x16, then look again)
-        factor = max(2, min(16, 2 ** math.floor(math.log2(70 / max(pct, 0.1)))))
-        if factor == 2:
-            return Decision("< 50%", "double the batch", 2.0, True)
-        return Decision("< 50%", f"grow the batch x{factor} toward 70% (then check again)", float(factor), True)
-    if pct < 60:
-        if small:
-            return Decision("50-60%, small model", "proceed (acceptable for a small model)", 1.0, False)
-        return Decision("50-60%, large model", "optionally 1.5x the batch", 1.5, False, optional=True)
-    if pct < 70:
-        if small:
-            return Decision("60-70%, small model", "proceed", 1.0, False)
-        return Decision("60-70%, large model", "proceed (below the 70% target for a large model)", 1.0, False)
-    if pct <= 90:
-        return Decision("70-90%", "proceed (optimal)", 1.0, False)
-    return Decision("> 90%", "proceed (near the limit)", 1.0, False)
-
-
-def memory_drop_warning(before_pct: float, after_pct: float) -> str | None:
-    """A sharp fall between epochs (76% -> 45%): the batch changed, or one-time buffers were freed."""
-    if before_pct - after_pct >= DROP_WARNING_POINTS:
-        return (
-            f"GPU memory fell from {before_pct:.1f}% to {after_pct:.1f}% between epochs: the batch changed "
-            "(an OOM halves the micro-batch) or the first epoch's peak held one-time buffers; not a leak (that rises)"
-        )
-    return None

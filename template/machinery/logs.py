@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import hardware
+from . import hardware, profiles
 from .planner import fmt_s
 
 
@@ -53,7 +53,7 @@ def memory_drop_line(before: tuple | None, after: tuple | None) -> str | None:
     """A WARNING line when GPU memory % falls sharply between epochs (76% -> 45%)."""
     if before is None or after is None:
         return None
-    text = hardware.memory_drop_warning(before[2], after[2])
+    text = profiles.memory_drop_warning(before[2], after[2])
     return f"WARNING: {text}" if text else None
 
 

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from . import hardware, parallel
+from . import hardware, parallel, profiles
 from .errors import RunError
 from .gpu import free_gpu_memory, is_oom
 from .steps import set_lr, to_device
@@ -88,7 +88,7 @@ def probe_batch(
     """
     clock = clock or time.perf_counter
     sync = sync or (torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None))
-    target, ceiling = hardware.TARGET_PCT[size_class], hardware.BAND_MAX_PCT
+    target, ceiling = profiles.TARGET_PCT[size_class], profiles.BAND_MAX_PCT
     saved = snapshot(model, optimizer, amp)
     trial = Trial(fetch, step, optimizer, amp, monitor, (clock, sync), log, ceiling, target)
     log(
@@ -226,7 +226,7 @@ def probe_eval_batch(fetch, predict, batch, monitor, log=print) -> int:
             if not is_oom(e):
                 raise
             pct = math.inf
-        if pct <= hardware.BAND_MAX_PCT or b == 1:
+        if pct <= profiles.BAND_MAX_PCT or b == 1:
             free_gpu_memory()
             log(f"EVAL BATCH: {b} (2x the training batch {batch}, halved until a forward pass fits under 90%)")
             return b

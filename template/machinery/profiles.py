@@ -1,5 +1,6 @@
 """The GPU profiles kagtpl knows (memory, compute capability, vCPUs), the precision each runs,
-and the profile of the card this machine has: a listed one, or one built from an unlisted card.
+the profile of the card this machine has (a listed one, or one built from an unlisted card), and
+the memory band a card is kept in (the decision matrix the probe and `kagtpl doctor` apply).
 
 Pure Python, no torch: kagtpl's generator imports it too (`kagtpl gpus`, `kagtpl new --gpu
 auto`); hardware.py's rules read these profiles. It is machinery: `copier update` may replace it.
@@ -7,6 +8,7 @@ auto`); hardware.py's rules read these profiles. It is machinery: `copier update
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -124,3 +126,52 @@ def nearest_profile(memory_gb: float, capability: tuple[int, int]) -> str:
     same = [p for p in PROFILES.values() if p.is_gpu and p.gpus == 1 and amp_mode(p.capability) == amp_mode(capability)]
     pool = same or [p for p in PROFILES.values() if p.is_gpu]
     return min(pool, key=lambda p: (abs(p.memory_gb - memory_gb), -p.memory_gb)).name
+
+
+# The decision matrix (field notes): GPU memory % after the first steps, by model size class.
+# Target 70-90% for every model; small models may sit at 50-60%.
+TARGET_PCT = {"small": 50.0, "large": 70.0}
+BAND_MAX_PCT = 90.0  # keep ~10% free: a batch right at the limit OOMs later (Lightning #21154)
+DROP_WARNING_POINTS = 20.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    row: str
+    action: str
+    factor: float  # suggested batch multiplier (1 = keep)
+    needed: bool  # action needed (doctor exits 1)
+    optional: bool = False
+
+
+def memory_decision(pct: float, size_class: str) -> Decision:
+    """The row of the matrix for a GPU memory percentage and a 'small' / 'large' model."""
+    small = size_class == "small"
+    if pct < 50:
+        # memory is mostly fixed cost (weights, optimizer, CUDA context) at a few %: doubling from
+        # 1% takes six tries; the power of two toward 70% takes one (at most x16, then look again)
+        factor = max(2, min(16, 2 ** math.floor(math.log2(70 / max(pct, 0.1)))))
+        if factor == 2:
+            return Decision("< 50%", "double the batch", 2.0, True)
+        return Decision("< 50%", f"grow the batch x{factor} toward 70% (then check again)", float(factor), True)
+    if pct < 60:
+        if small:
+            return Decision("50-60%, small model", "proceed (acceptable for a small model)", 1.0, False)
+        return Decision("50-60%, large model", "optionally 1.5x the batch", 1.5, False, optional=True)
+    if pct < 70:
+        if small:
+            return Decision("60-70%, small model", "proceed", 1.0, False)
+        return Decision("60-70%, large model", "proceed (below the 70% target for a large model)", 1.0, False)
+    if pct <= 90:
+        return Decision("70-90%", "proceed (optimal)", 1.0, False)
+    return Decision("> 90%", "proceed (near the limit)", 1.0, False)
+
+
+def memory_drop_warning(before_pct: float, after_pct: float) -> str | None:
+    """A sharp fall between epochs (76% -> 45%): the batch changed, or one-time buffers were freed."""
+    if before_pct - after_pct >= DROP_WARNING_POINTS:
+        return (
+            f"GPU memory fell from {before_pct:.1f}% to {after_pct:.1f}% between epochs: the batch changed "
+            "(an OOM halves the micro-batch) or the first epoch's peak held one-time buffers; not a leak (that rises)"
+        )
+    return None

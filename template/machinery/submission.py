@@ -119,27 +119,46 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     print(f"SUBMISSION: {path} is a fallback ({what} for every row) until predict.py replaces it")
 
 
-def ensemble(preds: list[np.ndarray], ids, normalize: bool = True) -> tuple[np.ndarray, int]:
-    """Mean of the folds' predictions (class probabilities: renormalised so every row sums to 1;
-    float32 softmax sums drift by ~1e-7, and the check allows 1e-4). A fold with a non-finite
-    prediction (a diverged model) is left out with a warning naming the test row; NaN is never
-    written, nor turned into class 0 by an argmax. No usable fold at all is a RunError.
-    Returns (the ensemble, how many folds it holds)."""
-    finite = []
-    for k, pred in enumerate(preds):
+class FoldMean:
+    """The mean of the folds' predictions as a running sum: one array in memory however many
+    folds (a segmentation fold is images x classes x H x W of probabilities). A fold with a
+    non-finite prediction (a diverged model) is left out with a warning naming the test row; NaN is
+    never written, nor turned into class 0 by an argmax."""
+
+    def __init__(self, ids, folds: int, dtype=np.float64):
+        self.ids, self.folds, self.dtype = list(ids), folds, dtype
+        self.sum, self.count, self.seen = None, 0, 0
+
+    def add(self, pred: np.ndarray) -> None:
+        self.seen += 1
         bad = np.flatnonzero(~np.isfinite(pred).all(axis=tuple(range(1, pred.ndim))))
         if len(bad):
-            first = list(ids)[bad[0]]
             print(
-                f"WARNING: model {k + 1} of {len(preds)} predicts non-finite values ({len(bad)} rows, first id "
-                f"{first!r}); left out of the ensemble"
+                f"WARNING: model {self.seen} of {self.folds} predicts non-finite values ({len(bad)} rows, first id "
+                f"{self.ids[bad[0]]!r}); left out of the ensemble"
             )
-            continue
-        finite.append(pred)
-    if not finite:
-        raise RunError("no checkpoint gave usable predictions (see the warnings above); no submission written")
-    mean = np.mean(np.stack(finite), axis=0).astype(np.float64)
-    return (mean / mean.sum(axis=1, keepdims=True) if normalize else mean), len(finite)
+        elif self.sum is None:
+            self.sum, self.count = pred.astype(self.dtype), 1  # a copy: the caller's array is not summed into
+        else:
+            self.sum += pred
+            self.count += 1
+
+    def mean(self, normalize: bool = True) -> tuple[np.ndarray, int]:
+        """(the mean, how many folds it holds); class probabilities renormalised so every row sums
+        to 1 (float32 softmax sums drift by ~1e-7, and the check allows 1e-4). No usable fold at
+        all is a RunError."""
+        if not self.count:
+            raise RunError("no checkpoint gave usable predictions (see the warnings above); no submission written")
+        mean = self.sum / self.count
+        return (mean / mean.sum(axis=1, keepdims=True) if normalize else mean), self.count
+
+
+def ensemble(preds: list[np.ndarray], ids, normalize: bool = True) -> tuple[np.ndarray, int]:
+    """FoldMean of predictions already in a list (a table's or a text's folds are small), as float64."""
+    folds = FoldMean(ids, len(preds))
+    for pred in preds:
+        folds.add(pred)
+    return folds.mean(normalize)
 
 
 def check_layout(sub, sample) -> None:
