@@ -75,10 +75,9 @@ def validate_choices(answers: NewAnswers) -> None:
             raise KagtplError(f"--{key.replace('_', '-')} {value}: must be between {low} and {high}")
     for key in ("image_size", "work_size"):
         value = getattr(answers, key)
-        if answers.task == "segmentation" and value is not None and value % 32:
-            raise KagtplError(
-                f"--{key.replace('_', '-')} {value}: segmentation needs a multiple of 32 (the encoder halves it 5x)"
-            )
+        problem = value is not None and hardware().stride_problem(f"--{key.replace('_', '-')}", value)
+        if answers.task == "segmentation" and problem:
+            raise KagtplError(problem)
     if answers.competition is not None:
         kaggle.check_slug("--competition", answers.competition)
     if answers.budget is not None:

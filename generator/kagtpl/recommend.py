@@ -73,9 +73,13 @@ def segmentation_table(
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
     if arch not in hw.DECODER_ACTIVATIONS:
         raise KagtplError(f"unknown --arch {arch!r}; valid: {', '.join(hw.DECODER_ACTIVATIONS)}")
-    for flag, value in (("--image-size", tile), ("--work-size", work_size)):
-        if value is not None and (value % 32 or not 32 <= value <= 8192):
-            raise KagtplError(f"{flag} {value}: a multiple of 32 between 32 and 8192 (the encoder halves it 5 times)")
+    for key, value in (("image_size", tile), ("work_size", work_size)):
+        flag, (low, high) = f"--{key.replace('_', '-')}", hw.RANGES[key]
+        if value is not None and not low <= value <= high:
+            raise KagtplError(f"{flag} {value}: must be between {low} and {high}")
+        problem = value is not None and hw.stride_problem(flag, value)
+        if problem:
+            raise KagtplError(problem)
     profile = hw.PROFILES[gpu]
     model = model or ("resnet18" if gpu == "cpu" else "resnet34")
     if work_size is not None:

@@ -213,6 +213,17 @@ SEGMENTATION_TILE = {"gpu": 512, "cpu": 128}
 DECODER_ACTIVATIONS = {"unet": 2.2, "unetplusplus": 4.6, "fpn": 1.4, "deeplabv3plus": 1.6}
 
 
+SEGMENTATION_STRIDE = 32  # smp's encoders halve the input 5 times: every side a multiple of 32
+
+
+def stride_problem(flag: str, value: int) -> str | None:
+    """Why a segmentation size is refused (not a multiple of 32, with the nearest one below), or None."""
+    if value % SEGMENTATION_STRIDE == 0:
+        return None
+    near = max(SEGMENTATION_STRIDE, value // SEGMENTATION_STRIDE * SEGMENTATION_STRIDE)
+    return f"{flag} {value}: segmentation needs a multiple of {SEGMENTATION_STRIDE} ({near}?): the encoder halves it 5x"
+
+
 def segmentation_work_size(median_side: float | None) -> tuple[int, str]:
     """The size every image is resized to: the training images' median side, up to a multiple of 32."""
     if median_side is None:
