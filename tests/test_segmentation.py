@@ -169,6 +169,25 @@ def preflight(m, data, *flags) -> None:
     m.train.main([*FAST, "--data-dir", str(data), "--out-dir", str(data.parent / "out"), *flags])
 
 
+def test_a_timm_classification_checkpoint_loads_into_the_encoder_without_a_false_warning(tmp_path, m, capsys):
+    """The encoder (timm features_only) has no classifier head nor efficientnet's last conv: their
+    tensors in a classification checkpoint are expected, not 'weights of another model'. resnet34's
+    weights for a resnet18 encoder (every tensor fits, half the file is left over) still warn."""
+    import timm
+
+    config = {"arch": "unet", "mask_dir": "train_masks", "mask_values": "255", "class_col": ""}
+    for name, source, warns in (
+        ("resnet18", "resnet18", False),
+        ("efficientnet_b0", "efficientnet_b0", False),
+        ("resnet18", "resnet34", True),
+    ):
+        path = tmp_path / f"{source}-for-{name}.pth"
+        torch.save(timm.create_model(source, pretrained=False, num_classes=10).state_dict(), path)
+        m.train.build_model({**config, "model": name, "weights": str(path)}, 1)
+        out = capsys.readouterr().out
+        assert ("WARNING: --weights" in out) == warns, (name, source, out)
+
+
 def test_preflight_names_the_file_of_each_bad_mask(tmp_path, m, shapes_data):
     from PIL import Image
 
