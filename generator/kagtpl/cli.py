@@ -87,7 +87,8 @@ def main(
 def new_cmd(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Project folder name, e.g. dog-breed.")],
     task: Annotated[
-        Optional[str], typer.Option(metavar="TASK", help="Competition type: image, tabular, text or segmentation.")
+        Optional[str],
+        typer.Option(metavar="TASK", help="Competition type: image, tabular, text, segmentation or detection."),
     ] = None,
     gpu: Annotated[
         Optional[str], typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus), or auto to detect.")
@@ -127,7 +128,7 @@ def new_cmd(
     ] = None,
     id_col: Annotated[Optional[str], typer.Option(metavar="ID_COL", help="Override the detected id column.")] = None,
     label_col: Annotated[
-        Optional[str], typer.Option(metavar="LABEL_COL", help="Override the detected label column.")
+        Optional[str], typer.Option(metavar="LABEL_COL", help="Override the detected label column ('' = one class).")
     ] = None,
     train_dir: Annotated[
         Optional[str], typer.Option(metavar="TRAIN_DIR", help="Override the detected training image folder.")
@@ -184,7 +185,35 @@ def new_cmd(
         Optional[int], typer.Option(metavar="1|0", help="Segmentation: the first pixel's number (default detected).")
     ] = None,
     arch: Annotated[
-        Optional[str], typer.Option(metavar="ARCH", help="Segmentation: unet, unetplusplus, fpn or deeplabv3plus.")
+        Optional[str],
+        typer.Option(
+            metavar="ARCH",
+            help="Segmentation: unet, unetplusplus, fpn or deeplabv3plus; detection: fasterrcnn, retinanet or fcos.",
+        ),
+    ] = None,
+    box_cols: Annotated[
+        Optional[str],
+        typer.Option(metavar="COLS", help="Detection: four box columns (x,y,w,h) or one holding box lists (bbox)."),
+    ] = None,
+    box_format: Annotated[
+        Optional[str], typer.Option(metavar="FMT", help="Detection: xywh (COCO), xyxy (corners) or cxcywh (YOLO).")
+    ] = None,
+    box_scale: Annotated[
+        Optional[str], typer.Option(metavar="SCALE", help="Detection: pixel or relative box coordinates.")
+    ] = None,
+    box_classes: Annotated[
+        Optional[str], typer.Option(metavar="NAMES", help="Detection: the labels, comma-separated (default: found).")
+    ] = None,
+    missing_boxes: Annotated[
+        Optional[str],
+        typer.Option(metavar="RULE", help="Detection: a training image with no row: empty (a negative) or skip."),
+    ] = None,
+    pred_fields: Annotated[
+        Optional[str],
+        typer.Option(metavar="FIELDS", help="Detection: a box's group in the prediction string ('score x y w h')."),
+    ] = None,
+    pred_scale: Annotated[
+        Optional[str], typer.Option(metavar="SCALE", help="Detection: the submission's coordinates, pixel or relative.")
     ] = None,
     work_size: Annotated[
         Optional[int], typer.Option(metavar="PX", help="Segmentation: every image resized to this (default: detected).")
@@ -214,6 +243,13 @@ def new_cmd(
         "rle_order": rle_order,
         "rle_start": rle_start,
         "arch": arch,
+        "box_cols": box_cols,
+        "box_format": box_format,
+        "box_scale": box_scale,
+        "box_classes": box_classes,
+        "missing_boxes": missing_boxes,
+        "pred_fields": pred_fields,
+        "pred_scale": pred_scale,
     }
     answers = new.NewAnswers(
         name=name,
@@ -308,14 +344,26 @@ def table_cmd(
 def shapes_cmd(
     dest: Annotated[Path, typer.Argument(metavar="DEST", help="Folder to write the images, masks and sample into.")],
     layout: Annotated[
-        str, typer.Option(metavar="LAYOUT", help="png, rle, classes (class-index PNGs) or rle-classes.")
-    ] = "png",
+        Optional[str],
+        typer.Option(
+            metavar="LAYOUT",
+            help="Masks: png (default), rle, classes or rle-classes; boxes: wheat (default), voc, lists or strings.",
+        ),
+    ] = None,
     train: Annotated[int, typer.Option(metavar="N", help="Training images.")] = 120,
     test: Annotated[int, typer.Option(metavar="N", help="Test images.")] = 30,
     size: Annotated[int, typer.Option(metavar="PX", help="Image side in pixels.")] = 96,
+    task: Annotated[
+        str, typer.Option(metavar="TASK", help="segmentation (masks) or detection (boxes: wheat, voc, lists, strings).")
+    ] = "segmentation",
 ) -> None:
-    """Write a small segmentation competition (shapes on cluttered backgrounds) to try --task segmentation on."""
-    print(f"Wrote {shapes.write_shapes(dest.resolve(), layout, train, test, size)}")
+    """Write a small segmentation or detection competition (shapes on cluttered backgrounds) to try kagtpl on."""
+    if task not in ("segmentation", "detection"):
+        raise KagtplError(f"--task {task!r}: segmentation or detection")
+    if task == "detection":
+        print(f"Wrote {shapes.write_boxes(dest.resolve(), layout or 'wheat', train, test, size)}")
+        return
+    print(f"Wrote {shapes.write_shapes(dest.resolve(), layout or 'png', train, test, size)}")
 
 
 @app.command("demo")

@@ -421,3 +421,124 @@ def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[st
         **found, "mask_dir": "", "train_csv": csv, "id_col": id_col, "rle_col": rle_col, "class_col": class_col,
         "rle_start": int(start),
     }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- detection
+
+DETECTION_KEYS = (
+    "train_dir", "test_dir", "image_ext", "train_csv", "id_col", "box_cols", "box_format", "box_scale", "label_col",
+    "box_classes", "missing_boxes", "sample_submission", "pred_fields", "pred_scale", "metric", "arch",
+)  # fmt: skip
+BOX_CSVS = ("train.csv", "train_labels.csv", "train_boxes.csv", "annotations.csv", "labels.csv")
+CORNER_COLS = (("x_min", "y_min", "x_max", "y_max"), ("xmin", "ymin", "xmax", "ymax"), ("x1", "y1", "x2", "y2"))
+WIDTH_COLS = (("x", "y", "w", "h"), ("x", "y", "width", "height"), ("left", "top", "width", "height"))
+CENTRE_COLS = (("x_center", "y_center", "width", "height"), ("cx", "cy", "w", "h"))
+BOX_LIST_COLS = ("bbox", "bboxes", "boxes", "box", "annotations", "PredictionString")
+LABEL_COLS = ("class_name", "label", "class", "category", "class_id", "category_id", "labels")
+
+
+def _box_columns(cols: list[str], path: Path) -> tuple[str, str]:
+    """(box_cols, box_format) from the column names: four coordinate columns, or one holding boxes."""
+    for fmt, sets in (("xyxy", CORNER_COLS), ("xywh", WIDTH_COLS), ("cxcywh", CENTRE_COLS)):
+        for names in sets:
+            if all(n in cols for n in names):
+                return ",".join(names), fmt
+    for name in BOX_LIST_COLS:
+        if name in cols:
+            return name, "xywh"  # COCO's order, the usual one of a bbox column
+    raise KagtplError(f"{path}: no box columns (x_min..y_max, x y w h, or a bbox column); pass --box-cols")
+
+
+def _box_numbers(path: Path, box_cols: str, limit: int = 500) -> list[list[float]]:
+    """The first rows' boxes as numbers (groups of four), for the scale and format checks."""
+    import json
+
+    cols, out = box_cols.split(","), []
+    for row in csvfile.dict_rows(path, limit=limit):
+        try:
+            if len(cols) == 4:
+                out.append([float(row[c]) for c in cols])
+                continue
+            text = (row.get(cols[0]) or "").strip()
+            values = json.loads(text) if text.startswith("[") else [float(v) for v in text.split()]
+            flat = [float(v) for v in (sum(values, []) if values and isinstance(values[0], list) else values)]
+            out += [flat[i : i + 4] for i in range(0, len(flat) - 3, 4)]
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out
+
+
+def _pred_fields(data: Path, sample: str, label_col: str, box_format: str) -> str:
+    """The prediction string's groups: 5 values in the sample's strings are score + box, 6 are
+    label + score + box; an empty sample: a label first when the boxes have one."""
+    box = {"xywh": "x y w h", "xyxy": "x1 y1 x2 y2", "cxcywh": "cx cy w h"}[box_format]
+    col = _header(data / sample)[-1]
+    for row in csvfile.dict_rows(data / sample, limit=50):
+        n = len((row.get(col) or "").split())
+        if n and n % 6 == 0 and n % 5:
+            return f"label score {box}"
+        if n and n % 5 == 0:
+            return f"score {box}"
+    return f"{'label ' if label_col else ''}score {box}"
+
+
+def detect_detection(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
+    """Answers for the detection keys: the images, the training boxes' CSV and its layout (a row
+    per box or per image, the columns, the format and scale), the labels, and the submission's
+    prediction string; `overrides` (flags) win over what is found."""
+    if not data.is_dir():
+        raise KagtplError(f"--data {data}: no such folder")
+    o = {k: overrides.get(k) for k in DETECTION_KEYS}
+    sample = _pick_submission(data, o["sample_submission"], "sample submission CSV", "a detection")
+    sample_cols = _header(data / sample)
+    if len(sample_cols) != 2:
+        raise KagtplError(f"{data / sample}: a box submission has columns id, PredictionString (found {sample_cols})")
+    ext = o["image_ext"]
+    train_dir = _pick(
+        data, o["train_dir"], TRAIN_DIRS, "training image folder", lambda p: has_images(p, ext), "a detection"
+    )
+    test_dir = _pick(data, o["test_dir"], TEST_DIRS, "test image folder", lambda p: has_images(p, ext), "a detection")
+    if ext is None:
+        ext = next((p.suffix for p in sorted((data / train_dir).iterdir()) if p.suffix.lower() in IMAGE_EXTS), "")
+    csv = _pick(data, o["train_csv"], BOX_CSVS, "training boxes CSV", Path.is_file, "a detection")
+    cols = _header(data / csv)
+    id_col = o["id_col"] or (sample_cols[0] if sample_cols[0] in cols else cols[0])
+    box_cols, box_format = _box_columns(cols, data / csv) if not o["box_cols"] else (o["box_cols"], "xywh")
+    for col in [id_col, *box_cols.split(",")]:
+        if col not in cols:
+            raise KagtplError(f"{data / csv}: no column {col!r} (columns: {cols})")
+    numbers = _box_numbers(data / csv, box_cols)
+    relative = bool(numbers) and max(max(abs(v) for v in b) for b in numbers) <= 1.0
+    if relative and box_format == "xywh" and any(b[0] + b[2] > 1.0001 or b[1] + b[3] > 1.0001 for b in numbers):
+        box_format = "cxcywh"  # x + w past the right edge: the first two are a centre (YOLO's)
+    box_format = o["box_format"] or box_format
+    box_scale = o["box_scale"] or ("relative" if relative else "pixel")
+    label_col = o["label_col"] if o["label_col"] is not None else next((c for c in LABEL_COLS if c in cols), "")
+    if label_col and label_col not in cols:
+        raise KagtplError(f"{data / csv}: no label column {label_col!r} (columns: {cols})")
+    classes = o["box_classes"]
+    if classes is None and label_col:
+        classes = ",".join(box_labels(data / csv, label_col, box_cols))
+    found = {
+        "train_dir": train_dir, "test_dir": test_dir, "image_ext": ext, "train_csv": csv, "id_col": id_col,
+        "box_cols": box_cols, "box_format": box_format, "box_scale": box_scale, "label_col": label_col,
+        "sample_submission": sample,
+        "pred_fields": o["pred_fields"] or _pred_fields(data, sample, label_col, box_format),
+        "pred_scale": o["pred_scale"] or box_scale,
+    }  # fmt: skip
+    if label_col:
+        found["box_classes"] = classes or ""
+    found.update({k: o[k] for k in ("missing_boxes", "metric", "arch") if o[k] is not None})
+    return found
+
+
+def box_labels(path: Path, label_col: str, box_cols: str) -> list[str]:
+    """The labels of the rows that hold a box, in order of first appearance (a negative row's
+    label, VinBigData's 'No finding', is not a class)."""
+    cols, seen = box_cols.split(","), {}
+    for row in csvfile.dict_rows(path):
+        if any((row.get(c) or "").strip() not in ("", "[]") for c in cols):
+            seen.setdefault(row.get(label_col) or "", None)
+    if any("," in name for name in seen):
+        raise KagtplError(f"{path}: a label holds a comma ({next(n for n in seen if ',' in n)!r}); rename it")
+    return sorted(seen, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))

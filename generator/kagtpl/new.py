@@ -17,7 +17,7 @@ from kagtpl import detect, kaggle, paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, planner, profiles, source
 
-TASKS = ("image", "tabular", "text", "segmentation")
+TASKS = ("image", "tabular", "text", "segmentation", "detection")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -76,7 +76,7 @@ def validate_choices(answers: NewAnswers) -> None:
     for key in ("image_size", "work_size"):
         value = getattr(answers, key)
         problem = value is not None and hardware().stride_problem(f"--{key.replace('_', '-')}", value)
-        if answers.task == "segmentation" and problem:
+        if answers.task in ("segmentation", "detection") and problem:
             raise KagtplError(problem)
     if answers.competition is not None:
         kaggle.check_slug("--competition", answers.competition)
@@ -142,11 +142,12 @@ def check_destination(answers: NewAnswers) -> None:
 # flags that only some tasks take: the tasks, and what the error says otherwise
 FOR_TASK = {
     "model": (
-        ("image", "text", "segmentation"),
-        "for image and segmentation (timm) and text (Hugging Face) competitions; tables get an MLP",
+        ("image", "text", "segmentation", "detection"),
+        "for image and segmentation (timm), detection (a torchvision ResNet) and text (Hugging Face) competitions; "
+        "tables get an MLP",
     ),
     "model_dir": (("text",), "for text competitions (the local Hugging Face folder)"),
-    "image_size": (("image", "segmentation"), "for image and segmentation competitions"),
+    "image_size": (("image", "segmentation", "detection"), "for image, segmentation and detection competitions"),
     "work_size": (("segmentation",), "for segmentation competitions"),
 }
 DETECTORS = {
@@ -154,6 +155,7 @@ DETECTORS = {
     "tabular": (detect.detect_tabular, detect.TABULAR_KEYS),
     "text": (detect.detect_text, detect.TEXT_KEYS),
     "segmentation": (detect.detect_segmentation, detect.SEGMENTATION_KEYS),
+    "detection": (detect.detect_detection, detect.DETECTION_KEYS),
 }
 
 
@@ -184,6 +186,8 @@ def copier_data(answers: NewAnswers) -> dict:
             print(f"Image size: {data['image_size']} px ({why}; --image-size overrides)")
         if task == "segmentation":
             segmentation_sizes(folder, data, answers)
+        if task == "detection" and answers.image_size is None:
+            detection_size(folder, data)
     else:
         data.update({k: v for k, v in overrides.items() if v is not None and k in keys})
     return data
@@ -202,6 +206,19 @@ def segmentation_sizes(folder: Path, data: dict, answers: NewAnswers) -> None:
     print(
         f"Image size: {work} px working size ({'median side ' + str(int(side)) if side else 'no image read'}), {tiles}"
     )
+
+
+DETECTION_MAX_SIZE = {"gpu": 1024, "cpu": 256}  # a 1024 px step costs 4x a 512 px one; CPU: 16x a 256 px one
+
+
+def detection_size(folder: Path, data: dict) -> None:
+    """Every image is resized to one square: the training images' median side, a multiple of 32,
+    at most DETECTION_MAX_SIZE (small objects vanish when a 1024 px scan is shrunk to 256 px)."""
+    side = detect.median_side(folder / data["train_dir"], data["image_ext"])
+    device = "cpu" if data.get("gpu") == "cpu" else "gpu"
+    if side:
+        data["image_size"] = int(max(64, min(DETECTION_MAX_SIZE[device], side // 32 * 32)))
+        print(f"Image size: {data['image_size']} px (median side {int(side)}; --image-size overrides)")
 
 
 def render(answers: NewAnswers, data: dict) -> Path:

@@ -16,6 +16,7 @@ RLE is Kaggle's usual: 1-indexed start/length pairs in column-major order. Besid
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 from kagtpl.errors import KagtplError
@@ -43,8 +44,9 @@ def runs(mask) -> str:
     return " ".join(out)
 
 
-def draw_image(rng, size: int, two_classes: bool):
-    """An RGB image and its class-index mask (0 background, 1 ellipse, 2 rectangle)."""
+def draw_image(rng, size: int, two_classes: bool, with_boxes: bool = False):
+    """An RGB image and its class-index mask (0 background, 1 ellipse, 2 rectangle); `with_boxes`:
+    also each target's (class, [x1, y1, x2, y2]) in pixels."""
     import numpy as np
     from PIL import Image, ImageDraw, ImageFilter
 
@@ -73,14 +75,15 @@ def draw_image(rng, size: int, two_classes: bool):
             draw.line([x0, y0, x1, y1], fill=colour(), width=int(rng.integers(1, 4)))
         else:
             draw.polygon([(x0, y1), ((x0 + x1) / 2, y0), (x1, y1)], fill=colour())
-    targets = 0 if rng.random() < 0.25 else int(rng.integers(1, 4))
+    targets, found = 0 if rng.random() < 0.25 else int(rng.integers(1, 4)), []
     for _ in range(targets):
         kind = 2 if two_classes and rng.random() < 0.5 else 1
         shape = box(0.12, 0.35)
         fill = colour()
         (draw.ellipse if kind == 1 else draw.rectangle)(shape, fill=fill, outline=colour())
         (paint.ellipse if kind == 1 else paint.rectangle)(shape, fill=kind)
-    return img, np.asarray(mask)
+        found.append((kind, [round(float(v), 1) for v in shape]))
+    return (img, np.asarray(mask), found) if with_boxes else (img, np.asarray(mask))
 
 
 def write_shapes(
@@ -156,3 +159,85 @@ def dice_score(submission: Path, solution: Path, shape: tuple[int, int]) -> floa
         total = t.sum() + p.sum()
         scores.append(1.0 if total == 0 else 2 * (t & p).sum() / total)
     return float(np.mean(scores))
+
+
+# ----------------------------------------------------------------------------- detection
+
+BOX_LAYOUTS = ("wheat", "voc", "lists", "strings")
+
+
+def box_rows(layout: str, image_id: str, found: list, size: int) -> list[list[str]]:
+    """The training CSV's rows for one image in `layout` (see write_boxes)."""
+    if layout == "wheat":  # a row per box, bbox "[x, y, w, h]"; an image without boxes has no row
+        return [
+            [image_id, str(size), str(size), f"[{b[0]}, {b[1]}, {round(b[2] - b[0], 1)}, {round(b[3] - b[1], 1)}]"]
+            for _, b in found
+        ]
+    if layout == "voc":  # a row per box with its class; an image without boxes: one row, no box
+        if not found:
+            return [[image_id, "No finding", "", "", "", ""]]
+        return [[image_id, CLASSES[k - 1], *(str(v) for v in b)] for k, b in found]
+    if layout == "lists":  # a row per image: relative centre boxes as a JSON list ("[]": none)
+        cells = [
+            [(b[0] + b[2]) / 2 / size, (b[1] + b[3]) / 2 / size, (b[2] - b[0]) / size, (b[3] - b[1]) / size]
+            for _, b in found
+        ]
+        return [[image_id, str([[round(float(v), 5) for v in c] for c in cells])]]
+    numbers = [f"{v}" for _, b in found for v in (b[0], b[1], round(b[2] - b[0], 1), round(b[3] - b[1], 1))]
+    return [[image_id, " ".join(numbers)]]  # strings: "x y w h x y w h ..." per image
+
+
+BOX_HEADERS = {
+    "wheat": ["image_id", "width", "height", "bbox"],
+    "voc": ["image_id", "class_name", "x_min", "y_min", "x_max", "y_max"],
+    "lists": ["id", "boxes"],
+    "strings": ["id", "boxes"],
+}
+
+
+def write_boxes(
+    dest: Path, layout: str = "wheat", n_train: int = 120, n_test: int = 30, size: int = 96, seed: int = 0
+) -> Path:
+    """A detection competition in `layout` under `dest`: train/ and test/ images, the training
+    boxes and sample_submission.csv (id, PredictionString); beside it <folder>_solution.csv holds
+    the test boxes (id, label, x1, y1, x2, y2 in pixels) for scoring. Layouts:
+
+    - `wheat`: train.csv a row per box, bbox "[x, y, w, h]" in pixels; images without boxes are
+      in train/ but have no row (Global Wheat Detection)
+    - `voc`: train.csv a row per box: class_name, x_min, y_min, x_max, y_max; two classes, and an
+      image without boxes has one row with empty coordinates (VinBigData)
+    - `lists`: train.csv a row per image: a JSON list of relative [cx, cy, w, h] boxes (YOLO's)
+    - `strings`: train.csv a row per image: "x y w h x y w h ..." in pixels
+    """
+    if layout not in BOX_LAYOUTS:
+        raise KagtplError(f"unknown layout {layout!r}; valid detection layouts: {', '.join(BOX_LAYOUTS)}")
+    if size < 32 or n_train < 4 or n_test < 1:
+        raise KagtplError(f"--size {size}, --train {n_train}, --test {n_test}: at least 32 px, 4 and 1 images")
+    try:
+        import numpy as np
+    except ImportError as e:
+        raise KagtplError(f"writing images needs the training packages: pip install 'kagtpl[train]' ({e})") from e
+    rng = np.random.default_rng(seed)
+    for folder in ("train", "test"):
+        (dest / folder).mkdir(parents=True, exist_ok=True)
+    id_col = BOX_HEADERS[layout][0]
+    train_rows, sample_rows, solution_rows = [], [], []
+    for i in range(n_train + n_test):
+        image_id = f"img{i:04d}"
+        img, _, found = draw_image(rng, size, layout == "voc", with_boxes=True)
+        split = "train" if i < n_train else "test"
+        img.save(dest / split / f"{image_id}.png")
+        if split == "train":
+            train_rows += box_rows(layout, image_id, found, size)
+        else:
+            sample_rows.append([image_id, ""])
+            solution_rows += [[image_id, CLASSES[k - 1], *(str(v) for v in b)] for k, b in found]
+
+    def write(path: Path, header: list, rows: list) -> None:
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows([header, *rows])  # quotes "[x, y, w, h]" cells as Kaggle's files do
+
+    write(dest / "train.csv", BOX_HEADERS[layout], train_rows)
+    write(dest / "sample_submission.csv", [id_col, "PredictionString"], sample_rows)
+    write(dest.parent / f"{dest.name}_solution.csv", [id_col, "label", "x1", "y1", "x2", "y2"], solution_rows)
+    return dest

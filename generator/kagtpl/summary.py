@@ -21,7 +21,13 @@ def lines(answers: dict) -> list[str]:
     if not data.is_dir():
         found = [f"data: {data} is not on this machine (read there when the scripts run)  [--data]"]
     else:
-        lines_of = {"image": image_lines, "tabular": table_lines, "text": text_lines, "segmentation": mask_lines}
+        lines_of = {
+            "image": image_lines,
+            "tabular": table_lines,
+            "text": text_lines,
+            "segmentation": mask_lines,
+            "detection": box_lines,
+        }
         found = lines_of[task](data, answers)
     return ["Detected and chosen:", *(f"  {line}" for line in [*found, *plan_lines(answers)])]
 
@@ -92,6 +98,20 @@ def mask_lines(data: Path, a: dict) -> list[str]:
         f"{a['work_size']} px, trained {tiles}  [--train-dir --test-dir --image-ext --work-size --image-size]",
         masks,
         f"model: {a['arch']} with a {a['model']} encoder, metric {a['metric']} per image  [--arch --model --metric]",
+    ]
+
+
+def box_lines(data: Path, a: dict) -> list[str]:
+    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_files(data / a["test_dir"], a["image_ext"])
+    labels = f"labels {a['label_col']!r}: {a.get('box_classes', '')}" if a.get("label_col") else "one class"
+    negatives = "an image with no row has no object" if a["missing_boxes"] == "empty" else "images with no row skipped"
+    return [
+        f"images: {train} in {a['train_dir']}/, {test} in {a['test_dir']}/ ({a['image_ext']}), resized to "
+        f"{a['image_size']} px  [--train-dir --test-dir --image-ext --image-size]",
+        f"boxes: {a['train_csv']} columns {a['box_cols']!r} ({a['box_format']}, {a['box_scale']}), {labels}; "
+        f"{negatives}  [--train-csv --box-cols --box-format --box-scale --label-col --box-classes --missing-boxes]",
+        f"submission: '{a['pred_fields']}' groups ({a['pred_scale']}) per image  [--pred-fields --pred-scale]",
+        f"model: {a['arch']} on a {a['model']} backbone, metric {a['metric']}  [--arch --model --metric]",
     ]
 
 

@@ -26,7 +26,8 @@ from .errors import DataError
 SIGNATURE_FLAGS = (
     "labels_csv", "label_col", "train_dir", "image_ext", "train_csv", "id_col", "target", "drop", "problem",
     "text_cols", "text_sep", "folds", "seed", "mask_dir", "mask_ext", "rle_col", "class_col", "mask_values",
-    "missing_mask", "rle_order", "rle_start", "work_size",
+    "missing_mask", "rle_order", "rle_start", "work_size", "box_cols", "box_format", "box_scale", "box_classes",
+    "missing_boxes",
 )  # fmt: skip
 SIGNATURE_COLUMN = "signature"  # the OOF files' column that carries it
 
@@ -131,7 +132,8 @@ def copy_oof(out: Path, source: str, name: str) -> None:
 def write_oof(comp, fold, y: np.ndarray, pred: np.ndarray, path: Path, args) -> None:
     """The fold's validation predictions beside their ids, targets and the run signature (oof_fold{k}.csv)."""
     oof = pd.DataFrame({comp.id_col: fold.ids_valid[: len(pred)], "fold": fold.index, **target_columns(y)})
-    oof[comp.oof_columns] = np.asarray(pred).reshape(len(pred), -1)
+    preds = pd.DataFrame(np.asarray(pred).reshape(len(pred), -1), columns=comp.oof_columns)
+    oof = pd.concat([oof, preds], axis=1)  # one join: detection's 600 columns one by one fragment the frame
     storage.write_csv_atomic(signed(oof, args.signature), path)
 
 

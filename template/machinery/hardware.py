@@ -209,8 +209,11 @@ SEGMENTATION_TILE = {"gpu": 512, "cpu": 128}
 # A decoder keeps activations at up to full resolution for the backward: the bytes autograd saves
 # for one step, relative to the classifier on the same encoder (measured on CPU at 256 px with
 # saved_tensors_hooks, smp 0.6.0, the largest over tu-resnet18 / resnet34 / efficientnet_b0):
-# Unet 2.2x, Unet++ 4.6x, FPN 1.4x, DeepLabV3+ 1.6x. The batch is divided by it.
+# Unet 2.2x, Unet++ 4.6x, FPN 1.4x, DeepLabV3+ 1.6x. The batch is divided by it. Detectors the
+# same way (torchvision 0.29, resnet50 FPN at 512 px, 3 boxes an image): Faster R-CNN v2 1.85x,
+# RetinaNet v2 1.32x, FCOS 1.31x; their floor is 2 images (1024 px scans on a 16 GB T4).
 DECODER_ACTIVATIONS = {"unet": 2.2, "unetplusplus": 4.6, "fpn": 1.4, "deeplabv3plus": 1.6}
+DECODER_ACTIVATIONS |= {"fasterrcnn": 1.85, "retinanet": 1.32, "fcos": 1.31}
 
 
 SEGMENTATION_STRIDE = 32  # smp's encoders halve the input 5 times: every side a multiple of 32
@@ -329,7 +332,9 @@ def recommend(
         prec = 1.0 if amp in ("bf16", "fp16") else 0.5  # fp32 activations take twice the memory
         dec = DECODER_ACTIVATIONS[decoder] if decoder else 1.0
         raw = ANCHOR_BATCH * mem * res * mdl * prec / dec
-        floor = MIN_DECODER_BATCH if decoder else MIN_GPU_BATCH
+        floor = (
+            (2 if decoder in ("fasterrcnn", "retinanet", "fcos") else MIN_DECODER_BATCH) if decoder else MIN_GPU_BATCH
+        )
         batch = max(floor, round_batch(raw))
         aggressive = max(batch, min(round_batch(batch * 1.5), batch + 64))
         per_decoder = f" / {dec:g} for the {decoder} decoder's activations" if decoder else ""

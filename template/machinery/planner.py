@@ -26,6 +26,7 @@ DEFAULT_PLAN = {
     "tabular": (5, 50),
     "text": (5, 4),
     "segmentation": (5, 20),
+    "detection": (5, 20),
 }  # folds, epochs: copier.yml's defaults (a test keeps them so)
 
 

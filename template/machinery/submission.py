@@ -95,8 +95,8 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     A submission already at `path` is an earlier run's (perhaps a dry run's, or one made from
     other data): it is moved to `submission.earlier.csv` with a line, so that the file this run
     hands in is always this run's own; predict.py replaces the fallback."""
-    if config.get("submission") == "rle":  # segmentation: an empty mask on every row
-        sub, kind = sample.copy(), "rle"
+    if config.get("submission") in ("rle", "boxes"):  # segmentation, detection: an empty mask, no box
+        sub, kind = sample.copy(), config["submission"]
         sub[sample.columns[-1]] = ""
     else:
         prior = prior_prediction(y, 0 if config["problem"] == "regression" else len(classes))
@@ -113,9 +113,12 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
         os.replace(path, earlier)
         print(f"SUBMISSION: the earlier run's {path.name} moved to {earlier} (this run hands in its own)")
     write_csv_atomic(sub, path)
-    what = {"number": "the training mean", "label": "the majority class", "rle": "an empty mask"}.get(
-        kind, "class priors"
-    )
+    what = {
+        "number": "the training mean",
+        "label": "the majority class",
+        "rle": "an empty mask",
+        "boxes": "no box",
+    }.get(kind, "class priors")
     print(f"SUBMISSION: {path} is a fallback ({what} for every row) until predict.py replaces it")
 
 
@@ -176,7 +179,8 @@ def check_layout(sub, sample) -> None:
 
 def check_submission(sub, sample, kind: str, labels=None) -> None:
     """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order,
-    row count, and values. kind: 'rle' (the last column run-length strings), 'distribution' (probability columns whose rows sum to 1),
+    row count, and values. kind: 'rle' (the last column run-length strings), 'boxes' (the last column
+    prediction strings: text, "" for no box; predict.py checks their groups), 'distribution' (probability columns whose rows sum to 1),
     'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite)."""
     check_layout(sub, sample)
     values = sub[sample.columns[1:]]
@@ -184,6 +188,11 @@ def check_submission(sub, sample, kind: str, labels=None) -> None:
         bad = [v for v in sub[sample.columns[-1]] if not isinstance(v, str) or not RLE.fullmatch(v)]
         if bad:
             raise ValueError(f"submission RLE {str(bad[0])[:40]!r} is not start/length pairs")
+        return
+    if kind == "boxes":
+        bad = [v for v in sub[sample.columns[-1]] if not isinstance(v, str)]
+        if bad:
+            raise ValueError(f"submission prediction string {bad[0]!r} is not text")
         return
     if kind == "label":
         allowed = {str(v) for v in labels}

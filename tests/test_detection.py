@@ -1,0 +1,224 @@
+"""--task detection: the box layouts kagtpl new detects, weighted box fusion on hand-worked boxes
+(and against the ensemble-boxes package), COCO mAP against pycocotools, the prediction string,
+preflight, and render-and-run on generated shapes data (real torchvision detectors on CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import import_project, run_script
+from kagtpl import detect, new, shapes
+
+SIZE, TRAIN, TEST = 96, 24, 6
+FAST = ["--device", "cpu", "--workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def box_data(tmp_path_factory) -> dict:
+    """Every layout of the generated shapes competition: {layout: data folder}."""
+    root = tmp_path_factory.mktemp("boxes")
+    return {layout: shapes.write_boxes(root / layout, layout, TRAIN, TEST, SIZE) for layout in shapes.BOX_LAYOUTS}
+
+
+def make_project(tmp_path, data, name: str = "det", **flags):
+    plan = {"folds": 2, "epochs": 1, **flags}
+    return new.new_project(new.NewAnswers(name=name, task="detection", gpu="cpu", data=data, dest=tmp_path, **plan))
+
+
+@pytest.fixture(scope="module")
+def wheat_project(tmp_path_factory, box_data):
+    return make_project(tmp_path_factory.mktemp("wheat"), box_data["wheat"])
+
+
+@pytest.fixture(scope="module")
+def m(wheat_project):
+    return import_project(wheat_project, ("train", "boxes", "box_metrics", "errors"))
+
+
+# ----------------------------------------------------------------------------- kagtpl new detects the layout
+
+
+def test_kagtpl_new_detects_each_layout(box_data):
+    found = {layout: detect.detect_detection(box_data[layout], {}) for layout in shapes.BOX_LAYOUTS}
+    wheat = found["wheat"]
+    assert (wheat["id_col"], wheat["box_cols"], wheat["box_format"], wheat["box_scale"]) == (
+        "image_id", "bbox", "xywh", "pixel",
+    )  # fmt: skip
+    assert wheat["label_col"] == "" and wheat["pred_fields"] == "score x y w h"
+    voc = found["voc"]
+    assert voc["box_cols"] == "x_min,y_min,x_max,y_max" and voc["box_format"] == "xyxy"
+    assert voc["label_col"] == "class_name" and voc["pred_fields"] == "label score x1 y1 x2 y2"
+    assert set(voc["box_classes"].split(",")) == {"ellipse", "rectangle"}  # 'No finding' (no box) is not a class
+    lists = found["lists"]
+    assert lists["box_scale"] == "relative" and lists["box_format"] == "cxcywh"  # x + w past 1: a centre
+    assert lists["pred_scale"] == "relative"
+    assert found["strings"]["box_cols"] == "boxes" and found["strings"]["box_scale"] == "pixel"
+
+
+def test_kagtpl_new_flags_override_the_detected_layout(box_data):
+    found = detect.detect_detection(box_data["wheat"], {"pred_fields": "score x1 y1 x2 y2", "missing_boxes": "skip"})
+    assert found["pred_fields"] == "score x1 y1 x2 y2" and found["missing_boxes"] == "skip"
+
+
+# ----------------------------------------------------------------------------- weighted box fusion
+
+
+def test_wbf_on_hand_worked_boxes(m):
+    a = (np.array([[0.0, 0.0, 10.0, 10.0]]), np.array([0.9]), np.array([0]))
+    b = (np.array([[1.0, 1.0, 11.0, 11.0], [50.0, 50.0, 60.0, 60.0]]), np.array([0.6, 0.8]), np.array([0, 0]))
+    fused, scores, labels = m.boxes.weighted_box_fusion([a, b])
+    # IoU 81/119 = 0.68 > 0.55: one object; its corners weighted by score: (0.9 x 0 + 0.6 x 1) / 1.5 = 0.4
+    assert np.allclose(fused[0], [0.4, 0.4, 10.4, 10.4]) and scores[0] == pytest.approx(0.75)  # (0.9 + 0.6) / 2
+    assert np.allclose(fused[1], [50, 50, 60, 60]) and scores[1] == pytest.approx(0.4)  # one model of two: 0.8 / 2
+    assert list(labels) == [0, 0]
+    other = (np.array([[1.0, 1.0, 11.0, 11.0]]), np.array([0.6]), np.array([1]))  # another class never fuses
+    assert len(m.boxes.weighted_box_fusion([a, other])[0]) == 2
+
+
+def test_wbf_matches_the_ensemble_boxes_package(m):
+    ensemble_boxes = pytest.importorskip("ensemble_boxes")
+    rng = np.random.default_rng(0)
+    views = []
+    for _ in range(4):  # four models' noisy views of the same 6 objects, plus clutter
+        centres = np.array([[0.2, 0.2], [0.5, 0.3], [0.7, 0.7], [0.3, 0.8], [0.52, 0.32], [0.9, 0.1]])
+        c = centres + rng.normal(0, 0.01, centres.shape)
+        b = np.clip(np.concatenate([c - 0.05, c + 0.05], 1), 0, 1)
+        views.append((b, rng.uniform(0.1, 1.0, len(b)), rng.integers(0, 2, len(b))))
+    mine = m.boxes.weighted_box_fusion(views)
+    theirs = ensemble_boxes.weighted_boxes_fusion(
+        [v[0].tolist() for v in views], [v[1].tolist() for v in views], [v[2].tolist() for v in views], iou_thr=0.55
+    )
+    order = np.lexsort((mine[0][:, 0], -mine[1]))
+    other = np.lexsort((theirs[0][:, 0], -theirs[1]))
+    assert np.allclose(mine[0][order], theirs[0][other], atol=1e-6)
+    assert np.allclose(mine[1][order], theirs[1][other], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_map_matches_pycocotools(m):
+    coco = pytest.importorskip("pycocotools.coco")
+    cocoeval = pytest.importorskip("pycocotools.cocoeval")
+    rng = np.random.default_rng(1)
+    truths, rows, gts, dts = [], [], [], []
+    for i in range(12):
+        n = int(rng.integers(0, 5))
+        xy = rng.uniform(0, 0.7, (n, 2))
+        t = np.concatenate([xy, xy + rng.uniform(0.05, 0.3, (n, 2))], 1)
+        tl = rng.integers(0, 2, n)
+        k = int(rng.integers(0, 8))
+        d = np.clip(np.concatenate([t, rng.uniform(0, 0.7, (k, 4))])[: n + k], 0, 1)
+        d[:, 2:] = np.maximum(d[:, 2:], d[:, :2] + 0.02)
+        d[:n] += rng.normal(0, 0.02, (n, 4))
+        s, dl = rng.uniform(0, 1, len(d)), np.concatenate([tl, rng.integers(0, 2, k)])[: len(d)]
+        truths.append((t, tl))
+        rows.append(m.boxes.pack(d, s, dl, 1.0))
+        gts += [(i, b, c) for b, c in zip(t, tl, strict=True)]
+        dts += [(i, b, sc, c) for b, sc, c in zip(d, s, dl, strict=True)]
+
+    def xywh(b):
+        return [float(b[0] * 100), float(b[1] * 100), float((b[2] - b[0]) * 100), float((b[3] - b[1]) * 100)]
+
+    gt = coco.COCO()
+    gt.dataset = {
+        "images": [{"id": i} for i in range(12)],
+        "categories": [{"id": 0}, {"id": 1}],
+        "annotations": [
+            {"id": j + 1, "image_id": i, "bbox": xywh(b), "area": xywh(b)[2] * xywh(b)[3], "category_id": int(c),
+             "iscrowd": 0}
+            for j, (i, b, c) in enumerate(gts)
+        ],
+    }  # fmt: skip
+    gt.createIndex()
+    dt = gt.loadRes([{"image_id": i, "bbox": xywh(b), "score": float(s), "category_id": int(c)} for i, b, s, c in dts])
+    ev = cocoeval.COCOeval(gt, dt, "bbox")
+    ev.evaluate()
+    ev.accumulate()
+    ev.summarize()
+    scaled = [(t * 100, tl) for t, tl in truths]
+    matches = m.box_metrics.Matches(np.stack(rows), scaled, size=100.0)
+    assert matches.metric("map") == pytest.approx(ev.stats[0], abs=1e-9)
+    assert matches.metric("map50") == pytest.approx(ev.stats[1], abs=1e-9)
+
+
+def test_wheat_metric_and_the_threshold_chosen_on_oof(m):
+    truth = [(np.array([[0.1, 0.1, 0.3, 0.3]]), np.array([0]))]
+    boxes = np.array([[0.1, 0.1, 0.3, 0.3], [0.6, 0.6, 0.8, 0.8]])
+    row = m.boxes.pack(boxes, np.array([0.9, 0.2]), np.array([0, 0]), 1.0)
+    matches = m.box_metrics.Matches(row[None], truth)
+    assert matches.wheat() == pytest.approx(0.5)  # 1 TP, 1 FP, 0 FN at every IoU threshold
+    chosen = m.box_metrics.choose_postprocess(matches, "wheat")
+    assert chosen["tuned"] == pytest.approx(1.0) and 0.2 <= chosen["threshold"] < 0.9  # the false box cut
+
+
+def test_prediction_string_round_trip(m):
+    b = np.array([[10.0, 20.0, 40.0, 60.0]])
+    text = m.boxes.prediction_string(b, [0.5], [1], ["cat", "dog"], "label score x1 y1 x2 y2", (1, 1))
+    assert text == "dog 0.5000 10.0 20.0 40.0 60.0"
+    assert m.boxes.prediction_string(b, [0.5], [0], ["o"], "score x y w h", (100, 200)).split()[1:] == [
+        "0.10000", "0.10000", "0.30000", "0.20000",
+    ]  # fmt: skip
+    with pytest.raises(m.errors.DataError, match="line 3"):
+        m.boxes.parse_prediction_string("cat 0.5 1 2 3", ["cat"], "label score x y w h", "line 3")
+
+
+# ----------------------------------------------------------------------------- preflight
+
+
+def spoil(src, dest, edit) -> str:
+    import shutil
+
+    shutil.copytree(src, dest)
+    rows = pd.read_csv(dest / "train.csv", dtype=str, keep_default_na=False)
+    edit(rows)
+    rows.to_csv(dest / "train.csv", index=False)
+    return str(dest)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.loc.__setitem__((1, "bbox"), "[90.0, 10.0, 30.0, 10.0]"), "outside its 96x96 image"),
+        (lambda r: r.loc.__setitem__((1, "bbox"), "[10.0, 10.0, 0.0, 10.0]"), "zero or negative width"),
+        (lambda r: r.loc.__setitem__((1, "bbox"), "[10.0, NaN, 5.0, 10.0]"), "NaN or infinite"),
+        (lambda r: r.loc.__setitem__((1, "image_id"), "nosuchimage"), "nosuchimage"),
+    ],
+    ids=["outside", "zero-width", "nan", "no-image"],
+)
+def test_preflight_names_the_file_and_line(tmp_path, box_data, m, edit, message):
+    data = spoil(box_data["wheat"], tmp_path / "data", edit)
+    with pytest.raises(m.errors.DataError) as e:
+        m.train.main([*FAST, "--dry-run", "--data-dir", data, "--out-dir", str(tmp_path / "out")])
+    assert message in str(e.value) and "train.csv line 3" in str(e.value), e.value
+
+
+def test_preflight_refuses_a_label_not_in_the_classes(tmp_path, box_data):
+    proj = make_project(tmp_path, box_data["voc"], name="voc")
+    data = spoil(box_data["voc"], tmp_path / "data", lambda r: r.loc.__setitem__((0, "class_name"), "triangle"))
+    proc = run_script(proj, "train.py", *FAST, "--dry-run", "--data-dir", data, check=False)
+    said = proc.stdout + (proc.stderr or "")
+    assert proc.returncode == 1 and "label 'triangle' is not one of" in said and "train.csv line 2" in said, said
+
+
+# ----------------------------------------------------------------------------- render and run
+
+
+def check_submission(proj, data, fields: str) -> pd.DataFrame:
+    sub = pd.read_csv(proj / "output" / "submission.csv", dtype=str, keep_default_na=False)
+    sample = pd.read_csv(data / "sample_submission.csv", dtype=str, keep_default_na=False)
+    assert list(sub.columns) == list(sample.columns) and list(sub.iloc[:, 0]) == list(sample.iloc[:, 0])
+    for text in sub.iloc[:, 1]:
+        assert len(text.split()) % len(fields.split()) == 0
+    return sub
+
+
+def test_train_and_predict_give_a_checked_submission(wheat_project, box_data):
+    proc = run_script(wheat_project, "train.py", *FAST, "--epochs", "2")
+    assert "OOF: mAP@.5=" in proc.stdout and "POSTPROCESS: score >" in proc.stdout
+    assert (wheat_project / "output" / "postprocess.json").is_file()
+    pred = run_script(wheat_project, "predict.py", "--device", "cpu", "--workers", "0")
+    assert "SUBMISSION:" in pred.stdout and "2 fold(s) ensembled" in pred.stdout
+    check_submission(wheat_project, box_data["wheat"], "score x y w h")
