@@ -83,7 +83,7 @@ CLI_CASES = [
     ),
     (
         lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--image-size", "224"],
-        "--image-size is for image and segmentation competitions",
+        "--image-size is for image, segmentation and detection competitions",
     ),
     (lambda t: ["table", str(t / "x"), "--kind", "graph"], "unknown kind 'graph'; valid kinds: binary"),
     (lambda t: ["new", "p", "--task", "image", "--gpu", "tpu"], "unknown GPU 'tpu'; valid GPUs: t4, t4x2"),
