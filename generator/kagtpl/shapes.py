@@ -90,16 +90,10 @@ def write_shapes(
     dest: Path, layout: str = "png", n_train: int = 120, n_test: int = 30, size: int = 96, seed: int = 0
 ) -> Path:
     """The competition in `layout` under `dest`; returns `dest`."""
-    if layout not in LAYOUTS:
-        raise KagtplError(f"unknown layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
-    if size < 32 or n_train < 4 or n_test < 1:
-        raise KagtplError(f"--size {size}, --train {n_train}, --test {n_test}: at least 32 px, 4 and 1 images")
-    try:
-        import numpy as np
-        from PIL import Image
-    except ImportError as e:
-        raise KagtplError(f"writing images needs the training packages: pip install 'kagtpl[train]' ({e})") from e
-    rng = np.random.default_rng(seed)
+    rng = start(layout, LAYOUTS, "layouts", size, n_train, n_test, seed)
+    import numpy as np
+    from PIL import Image
+
     two = layout in ("classes", "rle-classes")
     classes = CLASSES if two else CLASSES[:1]
     files = layout in ("png", "classes")
@@ -123,15 +117,31 @@ def write_shapes(
                 sample_rows.append([image_id, *([name] if two else []), ""])
                 solution_rows.append([image_id, *([name] if two else []), rle])
     header = ["id", *(["class"] if two else []), "rle"]
-
-    def write(path: Path, rows: list) -> None:
-        path.write_text("\n".join(",".join(r) for r in [header, *rows]) + "\n")
-
     if not files:
-        write(dest / "train.csv", train_rows)
-    write(dest / "sample_submission.csv", sample_rows)
-    write(dest.parent / f"{dest.name}_solution.csv", solution_rows)
+        write_csv(dest / "train.csv", header, train_rows)
+    write_csv(dest / "sample_submission.csv", header, sample_rows)
+    write_csv(dest.parent / f"{dest.name}_solution.csv", header, solution_rows)
     return dest
+
+
+def start(layout: str, layouts: tuple, what: str, size: int, n_train: int, n_test: int, seed: int):
+    """The checks every generated competition makes before writing; its random generator."""
+    if layout not in layouts:
+        raise KagtplError(f"unknown layout {layout!r}; valid {what}: {', '.join(layouts)}")
+    if size < 32 or n_train < 4 or n_test < 1:
+        raise KagtplError(f"--size {size}, --train {n_train}, --test {n_test}: at least 32 px, 4 and 1 images")
+    try:
+        import numpy as np
+        import PIL  # noqa: F401  (draw_image's)
+    except ImportError as e:
+        raise KagtplError(f"writing images needs the training packages: pip install 'kagtpl[train]' ({e})") from e
+    return np.random.default_rng(seed)
+
+
+def write_csv(path: Path, header: list, rows: list) -> None:
+    """A CSV with Kaggle's \\n line ends; cells holding a comma ("[x, y, w, h]") quoted."""
+    with open(path, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows([header, *rows])
 
 
 def dice_score(submission: Path, solution: Path, shape: tuple[int, int]) -> float:
@@ -209,15 +219,7 @@ def write_boxes(
     - `lists`: train.csv a row per image: a JSON list of relative [cx, cy, w, h] boxes (YOLO's)
     - `strings`: train.csv a row per image: "x y w h x y w h ..." in pixels
     """
-    if layout not in BOX_LAYOUTS:
-        raise KagtplError(f"unknown layout {layout!r}; valid detection layouts: {', '.join(BOX_LAYOUTS)}")
-    if size < 32 or n_train < 4 or n_test < 1:
-        raise KagtplError(f"--size {size}, --train {n_train}, --test {n_test}: at least 32 px, 4 and 1 images")
-    try:
-        import numpy as np
-    except ImportError as e:
-        raise KagtplError(f"writing images needs the training packages: pip install 'kagtpl[train]' ({e})") from e
-    rng = np.random.default_rng(seed)
+    rng = start(layout, BOX_LAYOUTS, "detection layouts", size, n_train, n_test, seed)
     for folder in ("train", "test"):
         (dest / folder).mkdir(parents=True, exist_ok=True)
     id_col = BOX_HEADERS[layout][0]
@@ -233,11 +235,7 @@ def write_boxes(
             sample_rows.append([image_id, ""])
             solution_rows += [[image_id, CLASSES[k - 1], *(str(v) for v in b)] for k, b in found]
 
-    def write(path: Path, header: list, rows: list) -> None:
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows([header, *rows])  # quotes "[x, y, w, h]" cells as Kaggle's files do
-
-    write(dest / "train.csv", BOX_HEADERS[layout], train_rows)
-    write(dest / "sample_submission.csv", [id_col, "PredictionString"], sample_rows)
-    write(dest.parent / f"{dest.name}_solution.csv", [id_col, "label", "x1", "y1", "x2", "y2"], solution_rows)
+    write_csv(dest / "train.csv", BOX_HEADERS[layout], train_rows)
+    write_csv(dest / "sample_submission.csv", [id_col, "PredictionString"], sample_rows)
+    write_csv(dest.parent / f"{dest.name}_solution.csv", [id_col, "label", "x1", "y1", "x2", "y2"], solution_rows)
     return dest

@@ -137,6 +137,13 @@ def write_oof(comp, fold, y: np.ndarray, pred: np.ndarray, path: Path, args) -> 
     storage.write_csv_atomic(signed(oof, args.signature), path)
 
 
+def signed_oof(out: Path, signature: str) -> pd.DataFrame | None:
+    """Every oof_fold*.csv in `out` of this run signature, as one frame (None when there is none):
+    what a task's postprocess.json is chosen on."""
+    frames = [f for f in (read_signed(p, signature) for p in sorted(Path(out).glob("oof_fold*.csv"))) if f is not None]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
     """An OOF file of this run signature; one of another (or none: written before 0.6.0) is left
     out with an OOF: line saying why. None when it is missing or left out."""

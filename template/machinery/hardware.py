@@ -214,6 +214,7 @@ SEGMENTATION_TILE = {"gpu": 512, "cpu": 128}
 # RetinaNet v2 1.32x, FCOS 1.31x; their floor is 2 images (1024 px scans on a 16 GB T4).
 DECODER_ACTIVATIONS = {"unet": 2.2, "unetplusplus": 4.6, "fpn": 1.4, "deeplabv3plus": 1.6}
 DECODER_ACTIVATIONS |= {"fasterrcnn": 1.85, "retinanet": 1.32, "fcos": 1.31}
+DECODER_FLOOR = {"fasterrcnn": 2, "retinanet": 2, "fcos": 2}  # else MIN_DECODER_BATCH
 
 
 SEGMENTATION_STRIDE = 32  # smp's encoders halve the input 5 times: every side a multiple of 32
@@ -332,9 +333,7 @@ def recommend(
         prec = 1.0 if amp in ("bf16", "fp16") else 0.5  # fp32 activations take twice the memory
         dec = DECODER_ACTIVATIONS[decoder] if decoder else 1.0
         raw = ANCHOR_BATCH * mem * res * mdl * prec / dec
-        floor = (
-            (2 if decoder in ("fasterrcnn", "retinanet", "fcos") else MIN_DECODER_BATCH) if decoder else MIN_GPU_BATCH
-        )
+        floor = DECODER_FLOOR.get(decoder, MIN_DECODER_BATCH) if decoder else MIN_GPU_BATCH
         batch = max(floor, round_batch(raw))
         aggressive = max(batch, min(round_batch(batch * 1.5), batch + 64))
         per_decoder = f" / {dec:g} for the {decoder} decoder's activations" if decoder else ""
