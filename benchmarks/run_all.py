@@ -22,6 +22,7 @@ SCRIPTS = [
     "text_padding.py",
     "text_score.py",
     "segmentation.py",
+    "detection.py",
     "tabular_models.py",
     "tune_storage.py",
     "tune_pruners.py",

@@ -82,8 +82,8 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
         env={
             **RUN_ENV,
             "SMOKE_DEVICE": "cpu",
-            "SMOKE_BUDGET": "30s",
-            "SMOKE_TUNE_BUDGET": "40s",
+            "SMOKE_BUDGET": "20s",
+            "SMOKE_TUNE_BUDGET": "30s",
             "PYTHON": sys.executable,
         },
         capture_output=True,
@@ -165,10 +165,10 @@ def test_tabular_models_smoke():
 
 
 def test_tune_storage_smoke():
-    out = bench("tune_storage.py", "--stress-trials", "20", "--steps", "5", "--trials", "4")
+    out = bench("tune_storage.py", "--stress-trials", "20", "--steps", "5", "--trials", "2")
     assert re.search(rf"^journal\s+{NUMBER}\s+40\s+0$", out, re.M), out  # every stress trial done, no error
     assert re.search(rf"^sqlite\s+{NUMBER}\s+40\s+\d+$", out, re.M), out
-    assert len(re.findall(rf"^[12]\s+{NUMBER}\s+4\s+0$", out, re.M)) == 2, out  # 1 and 2 workers, 4 trials each
+    assert len(re.findall(rf"^[12]\s+{NUMBER}\s+2\s+0$", out, re.M)) == 2, out  # 1 and 2 workers, 2 trials each
     figures(out, "journal / sqlite trials per minute:", "2 workers / 1 worker trials per minute:")
 
 
@@ -193,3 +193,26 @@ def test_segmentation_score_smoke():
     assert all(rows.values()), out
     scores = [float(v) for m in rows.values() for v in m.groups()]
     assert all(0 <= v <= 1 for v in scores) and "SUBMISSION: output/submission.csv (4 rows" in out, out
+
+
+def test_detection_score_smoke():
+    out = bench("detection.py", "--budget", "20s", "--train", "16", "--test", "4", "--size", "64")
+    names = (
+        "FCOS/ResNet-18 (kagtpl): folds + flip TTA, WBF",
+        "  folds by WBF, no TTA",
+        "  folds by WBF, no TTA, folds not weighed",
+        "  model_fold0 alone, no TTA",
+        "Canny + ellipse fit (OpenCV)",
+    )
+    rows = {
+        name: re.search(rf"^{re.escape(name)}\s+(\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+\d+$", out, re.M)
+        for name in names
+    }
+    assert all(rows.values()), out
+    held_out = [float(v) for m in rows.values() for v in m.groups()[2:]]
+    assert all(0 <= v <= 1 for v in held_out) and "SUBMISSION: output/submission.csv (4 rows" in out, out
+    gain = r"mAP@\.5 [+-][\d.]+, mAP@\[\.5:\.95\] [+-][\d.]+"
+    over = re.findall(
+        rf"^WBF of \d+ folds \(no TTA\) over fold \d+, the best ([a-z ,]+), on the same test images: {gain}$", out, re.M
+    )
+    assert over == ["validation loss", "test score, in hindsight"], out

@@ -4,12 +4,19 @@ preflight, and render-and-run on generated shapes data (real torchvision detecto
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
-from conftest import import_project, run_script
+from conftest import import_project, run_script, start_until
 from kagtpl import detect, new, shapes
+from kagtpl.cli import app
 
 SIZE, TRAIN, TEST = 96, 24, 6
 FAST = ["--device", "cpu", "--workers", "0"]
@@ -55,11 +62,64 @@ def test_kagtpl_new_detects_each_layout(box_data):
     assert lists["box_scale"] == "relative" and lists["box_format"] == "cxcywh"  # x + w past 1: a centre
     assert lists["pred_scale"] == "relative"
     assert found["strings"]["box_cols"] == "boxes" and found["strings"]["box_scale"] == "pixel"
+    rows = found["rows"]  # NFL helmets' a row per box: the submission's columns in their own order
+    assert rows["box_cols"] == "left,top,width,height" and rows["box_format"] == "xywh"
+    assert rows["pred_style"] == "rows" and rows["pred_fields"] == "x w y h score"
+    assert {found[k]["pred_style"] for k in ("wheat", "voc", "lists", "strings")} == {"string"}
 
 
 def test_kagtpl_new_flags_override_the_detected_layout(box_data):
     found = detect.detect_detection(box_data["wheat"], {"pred_fields": "score x1 y1 x2 y2", "missing_boxes": "skip"})
     assert found["pred_fields"] == "score x1 y1 x2 y2" and found["missing_boxes"] == "skip"
+
+
+def test_every_layout_reads_the_same_boxes(box_data, m):
+    """wheat, lists, strings and rows hold the same generated boxes (one seed) in four layouts:
+    train.py's reader gives each image the same pixel corners from all of them (to their rounding)."""
+    import argparse
+
+    read = {}
+    for layout in ("wheat", "lists", "strings", "rows"):
+        args = argparse.Namespace(**detect.detect_detection(box_data[layout], {}), missing_boxes="empty")
+        train, found, _ = m.train.training_rows(box_data[layout], args, ["object"])
+        read[layout] = dict(zip(train["id"], found, strict=True))
+    assert len(read["wheat"]) == TRAIN and sum(len(b) == 0 for b in read["wheat"].values()) > 0  # negatives too
+    for layout in ("lists", "strings", "rows"):
+        assert read[layout].keys() == read["wheat"].keys()
+        for image_id, b in read["wheat"].items():
+            np.testing.assert_allclose(read[layout][image_id], b, atol=0.1, err_msg=f"{layout} {image_id}")
+
+
+def test_kagtpl_new_refuses_a_submission_it_cannot_read(tmp_path, box_data):
+    import shutil
+
+    from kagtpl.errors import KagtplError
+
+    data = tmp_path / "data"
+    shutil.copytree(box_data["rows"], data)
+    (data / "sample_submission.csv").write_text("image_id,left,width,top,height,iou\nimg0024,0,1,0,1,0.5\n")
+    with pytest.raises(KagtplError, match="column 'iou' is not a box coordinate, a score or a label"):
+        detect.detect_detection(data, {})
+    with pytest.raises(KagtplError, match="a prediction string per image needs id, PredictionString"):
+        detect.detect_detection(box_data["rows"], {"pred_style": "string"})
+
+
+def test_recommend_detection_explains_arch_size_and_batch(box_data):
+    def recommend(*flags):
+        return CliRunner().invoke(app, ["recommend", "--task", "detection", *flags], env={"COLUMNS": "250"})
+
+    r = recommend("--gpu", "t4", "--data", str(box_data["wheat"]))
+    assert r.exit_code == 0, r.output
+    for words in ("fasterrcnn on resnet50, 96 px", "median side 96", "/ 1.85 for the fasterrcnn decoder", "fp16", "9h"):
+        assert words in r.output, words
+    r = recommend("--gpu", "cpu", "--arch", "retinanet")
+    assert r.exit_code == 0 and "retinanet on resnet18, 128 px" in r.output and "focal loss" in r.output
+    for flags, message in (
+        (["--arch", "unet"], "unknown --arch 'unet' for detection"),
+        (["--image-size", "100"], "a multiple of 32"),
+    ):
+        r = recommend(*flags)
+        assert r.exit_code == 1 and message in r.output, r.output
 
 
 # ----------------------------------------------------------------------------- weighted box fusion
@@ -86,14 +146,16 @@ def test_wbf_matches_the_ensemble_boxes_package(m):
         c = centres + rng.normal(0, 0.01, centres.shape)
         b = np.clip(np.concatenate([c - 0.05, c + 0.05], 1), 0, 1)
         views.append((b, rng.uniform(0.1, 1.0, len(b)), rng.integers(0, 2, len(b))))
-    mine = m.boxes.weighted_box_fusion(views)
-    theirs = ensemble_boxes.weighted_boxes_fusion(
-        [v[0].tolist() for v in views], [v[1].tolist() for v in views], [v[2].tolist() for v in views], iou_thr=0.55
-    )
-    order = np.lexsort((mine[0][:, 0], -mine[1]))
-    other = np.lexsort((theirs[0][:, 0], -theirs[1]))
-    assert np.allclose(mine[0][order], theirs[0][other], atol=1e-6)
-    assert np.allclose(mine[1][order], theirs[1][other], atol=1e-6)
+    for weights in (None, [2.0, 1.0, 1.0, 0.5]):  # the folds' weights: their validation mAP
+        mine = m.boxes.weighted_box_fusion(views, weights=weights)
+        theirs = ensemble_boxes.weighted_boxes_fusion(
+            [v[0].tolist() for v in views], [v[1].tolist() for v in views], [v[2].tolist() for v in views],
+            weights=weights, iou_thr=0.55,
+        )  # fmt: skip
+        order = np.lexsort((mine[0][:, 0], -mine[1]))
+        other = np.lexsort((theirs[0][:, 0], -theirs[1]))
+        assert np.allclose(mine[0][order], theirs[0][other], atol=1e-6)
+        assert np.allclose(mine[1][order], theirs[1][other], atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -221,4 +283,48 @@ def test_train_and_predict_give_a_checked_submission(wheat_project, box_data):
     assert (wheat_project / "output" / "postprocess.json").is_file()
     pred = run_script(wheat_project, "predict.py", "--device", "cpu", "--workers", "0")
     assert "SUBMISSION:" in pred.stdout and "2 fold(s) ensembled" in pred.stdout
+    weights = [
+        float(w) for w in re.findall(r"^PREDICT: model_fold\d\.pth -> 6 images, weight ([\d.]+)$", pred.stdout, re.M)
+    ]
+    assert len(weights) == 2 and all(0.05 <= w <= 1 for w in weights), pred.stdout  # each fold's validation mAP
     check_submission(wheat_project, box_data["wheat"], "score x y w h")
+
+
+@pytest.mark.slow
+def test_a_row_per_box_submission_and_a_killed_run_resumed(tmp_path, box_data):
+    """The rows layout: a row per box in and out. Killed after fold 0, the fallback (the sample's
+    header, no row) is there, predict.py hands in fold 0's boxes, and train.py resumes at fold 1."""
+    data = box_data["rows"]
+    project = make_project(tmp_path, data, name="rows", epochs=2)
+    proc, seen = start_until(project, ["train.py", *FAST], "FOLD 1 (")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert any(x.startswith("FOLD 0 DONE") for x in seen), "".join(seen)
+    fallback = pd.read_csv(project / "output" / "submission.csv")
+    assert list(fallback.columns) == ["image_id", "left", "width", "top", "height", "score"] and fallback.empty
+
+    pred = run_script(project, "predict.py", *FAST).stdout
+    assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in pred
+    sub = pd.read_csv(project / "output" / "submission.csv", dtype={"image_id": str})
+    assert list(sub.columns) == list(fallback.columns) and len(sub) > 0
+    tests = sorted(p.stem for p in (data / "test").glob("*.png"))
+    assert set(sub["image_id"]) <= set(tests) and np.isfinite(sub.iloc[:, 1:].to_numpy(float)).all()
+    assert (sub["width"] > 0).all() and (sub["left"] + sub["width"] <= SIZE + 0.1).all()
+
+    log = run_script(project, "train.py", *FAST).stdout
+    assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in log and "FOLD 1 DONE" in log
+
+
+@pytest.mark.slow
+def test_run_py_fits_a_plan_of_many_times_the_budget_and_submits(tmp_path, box_data):
+    project = make_project(tmp_path, box_data["voc"], name="budget", folds=5, epochs=60)
+    budget, t0 = 30, time.time()
+    log = run_script(project, "run.py", "--budget", f"{budget}s", "--device", "cpu").stdout
+    wall = time.time() - t0
+    estimate = re.search(r"^TIME ESTIMATE: .* = ([\d.]+) ?(min|s) for the whole plan", log, re.M)
+    assert estimate and float(estimate.group(1)) * (60 if estimate.group(2) == "min" else 1) > 2 * budget, log
+    assert re.search(r"^TIME PLAN: estimate .* -> folds 5->\d", log, re.M), log
+    run = re.search(r"^RUN: train [\d.]+s, predict [\d.]+s, total ([\d.]+)s = ([\d.]+) of the 30s budget$", log, re.M)
+    assert run and float(run.group(2)) <= 1.0 and wall <= budget + 2, f"{wall:.1f}s\n{log[-2000:]}"
+    assert "POSTPROCESS: score > " in log
+    check_submission(project, box_data["voc"], "label score x1 y1 x2 y2")

@@ -78,6 +78,32 @@ def test_a_segmentation_project_ships_its_encoder_weights_and_the_smp_wheel(tmp_
     assert {"masks.py", "images.py"} <= {p.name for p in (out / "code" / "machinery").iterdir()}
 
 
+def test_a_detection_project_ships_its_backbone_weights_and_no_wheel(tmp_path):
+    """torchvision's detectors are in Kaggle's image: no wheel; the backbone's weights (offline)
+    are asked for as for images, and the box machinery travels with the code."""
+    data = shapes.write_boxes(tmp_path / "boxes", "voc", 8, 2, 64)
+    answers = new.NewAnswers(
+        name="det-proj", task="detection", gpu="t4", data=data, competition="boxes-comp", dest=tmp_path
+    )
+    project = new.new_project(answers)
+    r = kagtpl("kaggle", str(project), "--user", "alice", cwd=tmp_path)
+    assert r.returncode == 1 and "trains from pretrained resnet50 weights" in r.stderr
+    assert not (project / "kaggle").exists()
+    weights = tmp_path / "resnet50.pth"
+    weights.write_bytes(b"weights")
+    r = kagtpl("kaggle", str(project), "--user", "alice", "--weights", str(weights), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = project / "kaggle"
+    assert not list(out.glob("wheels/*.whl"))
+    meta = json.loads((out / "kernel-metadata.json").read_text())
+    assert meta["dataset_sources"] == ["alice/det-proj-code", "alice/det-proj-weights"]
+    assert meta["competition_sources"] == ["boxes-comp"]
+    cells = "\n".join(c.source for c in nbformat.read(out / "notebook.ipynb", as_version=4).cells)
+    assert "--weights=" in cells
+    shipped = {p.name for p in (out / "code" / "machinery").iterdir()}
+    assert {"boxes.py", "box_metrics.py", "detectors.py", "images.py"} <= shipped
+
+
 def test_the_wheel_list_is_what_the_image_lacks(tmp_path):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text(

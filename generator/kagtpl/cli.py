@@ -208,9 +208,16 @@ def new_cmd(
         Optional[str],
         typer.Option(metavar="RULE", help="Detection: a training image with no row: empty (a negative) or skip."),
     ] = None,
+    pred_style: Annotated[
+        Optional[str],
+        typer.Option(metavar="STYLE", help="Detection: string (id, PredictionString) or rows (a row per box)."),
+    ] = None,
     pred_fields: Annotated[
         Optional[str],
-        typer.Option(metavar="FIELDS", help="Detection: a box's group in the prediction string ('score x y w h')."),
+        typer.Option(
+            metavar="FIELDS",
+            help="Detection: a box's fields, in order ('score x y w h'; rows: the columns after the id).",
+        ),
     ] = None,
     pred_scale: Annotated[
         Optional[str], typer.Option(metavar="SCALE", help="Detection: the submission's coordinates, pixel or relative.")
@@ -248,6 +255,7 @@ def new_cmd(
         "box_scale": box_scale,
         "box_classes": box_classes,
         "missing_boxes": missing_boxes,
+        "pred_style": pred_style,
         "pred_fields": pred_fields,
         "pred_scale": pred_scale,
     }
@@ -286,7 +294,8 @@ def gpus_cmd() -> None:
 @boundary
 def recommend_cmd(
     task: Annotated[
-        str, typer.Option(metavar="TASK", help="Competition type: image, tabular, text or segmentation.")
+        str,
+        typer.Option(metavar="TASK", help="Competition type: image, tabular, text, segmentation or detection."),
     ] = "image",
     gpu: Annotated[str, typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus).")] = "t4",
     model: Annotated[
@@ -308,8 +317,13 @@ def recommend_cmd(
         Optional[Path], typer.Option(metavar="DIR", help="Competition data: the image size from its images.")
     ] = None,
     arch: Annotated[
-        str, typer.Option(metavar="ARCH", help="Segmentation: unet, unetplusplus, fpn or deeplabv3plus.")
-    ] = "unet",
+        Optional[str],
+        typer.Option(
+            metavar="ARCH",
+            help="Segmentation: unet (default), unetplusplus, fpn or deeplabv3plus; "
+            "detection: fasterrcnn (GPU default), retinanet or fcos (CPU default).",
+        ),
+    ] = None,
     work_size: Annotated[
         Optional[int],
         typer.Option(metavar="PX", help="Segmentation: the size images are resized to (default: from --data)."),
@@ -320,7 +334,10 @@ def recommend_cmd(
         show(recommend.text_table(gpu, model, max_len, budget))
         return
     if task == "segmentation":
-        show(recommend.segmentation_table(gpu, model, arch, image_size, work_size, budget, data))
+        show(recommend.segmentation_table(gpu, model, arch or "unet", image_size, work_size, budget, data))
+        return
+    if task == "detection":
+        show(recommend.detection_table(gpu, model, arch, image_size, budget, data))
         return
     show(recommend.recommend_table(task, gpu, model, image_size, budget, data))
 
@@ -347,14 +364,18 @@ def shapes_cmd(
         Optional[str],
         typer.Option(
             metavar="LAYOUT",
-            help="Masks: png (default), rle, classes or rle-classes; boxes: wheat (default), voc, lists or strings.",
+            help="Masks: png (default), rle, classes or rle-classes; "
+            "boxes: wheat (default), voc, lists, strings or rows.",
         ),
     ] = None,
     train: Annotated[int, typer.Option(metavar="N", help="Training images.")] = 120,
     test: Annotated[int, typer.Option(metavar="N", help="Test images.")] = 30,
     size: Annotated[int, typer.Option(metavar="PX", help="Image side in pixels.")] = 96,
     task: Annotated[
-        str, typer.Option(metavar="TASK", help="segmentation (masks) or detection (boxes: wheat, voc, lists, strings).")
+        str,
+        typer.Option(
+            metavar="TASK", help="segmentation (masks) or detection (boxes: wheat, voc, lists, strings, rows)."
+        ),
     ] = "segmentation",
 ) -> None:
     """Write a small segmentation or detection competition (shapes on cluttered backgrounds) to try kagtpl on."""

@@ -427,7 +427,7 @@ def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[st
 
 DETECTION_KEYS = (
     "train_dir", "test_dir", "image_ext", "train_csv", "id_col", "box_cols", "box_format", "box_scale", "label_col",
-    "box_classes", "missing_boxes", "sample_submission", "pred_fields", "pred_scale", "metric", "arch",
+    "box_classes", "missing_boxes", "sample_submission", "pred_style", "pred_fields", "pred_scale", "metric", "arch",
 )  # fmt: skip
 BOX_CSVS = ("train.csv", "train_labels.csv", "train_boxes.csv", "annotations.csv", "labels.csv")
 CORNER_COLS = (("x_min", "y_min", "x_max", "y_max"), ("xmin", "ymin", "xmax", "ymax"), ("x1", "y1", "x2", "y2"))
@@ -435,6 +435,8 @@ WIDTH_COLS = (("x", "y", "w", "h"), ("x", "y", "width", "height"), ("left", "top
 CENTRE_COLS = (("x_center", "y_center", "width", "height"), ("cx", "cy", "w", "h"))
 BOX_LIST_COLS = ("bbox", "bboxes", "boxes", "box", "annotations", "PredictionString")
 LABEL_COLS = ("class_name", "label", "class", "category", "class_id", "category_id", "labels")
+SCORE_COLS = ("score", "confidence", "conf", "probability", "prob")
+BOX_FIELDS = {"xyxy": ("x1", "y1", "x2", "y2"), "xywh": ("x", "y", "w", "h"), "cxcywh": ("cx", "cy", "w", "h")}
 
 
 def _box_columns(cols: list[str], path: Path) -> tuple[str, str]:
@@ -482,6 +484,21 @@ def _pred_fields(data: Path, sample: str, label_col: str, box_format: str) -> st
     return f"{'label ' if label_col else ''}score {box}"
 
 
+def _row_fields(path: Path, sample_cols: list[str]) -> str:
+    """A row-per-box submission's fields: each column after the id read as a box coordinate (by
+    the names the training CSV's box columns go by), a score or a label."""
+    names, fmt = _box_columns(sample_cols[1:], path)
+    if names.count(",") != 3:
+        raise KagtplError(f"{path}: a row-per-box submission needs four box columns (x_min..y_max, x y w h, ...)")
+    role = dict(zip(names.split(","), BOX_FIELDS[fmt], strict=True))
+    fields = []
+    for col in sample_cols[1:]:
+        if col not in role and col.lower() not in SCORE_COLS and col not in LABEL_COLS:
+            raise KagtplError(f"{path}: column {col!r} is not a box coordinate, a score or a label; pass --pred-fields")
+        fields.append(role.get(col) or ("score" if col.lower() in SCORE_COLS else "label"))
+    return " ".join(fields)
+
+
 def detect_detection(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for the detection keys: the images, the training boxes' CSV and its layout (a row
     per box or per image, the columns, the format and scale), the labels, and the submission's
@@ -491,8 +508,12 @@ def detect_detection(data: Path, overrides: dict[str, str | None]) -> dict[str, 
     o = {k: overrides.get(k) for k in DETECTION_KEYS}
     sample = _pick_submission(data, o["sample_submission"], "sample submission CSV", "a detection")
     sample_cols = _header(data / sample)
-    if len(sample_cols) != 2:
-        raise KagtplError(f"{data / sample}: a box submission has columns id, PredictionString (found {sample_cols})")
+    style = o["pred_style"] or ("rows" if len(sample_cols) > 2 else "string")
+    if (style == "string") != (len(sample_cols) == 2):
+        raise KagtplError(
+            f"{data / sample}: columns {sample_cols}: a prediction string per image needs id, PredictionString; "
+            "a row per box needs the id and the box's columns"
+        )
     ext = o["image_ext"]
     train_dir = _pick(
         data, o["train_dir"], TRAIN_DIRS, "training image folder", lambda p: has_images(p, ext), "a detection"
@@ -522,8 +543,12 @@ def detect_detection(data: Path, overrides: dict[str, str | None]) -> dict[str, 
     found = {
         "train_dir": train_dir, "test_dir": test_dir, "image_ext": ext, "train_csv": csv, "id_col": id_col,
         "box_cols": box_cols, "box_format": box_format, "box_scale": box_scale, "label_col": label_col,
-        "sample_submission": sample,
-        "pred_fields": o["pred_fields"] or _pred_fields(data, sample, label_col, box_format),
+        "sample_submission": sample, "pred_style": style,
+        "pred_fields": o["pred_fields"] or (
+            _row_fields(data / sample, sample_cols)
+            if style == "rows"
+            else _pred_fields(data, sample, label_col, box_format)
+        ),
         "pred_scale": o["pred_scale"] or box_scale,
     }  # fmt: skip
     if label_col:

@@ -134,8 +134,10 @@ def plan(req: KaggleRequest) -> Package:
         raise KagtplError(f"--weights {req.weights}: no such file")
     if req.model_dir is not None and not req.model_dir.is_dir():
         raise KagtplError(f"--model-dir {req.model_dir}: no such folder")
-    # an image model, or a segmentation model's encoder (its decoder starts from scratch)
-    wants_weights = answers.get("task") in ("image", "segmentation") and answers.get("pretrained") and req.pretrained
+    # an image model, a segmentation model's encoder (its decoder starts from scratch), or a
+    # detector's backbone (a torchvision classifier's weights, or a whole COCO detector's)
+    pretrained_tasks = ("image", "segmentation", "detection")
+    wants_weights = answers.get("task") in pretrained_tasks and answers.get("pretrained") and req.pretrained
     if wants_weights and req.weights is None:
         raise KagtplError(
             f"{project.name} trains from pretrained {answers.get('model')} weights and Kaggle kernels run offline: "

@@ -211,13 +211,21 @@ def segmentation_sizes(folder: Path, data: dict, answers: NewAnswers) -> None:
 DETECTION_MAX_SIZE = {"gpu": 1024, "cpu": 256}  # a 1024 px step costs 4x a 512 px one; CPU: 16x a 256 px one
 
 
-def detection_size(folder: Path, data: dict) -> None:
-    """Every image is resized to one square: the training images' median side, a multiple of 32,
+def detection_side(side: float | None, device: str) -> tuple[int, str]:
+    """The square every image is resized to: the training images' median side, a multiple of 32,
     at most DETECTION_MAX_SIZE (small objects vanish when a 1024 px scan is shrunk to 256 px)."""
+    cap = DETECTION_MAX_SIZE[device]
+    if not side:
+        size = 128 if device == "cpu" else 512
+        return size, f"no image read: the {device} default"
+    size = int(max(64, min(cap, side // 32 * 32)))
+    return size, f"median side {int(side)}, a multiple of 32, at most {cap} on a {device}"
+
+
+def detection_size(folder: Path, data: dict) -> None:
     side = detect.median_side(folder / data["train_dir"], data["image_ext"])
-    device = "cpu" if data.get("gpu") == "cpu" else "gpu"
     if side:
-        data["image_size"] = int(max(64, min(DETECTION_MAX_SIZE[device], side // 32 * 32)))
+        data["image_size"] = detection_side(side, "cpu" if data.get("gpu") == "cpu" else "gpu")[0]
         print(f"Image size: {data['image_size']} px (median side {int(side)}; --image-size overrides)")
 
 

@@ -16,7 +16,7 @@ def recommend_table(
 ) -> Table:
     hw = hardware()
     if task not in ("image", "tabular", "text", "segmentation"):
-        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular, text, segmentation")
+        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular, text, segmentation, detection")
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
     low, high = hw.RANGES["image_size"]
@@ -116,6 +116,77 @@ def segmentation_table(
         ("TTA", "horizontal flip", "predict.py averages each image and its flip; under a deadline TTA goes first"),
     ]
     for name, value, why in rows + budget_rows(gpu, budget, "segmentation"):
+        table.add_row(name, str(value), why)
+    return table
+
+
+DETECTOR_WHY = {
+    "fasterrcnn": "two stages: region proposals, then a box head per proposal; the GPU default, the strongest here",
+    "retinanet": "one stage with focal loss: many small objects of few classes",
+    "fcos": "one stage, one point per location (no anchor shapes); the CPU default, the lightest to train",
+}
+
+
+def detection_table(
+    gpu: str,
+    model: str | None,
+    arch: str | None,
+    image_size: int | None,
+    budget: str | None = None,
+    data: Path | None = None,
+) -> Table:
+    """The detector, the image size, the batch for the detector's activations, AMP and the loader
+    for a detection project on a profile, by the rules kagtpl new and train.py apply
+    (new.detection_size, hardware.recommend with the detector as decoder)."""
+    from kagtpl import new
+
+    hw = hardware()
+    if gpu not in hw.PROFILES:
+        raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
+    profile = hw.PROFILES[gpu]
+    arch = arch or ("fcos" if gpu == "cpu" else "fasterrcnn")
+    if arch not in DETECTOR_WHY:
+        raise KagtplError(f"unknown --arch {arch!r} for detection; valid: {', '.join(DETECTOR_WHY)}")
+    low, high = hw.RANGES["image_size"]
+    if image_size is not None and not low <= image_size <= high:
+        raise KagtplError(f"--image-size {image_size}: must be between {low} and {high}")
+    problem = image_size is not None and hw.stride_problem("--image-size", image_size)
+    if problem:
+        raise KagtplError(problem)
+    model = model or ("resnet18" if gpu == "cpu" else "resnet50")
+    device = "gpu" if profile.is_gpu else "cpu"
+    if image_size is not None:
+        size_why = "set by you"
+    elif data is not None:
+        folder = paths.data_folder(data)
+        layout = detect.detect_detection(folder, {})
+        side = detect.median_side(folder / layout["train_dir"], layout["image_ext"])
+        image_size, size_why = new.detection_side(side, device)
+    else:
+        image_size, size_why = new.detection_side(None, device)
+    rec = hw.recommend(profile, model, image_size, decoder=arch)
+    table = Table(title=f"detection on {profile.label} ({gpu}), {arch} on {model}, {image_size} px")
+    for col in ("setting", "value", "why"):
+        table.add_column(col)
+    rows = [
+        ("arch", arch, DETECTOR_WHY[arch]),
+        ("image_size", image_size, size_why),
+        ("anchors", "from the boxes", "train.py: the smallest anchor is the power of two under 10% of the box sides"),
+        (
+            "batch_size",
+            rec.batch_size,
+            rec.why["batch_size"] + ("; the probe refines it on CUDA" if profile.is_gpu else ""),
+        ),
+        ("accum_steps", rec.accum_steps, rec.why["accum_steps"]),
+        ("num_workers", rec.loader["num_workers"], rec.why["num_workers"]),
+        ("AMP", rec.amp, rec.why["amp"]),
+        (
+            "TTA",
+            "horizontal flip",
+            "predict.py fuses folds and flips by weighted box fusion; under a deadline TTA goes first",
+        ),
+    ]
+    for name, value, why in rows + budget_rows(gpu, budget, "detection"):
         table.add_row(name, str(value), why)
     return table
 

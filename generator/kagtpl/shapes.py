@@ -173,7 +173,7 @@ def dice_score(submission: Path, solution: Path, shape: tuple[int, int]) -> floa
 
 # ----------------------------------------------------------------------------- detection
 
-BOX_LAYOUTS = ("wheat", "voc", "lists", "strings")
+BOX_LAYOUTS = ("wheat", "voc", "lists", "strings", "rows")
 
 
 def box_rows(layout: str, image_id: str, found: list, size: int) -> list[list[str]]:
@@ -193,6 +193,10 @@ def box_rows(layout: str, image_id: str, found: list, size: int) -> list[list[st
             for _, b in found
         ]
         return [[image_id, str([[round(float(v), 5) for v in c] for c in cells])]]
+    if layout == "rows":  # a row per box: left, top, width, height; an image without boxes has no row
+        return [
+            [image_id, str(b[0]), str(b[1]), str(round(b[2] - b[0], 1)), str(round(b[3] - b[1], 1))] for _, b in found
+        ]
     numbers = [f"{v}" for _, b in found for v in (b[0], b[1], round(b[2] - b[0], 1), round(b[3] - b[1], 1))]
     return [[image_id, " ".join(numbers)]]  # strings: "x y w h x y w h ..." per image
 
@@ -202,7 +206,10 @@ BOX_HEADERS = {
     "voc": ["image_id", "class_name", "x_min", "y_min", "x_max", "y_max"],
     "lists": ["id", "boxes"],
     "strings": ["id", "boxes"],
+    "rows": ["image_id", "left", "top", "width", "height"],
 }
+# the sample submission's header: the prediction string per image, or (rows) a row per box
+SAMPLE_HEADERS = {"rows": ["image_id", "left", "width", "top", "height", "score"]}
 
 
 def write_boxes(
@@ -218,6 +225,8 @@ def write_boxes(
       image without boxes has one row with empty coordinates (VinBigData)
     - `lists`: train.csv a row per image: a JSON list of relative [cx, cy, w, h] boxes (YOLO's)
     - `strings`: train.csv a row per image: "x y w h x y w h ..." in pixels
+    - `rows`: train.csv a row per box: left, top, width, height in pixels; the submission a row per
+      box too, columns image_id, left, width, top, height, score, one example row (NFL helmets)
     """
     rng = start(layout, BOX_LAYOUTS, "detection layouts", size, n_train, n_test, seed)
     for folder in ("train", "test"):
@@ -231,11 +240,13 @@ def write_boxes(
         img.save(dest / split / f"{image_id}.png")
         if split == "train":
             train_rows += box_rows(layout, image_id, found, size)
+        elif layout == "rows":
+            sample_rows = sample_rows or [[image_id, "0", "1", "0", "1", "0.5"]]  # an example, as Kaggle's are
         else:
             sample_rows.append([image_id, ""])
             solution_rows += [[image_id, CLASSES[k - 1], *(str(v) for v in b)] for k, b in found]
 
     write_csv(dest / "train.csv", BOX_HEADERS[layout], train_rows)
-    write_csv(dest / "sample_submission.csv", [id_col, "PredictionString"], sample_rows)
+    write_csv(dest / "sample_submission.csv", SAMPLE_HEADERS.get(layout, [id_col, "PredictionString"]), sample_rows)
     write_csv(dest.parent / f"{dest.name}_solution.csv", [id_col, "label", "x1", "y1", "x2", "y2"], solution_rows)
     return dest

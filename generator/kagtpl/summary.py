@@ -105,12 +105,16 @@ def box_lines(data: Path, a: dict) -> list[str]:
     train, test = count_files(data / a["train_dir"], a["image_ext"]), count_files(data / a["test_dir"], a["image_ext"])
     labels = f"labels {a['label_col']!r}: {a.get('box_classes', '')}" if a.get("label_col") else "one class"
     negatives = "an image with no row has no object" if a["missing_boxes"] == "empty" else "images with no row skipped"
+    if a.get("pred_style") == "rows":
+        submission = f"a row per box, columns after the id '{a['pred_fields']}' ({a['pred_scale']})"
+    else:
+        submission = f"'{a['pred_fields']}' groups ({a['pred_scale']}) per image"
     return [
         f"images: {train} in {a['train_dir']}/, {test} in {a['test_dir']}/ ({a['image_ext']}), resized to "
         f"{a['image_size']} px  [--train-dir --test-dir --image-ext --image-size]",
         f"boxes: {a['train_csv']} columns {a['box_cols']!r} ({a['box_format']}, {a['box_scale']}), {labels}; "
         f"{negatives}  [--train-csv --box-cols --box-format --box-scale --label-col --box-classes --missing-boxes]",
-        f"submission: '{a['pred_fields']}' groups ({a['pred_scale']}) per image  [--pred-fields --pred-scale]",
+        f"submission: {submission}  [--pred-style --pred-fields --pred-scale]",
         f"model: {a['arch']} on a {a['model']} backbone, metric {a['metric']}  [--arch --model --metric]",
     ]
 

@@ -98,6 +98,8 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     if config.get("submission") in ("rle", "boxes"):  # segmentation, detection: an empty mask, no box
         sub, kind = sample.copy(), config["submission"]
         sub[sample.columns[-1]] = ""
+    elif config.get("submission") == "box rows":  # detection, a row per box: no row
+        sub, kind = sample.iloc[:0].copy(), "box rows"
     else:
         prior = prior_prediction(y, 0 if config["problem"] == "regression" else len(classes))
         sub, kind = fill(sample, np.tile(prior, (len(sample), 1)), config, classes)
@@ -118,6 +120,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
         "label": "the majority class",
         "rle": "an empty mask",
         "boxes": "no box",
+        "box rows": "no box",
     }.get(kind, "class priors")
     print(f"SUBMISSION: {path} is a fallback ({what} for every row) until predict.py replaces it")
 
@@ -181,7 +184,12 @@ def check_submission(sub, sample, kind: str, labels=None) -> None:
     """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order,
     row count, and values. kind: 'rle' (the last column run-length strings), 'boxes' (the last column
     prediction strings: text, "" for no box; predict.py checks their groups), 'distribution' (probability columns whose rows sum to 1),
-    'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite)."""
+    'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite);
+    'box rows' (a row per box: the sample's columns, its rows only examples; predict.py checks them)."""
+    if kind == "box rows":
+        if list(sub.columns) != list(sample.columns):
+            raise ValueError(f"submission columns {list(sub.columns)[:7]} differ from sample_submission's")
+        return
     check_layout(sub, sample)
     values = sub[sample.columns[1:]]
     if kind == "rle":  # segmentation: the last column is an RLE string ("" = an empty mask)
