@@ -171,7 +171,10 @@ def test_a_budget_too_small_for_one_epoch_still_ends_inside_it_with_a_valid_subm
         r"^RUN: predict.py stopped at the budget: output/submission.csv is the last submission this run wrote$",
         r"^RUN FAILED: predict.py exited 1 \(its message is above\); output/submission.csv is this run's fallback",
     )
-    assert [bool(re.search(end, log, re.M)) for end in ends].count(True) == 1, log[-3000:]
+    found = [bool(re.search(end, log, re.M)) for end in ends]
+    # predict.py's own last word is one of three; run.py's "stopped at the budget" may follow any of
+    # them (under the CPU hogs, predict.py's exit after its line can outlast the budget's last second)
+    assert any(found) and found[:2].count(True) + found[3] <= 1, log[-3000:]
     assert r.returncode == (1 if "RUN FAILED" in r.stderr else 0), log[-3000:]
     sub = assert_valid_submission(project, data)
     if not re.search(ends[0], log, re.M):  # the fallback: every row the training class frequencies
