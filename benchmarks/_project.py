@@ -3,8 +3,10 @@ measures the generated code itself."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,3 +47,19 @@ def rendered(task: str, extra_modules: tuple = (), **answers):
     (and .images for an image project), and any `extra_modules` of it (tune, tuning)."""
     dest = render(Path(tempfile.mkdtemp(prefix=f"kagtpl-bench-{task}-")) / "proj", task, **answers)
     return import_project(dest, (*MODULES, *EXTRA.get(task, ()), *extra_modules))
+
+
+SCORE_LINES = ("TIME PLAN", "BATCH", "ANCHORS", "OOF", "POSTPROCESS", "SUBMISSION", "RUN:", "FOLD", "DONE", "STOPPED")
+
+
+def run_budget(project: Path, budget: str) -> tuple[str, float]:
+    """`python run.py --budget BUDGET --device cpu` in `project`, as a user runs it: prints the log's
+    plan, fold and score lines and returns (stdout, wall seconds); exits on a failed run."""
+    t0 = time.time()
+    command = [sys.executable, "run.py", "--budget", budget, "--device", "cpu"]
+    run = subprocess.run(command, cwd=project, capture_output=True, text=True)
+    wall = time.time() - t0
+    print("\n".join(line for line in run.stdout.splitlines() if line.startswith(SCORE_LINES)))
+    if run.returncode:
+        sys.exit(f"run.py exited {run.returncode}: {run.stderr[-2000:]}")
+    return run.stdout, wall

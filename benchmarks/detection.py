@@ -45,6 +45,8 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
+from _project import run_budget  # noqa: E402
+
 from kagtpl import new, shapes  # noqa: E402
 
 CANNY = (30, 60, 100)  # the baseline's lower Canny threshold (the upper is twice it), chosen per fold
@@ -176,16 +178,9 @@ def main() -> None:
     solution = solution_boxes(work / "boxes_solution.csv")
     test_ids = list(pd.read_csv(data / "sample_submission.csv", dtype=str)["image_id"])
     project = new.new_project(new.NewAnswers(name="det", task="detection", gpu="cpu", data=data, dest=work))
-    t0 = time.time()
-    command = [sys.executable, "run.py", "--budget", args.budget, "--device", "cpu"]
-    run = subprocess.run(command, cwd=project, capture_output=True, text=True)
-    wall = time.time() - t0
-    keep = ("TIME PLAN", "BATCH", "ANCHORS", "OOF", "POSTPROCESS", "SUBMISSION", "RUN:", "FOLD", "DONE", "STOPPED")
-    print("\n".join(line for line in run.stdout.splitlines() if line.startswith(keep)))
-    if run.returncode:
-        sys.exit(f"run.py exited {run.returncode}: {run.stderr[-2000:]}")
+    log, wall = run_budget(project, args.budget)
     out = project / "output"
-    oof_line = re.search(r"^OOF: mAP@\.5=([\d.]+), mAP@\[\.5:\.95\]=([\d.]+)", run.stdout, re.M)
+    oof_line = re.search(r"^OOF: mAP@\.5=([\d.]+), mAP@\[\.5:\.95\]=([\d.]+)", log, re.M)
     oof_score = (float(oof_line.group(1)), float(oof_line.group(2))) if oof_line else (float("nan"),) * 2
 
     def scored(path: Path) -> tuple[float, float]:
@@ -227,7 +222,7 @@ def main() -> None:
     print(f"{'':50s} {'OOF mAP@.5':>10s} {'@[.5:.95]':>9s} {'test mAP@.5':>11s} {'@[.5:.95]':>9s} {'wall s':>7s}")
     for name, (o50, o), (t50, t), seconds in rows:
         print(f"{name:50s} {o50:10.4f} {o:9.4f} {t50:11.4f} {t:9.4f} {seconds:7.0f}")
-    val = {int(k): float(v) for k, v in re.findall(r"^FOLD (\d+) DONE: best val loss ([\d.]+)", run.stdout, re.M)}
+    val = {int(k): float(v) for k, v in re.findall(r"^FOLD (\d+) DONE: best val loss ([\d.]+)", log, re.M)}
     chosen = min(val, key=val.get)  # the fold one would pick without the test labels: best validation
     hindsight = max(range(len(singles)), key=lambda k: singles[k][1])
     for what, k in (("the best validation loss", chosen), ("the best test score, in hindsight", hindsight)):

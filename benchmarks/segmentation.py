@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,8 @@ from sklearn.linear_model import LogisticRegression
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
+from _project import run_budget  # noqa: E402
+
 from kagtpl import new, shapes  # noqa: E402
 
 THRESHOLDS = np.linspace(0.1, 0.9, 17)
@@ -140,14 +141,7 @@ def main() -> None:
     data = shapes.write_shapes(work / "shapes", "png", args.train, args.test, args.size)
     solution = work / "shapes_solution.csv"
     project = new.new_project(new.NewAnswers(name="seg", task="segmentation", gpu="cpu", data=data, dest=work))
-    t0 = time.time()
-    command = [sys.executable, "run.py", "--budget", args.budget, "--device", "cpu"]
-    run = subprocess.run(command, cwd=project, capture_output=True, text=True)
-    wall = time.time() - t0
-    keep = ("TIME PLAN", "BATCH", "OOF", "POSTPROCESS", "SUBMISSION", "RUN:", "FOLD", "DONE", "STOPPED")
-    print("\n".join(line for line in run.stdout.splitlines() if line.startswith(keep)))
-    if run.returncode:
-        sys.exit(f"run.py exited {run.returncode}: {run.stderr[-2000:]}")
+    log, wall = run_budget(project, args.budget)
     chosen = json.loads((project / "output" / "postprocess.json").read_text())
     oof = pd.concat([pd.read_csv(f) for f in sorted((project / "output").glob("oof_fold*.csv"))])
     all_ids = pd.read_csv(data / "sample_submission.csv")  # the held-out ids

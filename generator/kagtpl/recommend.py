@@ -56,6 +56,19 @@ def recommend_table(
     return table
 
 
+def check_stride_size(hw, key: str, value: int | None) -> None:
+    """A size a segmentation or detection network halves 5 times: in hardware.RANGES[key] and a
+    multiple of 32 (hardware.stride_problem), else one KagtplError naming the flag."""
+    if value is None:
+        return
+    flag, (low, high) = f"--{key.replace('_', '-')}", hw.RANGES[key]
+    if not low <= value <= high:
+        raise KagtplError(f"{flag} {value}: must be between {low} and {high}")
+    problem = hw.stride_problem(flag, value)
+    if problem:
+        raise KagtplError(problem)
+
+
 def segmentation_table(
     gpu: str,
     model: str | None,
@@ -74,12 +87,7 @@ def segmentation_table(
     if arch not in hw.DECODER_ACTIVATIONS:
         raise KagtplError(f"unknown --arch {arch!r}; valid: {', '.join(hw.DECODER_ACTIVATIONS)}")
     for key, value in (("image_size", tile), ("work_size", work_size)):
-        flag, (low, high) = f"--{key.replace('_', '-')}", hw.RANGES[key]
-        if value is not None and not low <= value <= high:
-            raise KagtplError(f"{flag} {value}: must be between {low} and {high}")
-        problem = value is not None and hw.stride_problem(flag, value)
-        if problem:
-            raise KagtplError(problem)
+        check_stride_size(hw, key, value)
     profile = hw.PROFILES[gpu]
     model = model or ("resnet18" if gpu == "cpu" else "resnet34")
     if work_size is not None:
@@ -147,12 +155,7 @@ def detection_table(
     arch = arch or ("fcos" if gpu == "cpu" else "fasterrcnn")
     if arch not in DETECTOR_WHY:
         raise KagtplError(f"unknown --arch {arch!r} for detection; valid: {', '.join(DETECTOR_WHY)}")
-    low, high = hw.RANGES["image_size"]
-    if image_size is not None and not low <= image_size <= high:
-        raise KagtplError(f"--image-size {image_size}: must be between {low} and {high}")
-    problem = image_size is not None and hw.stride_problem("--image-size", image_size)
-    if problem:
-        raise KagtplError(problem)
+    check_stride_size(hw, "image_size", image_size)
     model = model or ("resnet18" if gpu == "cpu" else "resnet50")
     device = "gpu" if profile.is_gpu else "cpu"
     if image_size is not None:
