@@ -83,7 +83,7 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
             **RUN_ENV,
             "SMOKE_DEVICE": "cpu",
             "SMOKE_BUDGET": "20s",
-            "SMOKE_TUNE_BUDGET": "30s",
+            "SMOKE_TUNE_BUDGET": "40s",
             "PYTHON": sys.executable,
         },
         capture_output=True,
