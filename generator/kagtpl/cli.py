@@ -328,10 +328,14 @@ def recommend_cmd(
         Optional[int],
         typer.Option(metavar="PX", help="Segmentation: the size images are resized to (default: from --data)."),
     ] = None,
+    model_dir: Annotated[
+        Optional[Path],
+        typer.Option(metavar="DIR", help="Text: a Hugging Face folder; its config.json gives the size (LLMs: LoRA)."),
+    ] = None,
 ) -> None:
     """Print the settings kagtpl would choose, and why."""
     if task == "text":
-        show(recommend.text_table(gpu, model, max_len, budget))
+        show(recommend.text_table(gpu, model, max_len, budget, model_dir))
         return
     if task == "segmentation":
         show(recommend.segmentation_table(gpu, model, arch or "unet", image_size, work_size, budget, data))
@@ -422,11 +426,22 @@ def kaggle_cmd(
         bool, typer.Option(help="Train from the --weights (default); --no-pretrained: from scratch.")
     ] = True,
     wheels: Annotated[bool, typer.Option(help="pip download wheels of what Kaggle's image lacks.")] = True,
+    base_model: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="HANDLE",
+            help="Text: the model to attach, not upload (owner/model/framework/variation/version, or a dataset "
+            "owner/slug); trained LoRA adapters ship as the weights dataset.",
+        ),
+    ] = None,
 ) -> None:
     """Package the project as an offline Kaggle kernel: datasets, notebook, metadata, commands."""
     if not user:
         raise KagtplError("--user USERNAME is needed: the datasets and the kernel are ids USERNAME/slug")
-    pkg = kaggle.build(kaggle.KaggleRequest(path, user, competition, weights, model_dir, budget, pretrained, wheels))
+    request = kaggle.KaggleRequest(
+        path, user, competition, weights, model_dir, budget, pretrained, wheels, base_model=base_model
+    )
+    pkg = kaggle.build(request)
     print(f"Wrote {pkg.project / 'kaggle'}; upload and run, in this order:")
     for command in pkg.commands:
         print(f"  {command}")

@@ -70,7 +70,10 @@ class KaggleRequest:
     budget: str | None = None  # default: the project's answer, else 9h
     pretrained: bool = True  # False: run.py gets --no-pretrained (from scratch, no weights needed)
     wheels: bool = True
-    image_has: frozenset = KAGGLE_IMAGE  # the seam for tests: what the image already has
+    image_has: frozenset = KAGGLE_IMAGE
+    # text: the base model as a Kaggle source to attach, not uploaded: a model handle
+    # owner/model/framework/variation/version (Kaggle Models) or a dataset owner/slug
+    base_model: str | None = None  # the seam for tests: what the image already has
 
 
 @dataclass
@@ -83,6 +86,42 @@ class Package:
     slugs: dict[str, str]  # code, wheels, weights, kernel -> slug
     missing: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
+
+
+MODEL_HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){3}/\d+$")
+DATASET_RE = re.compile(r"^[a-z0-9][a-z0-9-]*/[a-z0-9][a-z0-9-]{2,49}$")
+ADAPTER_FILES = ("model_fold*.pth",)  # with output/tokenizer/: what a LoRA project's weights dataset holds
+
+
+def check_base_model(value: str) -> str:
+    if not (MODEL_HANDLE_RE.match(value) or DATASET_RE.match(value)):
+        raise KagtplError(
+            f"--base-model {value!r}: give a Kaggle model handle owner/model/framework/variation/version "
+            "(e.g. qwen-lm/qwen2.5/transformers/7b-instruct/1) or a dataset owner/slug"
+        )
+    return value
+
+
+def base_mount(handle: str) -> str:
+    """Where Kaggle mounts an attached source: /kaggle/input/<model>/<framework>/<variation>/<version>
+    for a model, /kaggle/input/<slug> for a dataset (as a path below INPUT)."""
+    parts = handle.split("/")
+    return "/".join(parts[1:]) if len(parts) == 5 else parts[1]
+
+
+def lora_adapters(project: Path) -> list[Path]:
+    """The project's trained LoRA checkpoints (adapters and head, MBs each), if any."""
+    import torch
+
+    found = []
+    for path in sorted((project / "output").glob("model_fold*.pth")):
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint is not shipped; predict.py would skip it too
+            continue
+        if isinstance(ckpt, dict) and ckpt.get("complete") and ckpt.get("config", {}).get("lora") == "on":
+            found.append(path)
+    return found
 
 
 def check_slug(flag: str, value: str) -> str:
@@ -143,10 +182,15 @@ def plan(req: KaggleRequest) -> Package:
             f"{project.name} trains from pretrained {answers.get('model')} weights and Kaggle kernels run offline: "
             "pass --weights FILE (they travel as a dataset), or --no-pretrained to train from scratch"
         )
-    if answers.get("task") == "text" and req.model_dir is None:
+    if req.base_model is not None:
+        if answers.get("task") != "text":
+            raise KagtplError("--base-model is for text projects (an LLM or encoder attached from Kaggle)")
+        check_base_model(req.base_model)
+    if answers.get("task") == "text" and req.model_dir is None and req.base_model is None:
         raise KagtplError(
             f"{project.name} fine-tunes {answers.get('model')} from a local folder and Kaggle kernels run offline: "
-            "pass --model-dir DIR (config, weights and tokenizer files travel as a dataset)"
+            "pass --model-dir DIR (config, weights and tokenizer files travel as a dataset), or --base-model HANDLE "
+            "(a Kaggle model or dataset to attach)"
         )
     base = slugify(str(answers.get("project_name", project.name)))[:40].strip("-")
     slugs = {kind: check_slug(f"the {kind} slug", f"{base}-{kind}") for kind in ("code", "wheels", "weights")}
@@ -203,7 +247,20 @@ def write_wheels(pkg: Package, out: Path, user: str, download: bool) -> None:
 
 
 def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
-    """The weights file or model folder as a dataset; returns the path inside it the run reads."""
+    """The weights file or model folder as a dataset; returns the path inside it the run reads.
+    With --base-model the base is attached, not uploaded: the dataset holds the project's trained
+    LoRA adapters (and its tokenizer), which run.py finds complete and predicts from."""
+    if req.base_model is not None:
+        adapters = lora_adapters(pkg.project)
+        if adapters:
+            (out / "weights").mkdir()
+            for path in adapters:
+                shutil.copy2(path, out / "weights" / path.name)
+            if (pkg.project / "output" / "tokenizer").is_dir():
+                shutil.copytree(pkg.project / "output" / "tokenizer", out / "weights" / "tokenizer")
+            dataset_metadata(out / "weights", req.user, pkg.slugs["weights"])
+            pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
+        return None
     if req.weights is None and req.model_dir is None:
         return None
     weights = out / "weights"
@@ -219,7 +276,7 @@ def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     return inside
 
 
-def kernel_metadata(pkg: Package, user: str, datasets: list[str]) -> dict:
+def kernel_metadata(pkg: Package, user: str, datasets: list[str], base_model: str | None = None) -> dict:
     gpu = str(pkg.answers.get("gpu", "t4x2"))
     meta = {
         "id": f"{user}/{pkg.slugs['kernel']}",
@@ -236,6 +293,10 @@ def kernel_metadata(pkg: Package, user: str, datasets: list[str]) -> dict:
         "kernel_sources": [],
         "model_sources": [],
     }
+    if base_model and MODEL_HANDLE_RE.match(base_model):
+        meta["model_sources"].append(base_model)
+    elif base_model:
+        meta["dataset_sources"].append(base_model)
     if gpu != "cpu":
         meta["machine_shape"] = MACHINE_SHAPES.get(gpu, "NvidiaTeslaT4")
     return meta
@@ -258,7 +319,9 @@ def dataset(name):
 '''
 
 
-def notebook(pkg: Package, budget: str, weights_inside: str | None, wheels: bool, run_flags: list[str]) -> dict:
+def notebook(
+    pkg: Package, budget: str, weights_inside: str | None, wheels: bool, run_flags: list[str], base: str | None = None
+) -> dict:
     import nbformat
 
     cells = [
@@ -283,6 +346,8 @@ def notebook(pkg: Package, budget: str, weights_inside: str | None, wheels: bool
     if weights_inside is not None:
         flag = "--model-dir" if str(pkg.answers.get("task")) == "text" else "--weights"
         weights_flag = f"[f\"{flag}={{dataset('{pkg.slugs['weights']}') / '{weights_inside}'}}\"]"
+    if base is not None:  # the attached base model; the LoRA adapters (if shipped) go where run.py looks
+        weights_flag = f"[f\"--model-dir={{INPUT / '{base_mount(base)}'}}\"]"
     cells += [
         nbformat.v4.new_code_cell(
             "# the project's code next to its outputs: /kaggle/working is the one folder kept\n"
@@ -296,6 +361,14 @@ def notebook(pkg: Package, budget: str, weights_inside: str | None, wheels: bool
             f"elif (CODE / '{CODE_PACKAGE}.zip').is_file():\n"
             f"    shutil.unpack_archive(CODE / '{CODE_PACKAGE}.zip', WORK / '{CODE_PACKAGE}')\n"
             "os.chdir(WORK)"
+            + (
+                "\n# the trained LoRA adapters: complete folds, so run.py goes straight to predict.py\n"
+                f"ADAPTERS = INPUT / '{pkg.slugs['weights']}'\n"
+                "if ADAPTERS.is_dir():\n"
+                "    shutil.copytree(ADAPTERS, WORK, dirs_exist_ok=True, ignore=shutil.ignore_patterns('*.json'))"
+                if base is not None
+                else ""
+            )
         ),
         nbformat.v4.new_code_cell(
             f"# train, then predict, under one budget: always a submission (run.py's docstring).\n"
@@ -334,11 +407,12 @@ def build(req: KaggleRequest) -> Package:
         write_wheels(pkg, staging, req.user, req.wheels)
         weights_inside = write_weights(pkg, staging, req)
         datasets = [pkg.slugs[k] for k in ("code", "wheels", "weights") if (staging / k).is_dir()]
-        meta = kernel_metadata(pkg, req.user, datasets)
+        meta = kernel_metadata(pkg, req.user, datasets, req.base_model)
         (staging / "kernel-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
         budget = req.budget or str(pkg.answers.get("budget") or "9h")
         flags = [] if req.pretrained else ["--no-pretrained"]
-        nb = notebook(pkg, budget, weights_inside, (staging / "wheels").is_dir(), flags)
+        base = req.base_model
+        nb = notebook(pkg, budget, weights_inside, (staging / "wheels").is_dir(), flags, base)
         nbformat.write(nb, staging / "notebook.ipynb")
         staging.chmod(0o755)  # mkdtemp makes it private
         target = pkg.project / "kaggle"

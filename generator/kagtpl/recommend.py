@@ -8,7 +8,7 @@ from rich.table import Table
 
 from kagtpl import detect, paths
 from kagtpl.errors import KagtplError
-from kagtpl.template import hardware, planner
+from kagtpl.template import adapters, hardware, planner
 
 
 def recommend_table(
@@ -222,15 +222,22 @@ def tabular_table(profile, gpu: str, budget: str | None) -> Table:
     return table
 
 
-def text_table(gpu: str, model: str | None, max_len: int | None, budget: str | None) -> Table:
+def text_table(
+    gpu: str, model: str | None, max_len: int | None, budget: str | None, model_dir: Path | None = None
+) -> Table:
     """max_len, batch, accumulation, AMP and checkpointing for a transformer on a profile, with
     the template's own rules (train.py then refines max_len from the token lengths and, on CUDA,
-    the batch by the probe)."""
+    the batch by the probe). With --model-dir the size is read from its config.json, and a
+    decoder LLM gets LoRA, 4-bit and the batch from the memory model of adapters.py."""
     hw = hardware()
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
-    model = model or "microsoft/deberta-v3-base"
-    params_m, size_why = hw.text_params(model)
+    config = read_model_config(model_dir) if model_dir is not None else None
+    model = model or (model_dir.name if model_dir is not None else "microsoft/deberta-v3-base")
+    if config is not None:
+        params_m, size_why = adapters().params_m(config), f"read from {model_dir / 'config.json'}"
+    else:
+        params_m, size_why = hw.text_params(model)
     profile = hw.PROFILES[gpu]
     cap, cap_why = hw.text_max_len_cap(profile)
     if max_len is None:
@@ -239,27 +246,94 @@ def text_table(gpu: str, model: str | None, max_len: int | None, budget: str | N
         raise KagtplError(f"--max-len {max_len}: must be between 8 and 32768")
     else:
         len_why = "set by you"
-    batch, accum, batch_why = hw.text_batch(profile, params_m, max_len)
-    checkpointing, ckpt_why = hw.text_checkpointing(profile, params_m)
     rec = hw.recommend(profile, model, 224)  # the one AMP rule, with its reason
     amp, amp_why = rec.amp, rec.why["amp"]
     if "mdeberta" in model.lower() and amp == "fp16":
         amp, amp_why = "fp32", "mDeBERTa overflows in fp16 and this GPU has no bf16"
-    table = Table(title=f"text on {profile.label} ({gpu}), {model} ({params_m:.0f}M params: {size_why})")
+    size = f"{params_m / 1000:.1f}B" if params_m >= 1000 else f"{params_m:.0f}M"
+    table = Table(title=f"text on {profile.label} ({gpu}), {model} ({size} params: {size_why})")
     for col in ("setting", "value", "why"):
         table.add_column(col)
-    rows = [
-        ("max_len", max_len, len_why),
-        ("batch_size", batch, batch_why + ("; the probe refines it on CUDA" if profile.is_gpu else "")),
-        ("accum_steps", accum, f"to an effective batch of {batch * accum}"),
-        ("AMP", amp, amp_why),
-        ("grad_checkpointing", "on" if checkpointing else "off", ckpt_why),
-        ("padding", "dynamic", "each batch padded to its own longest text; training batches grouped by length"),
-        ("num_workers", 0, "token ids are cached; padding a batch is a numpy copy"),
-    ]
+    if config is not None and adapters().is_decoder(config):
+        rows = llm_rows(config, profile, max_len, len_why)
+    else:
+        rows = encoder_rows(profile, params_m, max_len, len_why)
+    rows.insert(-2, ("AMP", amp, amp_why))
     for name, value, why in rows + budget_rows(gpu, budget, "text"):
         table.add_row(name, str(value), why)
     return table
+
+
+def read_model_config(model_dir: Path) -> dict:
+    """A Hugging Face folder's config.json: the weights are not needed to size the model."""
+    import json
+
+    path = model_dir / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise KagtplError(f"--model-dir {model_dir}: no readable config.json ({type(e).__name__})") from None
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise KagtplError(f"--model-dir {model_dir}: {path.name} has no model_type: not a Hugging Face config")
+    return config
+
+
+def encoder_rows(profile, params_m: float, max_len: int, len_why: str) -> list[tuple]:
+    hw = hardware()
+    batch, accum, batch_why = hw.text_batch(profile, params_m, max_len)
+    checkpointing, ckpt_why = hw.text_checkpointing(profile, params_m)
+    return [
+        ("max_len", max_len, len_why),
+        ("batch_size", batch, batch_why + ("; the probe refines it on CUDA" if profile.is_gpu else "")),
+        ("accum_steps", accum, f"to an effective batch of {batch * accum}"),
+        ("grad_checkpointing", "on" if checkpointing else "off", ckpt_why),
+        ("LoRA", "off", "an encoder: full fine-tuning fits and scores best; --lora on trains adapters only"),
+        ("padding", "dynamic", "each batch padded to its own longest text; training batches grouped by length"),
+        ("num_workers", 0, "token ids are cached; padding a batch is a numpy copy"),
+    ]
+
+
+def llm_rows(config: dict, profile, max_len: int, len_why: str) -> list[tuple]:
+    """A decoder LLM: LoRA always; 4-bit where the 16-bit weights leave no room for a batch of 4
+    (or on a card without 16-bit room at all); the batch and checkpointing from the memory model."""
+    ad, hw = adapters(), hardware()
+    r, memory = ad.LORA_R, profile.memory_gb
+    full = ad.params_m(config) * 16 / 1024  # GB: weights, gradients and AdamW for full fine-tuning
+    lora_m = ad.lora_params_m(config, r)
+    w16 = ad.memory_gb(config, "16bit", r, max_len, True)["weights"]
+    w4 = ad.memory_gb(config, "4bit", r, max_len, True)["weights"]
+    if profile.is_gpu:
+        sixteen = ad.lora_fit(config, memory, "none", r, max_len)
+        quant = "none" if sixteen[0] >= 4 and not sixteen[1] else "4bit"
+        batch, checkpointing, parts, fit_why = ad.lora_fit(config, memory, quant, r, max_len)
+        accum = max(1, hw.TEXT_TARGET_EFFECTIVE_BATCH // batch)
+        quant_why = (
+            f"16-bit weights ({w16:.1f} GB) leave room for a batch of {sixteen[0]}"
+            if quant == "none"
+            else f"16-bit weights take {w16:.1f} GB of {memory:g}; NF4 + double quantisation {w4:.1f} GB (QLoRA; "
+            "needs CUDA and bitsandbytes)"
+        )
+    else:  # CPU: fp32 weights, the CPU batch rule; fine for a tiny model's smoke test only
+        batch, accum, _ = hw.text_batch(profile, ad.params_m(config), max_len)
+        checkpointing, quant, quant_why = False, "none", "4-bit kernels need CUDA: fp32 weights on CPU"
+        parts = ad.memory_gb(config, "32bit", r, batch * max_len, False)
+        fit_why = f"{ad.memory_line(parts)} of CPU RAM at batch {batch}"
+    return [
+        ("max_len", max_len, len_why),
+        (
+            "LoRA",
+            f"r {r}, alpha {ad.LORA_ALPHA}, {ad.LORA_TARGETS}",
+            f"full fine-tuning needs ~{full:.0f} GB (16 bytes a parameter); the adapters train {lora_m:.1f}M "
+            f"({lora_m / ad.params_m(config):.2%}), the head fully; lr {ad.LORA_LR:g}",
+        ),
+        ("quant", quant, quant_why),
+        ("memory", f"{parts['total']:.1f} GB", fit_why),
+        ("batch_size", batch, "the largest power of two that fits; the probe refines it on CUDA"),
+        ("accum_steps", accum, f"to an effective batch of {batch * accum}"),
+        ("grad_checkpointing", "on" if checkpointing else "off", "on only where a batch of 4 does not fit without"),
+        ("checkpoint", f"~{lora_m * 4:.0f} MB a fold", "the adapters and head in fp32, not the base model"),
+        ("padding", "dynamic", "right padding; the score is read at the last real token"),
+    ]
 
 
 def budget_rows(gpu: str, budget: str | None, task: str = "image") -> list[tuple[str, str, str]]:

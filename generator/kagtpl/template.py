@@ -15,6 +15,7 @@ repository. Three sources, in this order:
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import os
 import shutil
@@ -111,7 +112,7 @@ def source() -> Source:
 # The template's torch-free machinery modules the generator shares. They are loaded as modules of
 # the template's own `machinery` package (under another name, so nothing in sys.modules clashes),
 # so their relative imports find each other exactly as in the generated project.
-SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report", "storage")
+SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report", "storage", "adapters")
 PACKAGE = "kagtpl_template_machinery"
 
 
@@ -136,9 +137,24 @@ def template_module(name: str) -> ModuleType:
     if name not in SHARED_MODULES:
         raise KagtplError(f"template module {name!r} is not one the generator shares: {', '.join(SHARED_MODULES)}")
     package = machinery_package()
-    if not (Path(package.__path__[0]) / f"{name}.py").is_file():
+    folder = Path(package.__path__[0])
+    if (folder / f"{name}.py").is_file():
+        return importlib.import_module(f"{PACKAGE}.{name}")
+    # a task's own module is named by its Jinja condition: {% if task == 'text' %}adapters.py{% endif %}
+    found = sorted(folder.glob(f"*%}}{name}.py{{% endif %}}"))
+    if not found:
         raise KagtplError(f"kagtpl's template has no machinery/{name}.py; reinstall kagtpl")
-    return importlib.import_module(f"{PACKAGE}.{name}")
+    loader = importlib.machinery.SourceFileLoader(f"{PACKAGE}.{name}", str(found[0]))  # not named *.py
+    spec = importlib.util.spec_from_file_location(loader.name, found[0], loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def adapters() -> ModuleType:
+    """template/machinery/adapters.py (text): a model's size from its config, LoRA's memory rules."""
+    return template_module("adapters")
 
 
 def profiles() -> ModuleType:

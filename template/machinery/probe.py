@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from . import hardware, parallel, profiles
+from . import hardware, parallel, profiles, storage
 from .errors import RunError
 from .gpu import free_gpu_memory, is_oom
 from .steps import set_lr, to_device
@@ -36,13 +36,13 @@ def snapshot(model, optimizer, amp) -> tuple:
             return type(obj)(to_host(v) for v in obj)
         return copy.deepcopy(obj)
 
-    return to_host(model.state_dict()), to_host(optimizer.state_dict()), amp.scaler.state_dict()
+    return to_host(storage.model_state(model)), to_host(optimizer.state_dict()), amp.scaler.state_dict()
 
 
 def restore(saved: tuple, model, optimizer, amp) -> None:
     """Back to the snapshot: load_state_dict copies into the model's own (device) tensors, and the
     optimizer's state is moved to its parameters' device by load_state_dict itself."""
-    model.load_state_dict(saved[0])
+    storage.load_model_state(model, saved[0])
     optimizer.load_state_dict(saved[1])
     amp.forget_step(optimizer)
     if saved[2]:  # an enabled GradScaler (fp16): back to its state before the probe, fresh

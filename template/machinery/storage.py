@@ -230,9 +230,19 @@ def save_checkpoint(path: Path, model, config: dict, classes: list, **meta) -> N
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):  # and DDP: the bare model's keys
         model = model.module
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu() for k, v in model_state(model).items()}
     payload = {"model": state, "config": config, "classes": list(classes), **meta}
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
+
+
+def model_state(model) -> dict:
+    """What a checkpoint holds of the model: its state_dict, or what the model says it is (a text
+    model with LoRA adapters: the adapters and the head, not the frozen base model)."""
+    return getattr(model, "checkpoint_state", model.state_dict)()
+
+
+def load_model_state(model, state: dict) -> None:
+    getattr(model, "load_checkpoint_state", model.load_state_dict)(state)
 
 
 def mark_complete(path: Path) -> bool:
@@ -383,7 +393,7 @@ def restore(path: Path, build, state: dict, device):
     like an unreadable file and ensembles the rest."""
     try:
         model = build()
-        model.load_state_dict(state)
+        load_model_state(model, state)
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
         print(f"WARNING: skipping {path}: its weights do not fit the model ({str(e).splitlines()[0][:160]})")
         return None
