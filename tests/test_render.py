@@ -44,7 +44,7 @@ EXPECTED_FILES = {f for f in TOP if "." in f and f != "tests"} | {"tests/test_pr
 EXPECTED_FILES |= {f"machinery/{name}" for name in MACHINERY}
 IMAGE_ONLY = {"machinery/images.py"}  # the decode cache and timm weights: tabular projects do not ship them
 SEGMENTATION_ONLY = {"machinery/images.py", "machinery/masks.py"}  # and RLE, tiles, Dice statistics
-TEXT_ONLY = {"machinery/texts.py"}  # the offline model folder, token cache and length-grouped batches
+TEXT_ONLY = {"machinery/texts.py", "machinery/adapters.py"}  # the model folder and tokens; LoRA and its memory
 TABULAR_ONLY = {"machinery/boosters.py", "machinery/blend.py"}  # the trees and predict.py's hill-climbing blend
 TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY, "segmentation": SEGMENTATION_ONLY}
 
