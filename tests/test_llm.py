@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import llmdata
@@ -17,7 +20,7 @@ import torch
 from test_text import minilm_dir
 from typer.testing import CliRunner
 
-from conftest import import_project, render, run_script
+from conftest import RUN_ENV, import_project, render, run_script
 from kagtpl.cli import app
 from kagtpl.template import adapters
 
@@ -113,6 +116,22 @@ def adapter_keys_only(state: dict) -> bool:
     return all("lora_" in k or "modules_to_save" in k or k in ("y_mean", "y_std") for k in state)
 
 
+def notebook_setup_on_kaggle(project: Path, root: Path) -> Path:
+    """The notebook's cells before run.py, run in a Kaggle tree simulated under `root` with the
+    code and weights datasets attached; returns /kaggle/working."""
+    import nbformat
+
+    for dataset in ("code", "weights"):
+        shutil.copytree(project / "kaggle" / dataset, root / "input" / f"{project.name}-{dataset}")
+    nb = nbformat.read(project / "kaggle" / "notebook.ipynb", as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    setup = "\n".join(cells[: next(i for i, c in enumerate(cells) if '"run.py"' in c)])
+    env = {**RUN_ENV, "KAGGLE_ROOT": str(root)}
+    r = subprocess.run([sys.executable, "-c", setup], cwd=root.parent, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return root / "working"
+
+
 @pytest.mark.slow
 def test_an_llm_trains_adapters_and_predict_swaps_them_on_one_base(llms, tmp_path):
     """Qwen2 (a chat template, a pad token of its own), 3 authors: the prompt function is the
@@ -162,6 +181,11 @@ def test_an_llm_trains_adapters_and_predict_swaps_them_on_one_base(llms, tmp_pat
     assert shipped == ["dataset-metadata.json", "model_fold0.pth", "model_fold1.pth", "tokenizer"], shipped
     notebook = (project / "kaggle" / "notebook.ipynb").read_text()
     assert "--model-dir={INPUT / 'qwen2.5/transformers/7b-instruct/1'}" in notebook
+    working = notebook_setup_on_kaggle(project, tmp_path / "kaggle-root")
+    assert {"model_fold0.pth", "model_fold1.pth", "tokenizer"} <= {p.name for p in working.iterdir()}
+    saved = sorted(p.name for p in (project / "output" / "tokenizer").iterdir())
+    assert sorted(p.name for p in (working / "tokenizer").iterdir()) == saved  # tokenizer.json and its config too
+    assert not (working / "dataset-metadata.json").exists()
     log = run_script(project, "predict.py").stdout
     assert log.count("BASE MODEL: ") == 1 and log.count("PREDICT: model_fold") == 2, log
     sub = pd.read_csv(project / "output" / "submission.csv")

@@ -116,7 +116,7 @@ def lora_adapters(project: Path) -> list[Path]:
     found = []
     for path in sorted((project / "output").glob("model_fold*.pth")):
         try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # the config, not every tensor
         except Exception:  # noqa: BLE001 - an unreadable checkpoint is not shipped; predict.py would skip it too
             continue
         if isinstance(ckpt, dict) and ckpt.get("complete") and ckpt.get("config", {}).get("lora") == "on":
@@ -320,7 +320,13 @@ def dataset(name):
 
 
 def notebook(
-    pkg: Package, budget: str, weights_inside: str | None, wheels: bool, run_flags: list[str], base: str | None = None
+    pkg: Package,
+    budget: str,
+    weights_inside: str | None,
+    wheels: bool,
+    run_flags: list[str],
+    base: str | None = None,
+    adapters: bool = False,
 ) -> dict:
     import nbformat
 
@@ -346,7 +352,7 @@ def notebook(
     if weights_inside is not None:
         flag = "--model-dir" if str(pkg.answers.get("task")) == "text" else "--weights"
         weights_flag = f"[f\"{flag}={{dataset('{pkg.slugs['weights']}') / '{weights_inside}'}}\"]"
-    if base is not None:  # the attached base model; the LoRA adapters (if shipped) go where run.py looks
+    if base is not None:  # the attached base model (adapters, when shipped, are copied where run.py looks)
         weights_flag = f"[f\"--model-dir={{INPUT / '{base_mount(base)}'}}\"]"
     cells += [
         nbformat.v4.new_code_cell(
@@ -362,11 +368,10 @@ def notebook(
             f"    shutil.unpack_archive(CODE / '{CODE_PACKAGE}.zip', WORK / '{CODE_PACKAGE}')\n"
             "os.chdir(WORK)"
             + (
-                "\n# the trained LoRA adapters: complete folds, so run.py goes straight to predict.py\n"
-                f"ADAPTERS = INPUT / '{pkg.slugs['weights']}'\n"
-                "if ADAPTERS.is_dir():\n"
-                "    shutil.copytree(ADAPTERS, WORK, dirs_exist_ok=True, ignore=shutil.ignore_patterns('*.json'))"
-                if base is not None
+                "\n# the trained LoRA adapters and tokenizer: complete folds, so run.py goes straight to predict.py\n"
+                f"shutil.copytree(dataset('{pkg.slugs['weights']}'), WORK, dirs_exist_ok=True, "
+                "ignore=shutil.ignore_patterns('dataset-metadata.json'))"
+                if adapters
                 else ""
             )
         ),
@@ -411,8 +416,8 @@ def build(req: KaggleRequest) -> Package:
         (staging / "kernel-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
         budget = req.budget or str(pkg.answers.get("budget") or "9h")
         flags = [] if req.pretrained else ["--no-pretrained"]
-        base = req.base_model
-        nb = notebook(pkg, budget, weights_inside, (staging / "wheels").is_dir(), flags, base)
+        adapters = req.base_model is not None and (staging / "weights").is_dir()  # write_weights shipped them
+        nb = notebook(pkg, budget, weights_inside, (staging / "wheels").is_dir(), flags, req.base_model, adapters)
         nbformat.write(nb, staging / "notebook.ipynb")
         staging.chmod(0o755)  # mkdtemp makes it private
         target = pkg.project / "kaggle"
