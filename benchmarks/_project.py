@@ -3,6 +3,7 @@ measures the generated code itself."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,23 @@ TABLE_ANSWERS = {
 
 MODULES = ("train", "engine", "gpu", "hardware", "planner", "probe", "steps", "machine")
 EXTRA = {"image": ("images",), "text": ("texts",)}  # task-only modules
+
+
+def shapes_args() -> argparse.Namespace:
+    """The flags of a benchmark on `kagtpl shapes` images under run.py --budget (segmentation, detection)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--budget", default="10m")
+    p.add_argument("--train", type=int, default=200, help="training images")
+    p.add_argument("--test", type=int, default=50, help="held-out images")
+    p.add_argument("--size", type=int, default=128, help="image side in pixels")
+    return p.parse_args()
+
+
+def cpu_project(work: Path, name: str, task: str, data: Path) -> Path:
+    """`kagtpl new NAME --task TASK --gpu cpu --data DATA` with every default, in work/NAME."""
+    from kagtpl import new
+
+    return new.new_project(new.NewAnswers(name=name, task=task, gpu="cpu", data=data, dest=work))
 
 
 def render(dest: Path, task: str, **answers) -> Path:

@@ -26,7 +26,6 @@ against in tests/test_detection.py.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -45,9 +44,9 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
-from _project import run_budget  # noqa: E402
+from _project import cpu_project, run_budget, shapes_args  # noqa: E402
 
-from kagtpl import new, shapes  # noqa: E402
+from kagtpl import shapes  # noqa: E402
 
 CANNY = (30, 60, 100)  # the baseline's lower Canny threshold (the upper is twice it), chosen per fold
 MIN_SIDE = (6, 10, 16)  # px: smaller contours are noise
@@ -167,17 +166,12 @@ def one_fold(project: Path, out: Path, ckpt: Path, work: Path) -> Path:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--budget", default="10m")
-    p.add_argument("--train", type=int, default=200, help="training images")
-    p.add_argument("--test", type=int, default=50, help="held-out images")
-    p.add_argument("--size", type=int, default=128, help="image side in pixels")
-    args = p.parse_args()
+    args = shapes_args()
     work = Path(tempfile.mkdtemp(prefix="kagtpl-det-bench-"))
     data = shapes.write_boxes(work / "boxes", "wheat", args.train, args.test, args.size)
     solution = solution_boxes(work / "boxes_solution.csv")
     test_ids = list(pd.read_csv(data / "sample_submission.csv", dtype=str)["image_id"])
-    project = new.new_project(new.NewAnswers(name="det", task="detection", gpu="cpu", data=data, dest=work))
+    project = cpu_project(work, "det", "detection", data)
     log, wall = run_budget(project, args.budget)
     out = project / "output"
     oof_line = re.search(r"^OOF: mAP@\.5=([\d.]+), mAP@\[\.5:\.95\]=([\d.]+)", log, re.M)

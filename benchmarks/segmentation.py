@@ -22,7 +22,6 @@ all training images to predict the held-out ones, scored against the solution fi
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -37,9 +36,9 @@ from sklearn.linear_model import LogisticRegression
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
-from _project import run_budget  # noqa: E402
+from _project import cpu_project, run_budget, shapes_args  # noqa: E402
 
-from kagtpl import new, shapes  # noqa: E402
+from kagtpl import shapes  # noqa: E402
 
 THRESHOLDS = np.linspace(0.1, 0.9, 17)
 PIXELS_PER_IMAGE = 400  # logistic regression: pixels sampled from each training image
@@ -131,16 +130,11 @@ def mean_dice(model, data: Path, ids) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--budget", default="10m")
-    p.add_argument("--train", type=int, default=200, help="training images")
-    p.add_argument("--test", type=int, default=50, help="held-out images")
-    p.add_argument("--size", type=int, default=128, help="image side in pixels")
-    args = p.parse_args()
+    args = shapes_args()
     work = Path(tempfile.mkdtemp(prefix="kagtpl-seg-bench-"))
     data = shapes.write_shapes(work / "shapes", "png", args.train, args.test, args.size)
     solution = work / "shapes_solution.csv"
-    project = new.new_project(new.NewAnswers(name="seg", task="segmentation", gpu="cpu", data=data, dest=work))
+    project = cpu_project(work, "seg", "segmentation", data)
     log, wall = run_budget(project, args.budget)
     chosen = json.loads((project / "output" / "postprocess.json").read_text())
     oof = pd.concat([pd.read_csv(f) for f in sorted((project / "output").glob("oof_fold*.csv"))])
