@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -99,13 +101,32 @@ def run_script(
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
+        raise AssertionError(f"{args} did not end in {timeout}s\n{hang_report(proc)}") from None
     proc = subprocess.CompletedProcess([sys.executable, *args], proc.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
+
+
+def hang_report(proc) -> str:
+    """Where a script that did not end waits: every thread's stack (the fork server's runners dump
+    them on SIGUSR2), the processes left on the machine, and the ends of its stdout and stderr."""
+    running = proc.poll() is None
+    if running:
+        proc.send_signal(signal.SIGUSR2)
+        time.sleep(2)
+    ps = subprocess.run(
+        ["ps", "-ww", "-eo", "pid,ppid,pgid,stat,etimes,args", "--forest"], capture_output=True, text=True
+    )
+    lines = ps.stdout.splitlines()
+    processes = "\n".join(line[:300] for line in lines if not line.rstrip().endswith("]"))  # not the kernel's threads
+    proc.kill()
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired as e:  # a child of the script still holds its output open
+        out, err = e.output or "", e.stderr or ""
+    state = "still running" if running else "exited; something still holds its output open"
+    return f"the script: {state}\n{processes[-6000:]}\nstdout:\n{out[-4000:]}\nstderr:\n{(err or '')[-8000:]}"
 
 
 def start_until(project: Path, args: list[str], until, env: dict | None = None):
@@ -119,6 +140,17 @@ def start_until(project: Path, args: list[str], until, env: dict | None = None):
         if until(line) if callable(until) else line.startswith(until):
             break
     return proc, seen
+
+
+def assert_plan_cut_to_budget(log: str, wall: float, budget: int) -> None:
+    """run.py under a budget its plan is many times over (5 folds): the estimate says more than twice
+    the budget, the planner cuts the folds, and run.py ends inside it (2 s more from outside)."""
+    estimate = re.search(r"^TIME ESTIMATE: .* = ([\d.]+) ?(min|s) for the whole plan", log, re.M)
+    assert estimate and float(estimate.group(1)) * (60 if estimate.group(2) == "min" else 1) > 2 * budget, log
+    assert re.search(r"^TIME PLAN: estimate .* -> folds 5->\d", log, re.M), log
+    line = rf"^RUN: train [\d.]+s, predict [\d.]+s, total ([\d.]+)s = ([\d.]+) of the {budget}s budget$"
+    run = re.search(line, log, re.M)
+    assert run and float(run.group(2)) <= 1.0 and wall <= budget + 2, f"{wall:.1f}s\n{log[-2000:]}"
 
 
 def epoch_at_least(n: int, tag: str = ""):

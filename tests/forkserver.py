@@ -21,12 +21,16 @@ one server serves one value of those (`import_env`), so a request with other val
 of its own. Nothing that reads the Hugging Face variables is preloaded: the text project sets
 HF_HUB_OFFLINE before its first import of transformers, and must keep being the first.
 
+Each runner dumps every thread's stack to its stderr on SIGUSR2 (faulthandler): run_script asks for
+that when a script has not ended in its time, so the failure says where it waited.
+
 KAGTPL_TEST_FORKSERVER=0 turns it off: every script then starts as `python script`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import locale
 import os
@@ -137,6 +141,7 @@ def _become_runner(request: dict, stdin: int, stdout: int, stderr: int) -> dict:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # run_script's report on a script that hangs
     import numpy
     import torch
 
@@ -225,6 +230,7 @@ class Forked:
         self.stdout = _text(out)
         self.stderr = _text(err) if err is not None else None
         self.returncode: int | None = None
+        self._read: dict = {}  # stream -> the lines read so far, by one reader thread each
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._status], [], [], 0)[0]:
@@ -254,21 +260,24 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
-        """Read stdout and stderr to their ends, then wait; TimeoutExpired past `timeout`."""
+        """Read stdout and stderr to their ends, then wait; TimeoutExpired past `timeout`, with what
+        was read so far (a later call goes on reading, as subprocess.Popen's does)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        texts: dict = {}
-        readers = [
-            threading.Thread(target=lambda s=s: texts.__setitem__(s, s.read()), daemon=True)
-            for s in (self.stdout, self.stderr)
-            if s is not None and not s.closed
-        ]
-        for reader in readers:
-            reader.start()
-        for reader in readers:
+        if not self._read:
+            streams = [s for s in (self.stdout, self.stderr) if s is not None and not s.closed]
+            self._read = {s: [] for s in streams}
+            self._readers = [threading.Thread(target=self._read[s].extend, args=(s,), daemon=True) for s in streams]
+            for reader in self._readers:
+                reader.start()
+        for reader in self._readers:
             reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if reader.is_alive():
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+                so_far = {s: "".join(lines) for s, lines in self._read.items()}
+                raise subprocess.TimeoutExpired(
+                    str(self.pid), timeout, output=so_far.get(self.stdout), stderr=so_far.get(self.stderr)
+                )
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        texts = {s: "".join(lines) for s, lines in self._read.items()}
         return texts.get(self.stdout, ""), texts.get(self.stderr) if self.stderr is not None else None
 
 

@@ -116,6 +116,29 @@ def test_params_file_sets_defaults_and_a_flag_given_still_wins(project_modules, 
         train.get_args(["--params", str(path)])
 
 
+def test_a_search_whose_trials_keep_failing_stops(project_modules, tmp_path, capsys):
+    """Failed trials do not count toward --trials, so failures must end a search on their own: 3
+    with none complete, or GIVE_UP_IN_A_ROW in a row after some completed (this one looped)."""
+    import optuna
+
+    tuning = project_modules.tuning
+
+    def broken_train(argv):
+        raise SystemExit(f"{argv[0]}: every trial fails from here on")
+
+    for completed, stops_after in ((0, tuning.GIVE_UP_AFTER), (2, tuning.GIVE_UP_IN_A_ROW)):
+        search = tuning.Search(
+            tmp_path / f"out{completed}", "s", "", 30, None, time.time(), 1, 4, "maximize", "Acc", "none", 0, 1, 0, []
+        )
+        study = optuna.create_study(direction="maximize")
+        for value in range(completed):
+            study.add_trial(optuna.trial.create_trial(value=value, state=optuna.trial.TrialState.COMPLETE))
+        assert tuning.work(study, search, lambda trial: {"lr": 1e-3}, broken_train) == stops_after
+        out = capsys.readouterr().out
+        assert out.count("state=FAIL") == stops_after and "TUNE STOP: " in out, out
+        assert ("in a row" in out) == (completed > 0), out
+
+
 # ----------------------------------------------------------------------------- slow: real searches
 
 
@@ -220,7 +243,13 @@ def test_a_killed_search_resumes_its_study(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)  # no goodbye: trial 2 is left RUNNING in the journal
     proc.wait()
     assert load_study(project, "comp").trials[-1].state.name == "RUNNING"
-    out = run_script(project, *cmd).stdout
+    try:
+        out = run_script(project, *cmd, timeout=240).stdout
+    except AssertionError as e:  # it hung once in CI (a 600 s timeout): the trials' logs say where the search was
+        logs = {
+            p.parent.name: p.read_text()[-1500:] for p in sorted((project / "output/tune").glob("trial_*/train.log"))
+        }
+        raise AssertionError(f"{e}\n{json.dumps(logs, indent=1)}") from None
     assert re.search(r"^TUNE RESUME: 3 trial\(s\) already in the study; stale RUNNING -> FAILED: \[2\]", out, re.M), out
     study = load_study(project, "comp")
     finished = [t.number for t in study.trials if t.state.name == "COMPLETE"]

@@ -434,12 +434,19 @@ def kaggle_cmd(
             "owner/slug); trained LoRA adapters ship as the weights dataset.",
         ),
     ] = None,
+    serve: Annotated[
+        bool,
+        typer.Option(
+            help="Evaluation-API competitions: the notebook runs serve.py on the trained folds (shipped as the "
+            "weights dataset) instead of run.py.",
+        ),
+    ] = False,
 ) -> None:
     """Package the project as an offline Kaggle kernel: datasets, notebook, metadata, commands."""
     if not user:
         raise KagtplError("--user USERNAME is needed: the datasets and the kernel are ids USERNAME/slug")
     request = kaggle.KaggleRequest(
-        path, user, competition, weights, model_dir, budget, pretrained, wheels, base_model=base_model
+        path, user, competition, weights, model_dir, budget, pretrained, wheels, base_model=base_model, serve=serve
     )
     pkg = kaggle.build(request)
     print(f"Wrote {pkg.project / 'kaggle'}; upload and run, in this order:")

@@ -74,6 +74,7 @@ class KaggleRequest:
     # text: the base model as a Kaggle source to attach, not uploaded: a model handle
     # owner/model/framework/variation/version (Kaggle Models) or a dataset owner/slug
     base_model: str | None = None  # the seam for tests: what the image already has
+    serve: bool = False  # the notebook runs serve.py (evaluation API) on the trained weights, shipped
 
 
 @dataclass
@@ -91,6 +92,8 @@ class Package:
 MODEL_HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){3}/\d+$")
 DATASET_RE = re.compile(r"^[a-z0-9][a-z0-9-]*/[a-z0-9][a-z0-9-]{2,49}$")
 ADAPTER_FILES = ("model_fold*.pth",)  # with output/tokenizer/: what a LoRA project's weights dataset holds
+# --serve: what serve.py reads from output/ (the folds, train.py's fallback values, the run's config)
+SERVED_FILES = ("model_fold*.pth", "serve_defaults.json", "config.json")
 
 
 def check_base_model(value: str) -> str:
@@ -100,6 +103,20 @@ def check_base_model(value: str) -> str:
             "(e.g. qwen-lm/qwen2.5/transformers/7b-instruct/1) or a dataset owner/slug"
         )
     return value
+
+
+def check_servable(project: Path) -> None:
+    if not (project / "serve.py").is_file():
+        raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl renders it for tabular projects)")
+    if not (project / "output" / "serve_defaults.json").is_file() or not served_files(project):
+        raise KagtplError(
+            f"--serve ships the trained folds and there are none in {project / 'output'}: run python train.py first"
+        )
+
+
+def served_files(project: Path) -> list[Path]:
+    """output/'s files serve.py loads: the model folds, serve_defaults.json, config.json."""
+    return [f for pattern in SERVED_FILES for f in sorted((project / "output").glob(pattern)) if f.is_file()]
 
 
 def base_mount(handle: str) -> str:
@@ -177,6 +194,9 @@ def plan(req: KaggleRequest) -> Package:
     # detector's backbone (a torchvision classifier's weights, or a whole COCO detector's)
     pretrained_tasks = ("image", "segmentation", "detection")
     wants_weights = answers.get("task") in pretrained_tasks and answers.get("pretrained") and req.pretrained
+    wants_weights = wants_weights and not req.serve  # serving trains nothing: the trained folds travel
+    if req.serve:
+        check_servable(project)
     if wants_weights and req.weights is None:
         raise KagtplError(
             f"{project.name} trains from pretrained {answers.get('model')} weights and Kaggle kernels run offline: "
@@ -249,7 +269,15 @@ def write_wheels(pkg: Package, out: Path, user: str, download: bool) -> None:
 def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     """The weights file or model folder as a dataset; returns the path inside it the run reads.
     With --base-model the base is attached, not uploaded: the dataset holds the project's trained
-    LoRA adapters (and its tokenizer), which run.py finds complete and predicts from."""
+    LoRA adapters (and its tokenizer), which run.py finds complete and predicts from. With --serve
+    it holds what serve.py loads from output/."""
+    if req.serve:
+        (out / "weights").mkdir()
+        for path in served_files(pkg.project):
+            shutil.copy2(path, out / "weights" / path.name)
+        dataset_metadata(out / "weights", req.user, pkg.slugs["weights"])
+        pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
+        return None
     if req.base_model is not None:
         adapters = lora_adapters(pkg.project)
         if adapters:
@@ -327,17 +355,28 @@ def notebook(
     run_flags: list[str],
     base: str | None = None,
     adapters: bool = False,
+    serve: bool = False,
 ) -> dict:
     import nbformat
 
+    what = (
+        "`serve.py` answers the competition's evaluation API with the trained folds (the dataset "
+        f"`{pkg.slugs['weights']}`)"
+        if serve
+        else f"`run.py` trains under a {budget} budget and always leaves `/kaggle/working/submission.csv`"
+    )
+    started = (
+        "import time\nSTARTED = time.time()  # the serving deadline counts from the notebook's start\n" if serve else ""
+    )
     cells = [
         nbformat.v4.new_markdown_cell(
-            f"# {pkg.answers.get('project_name', pkg.project.name)}: train and submit, offline\n\n"
-            f"Made by `kagtpl kaggle`. Competition `{pkg.competition}`; the code is the dataset "
-            f"`{pkg.slugs['code']}`. `run.py` trains under a {budget} budget and always leaves "
-            "`/kaggle/working/submission.csv`."
+            f"# {pkg.answers.get('project_name', pkg.project.name)}: {'serve' if serve else 'train and submit'}, "
+            f"offline\n\nMade by `kagtpl kaggle`. Competition `{pkg.competition}`; the code is the dataset "
+            f"`{pkg.slugs['code']}`. {what}."
         ),
-        nbformat.v4.new_code_cell(NOTEBOOK_SETUP + f'CODE = dataset("{pkg.slugs["code"]}")\nprint("code:", CODE)'),
+        nbformat.v4.new_code_cell(
+            started + NOTEBOOK_SETUP + f'CODE = dataset("{pkg.slugs["code"]}")\nprint("code:", CODE)'
+        ),
     ]
     if wheels:
         cells.append(
@@ -348,6 +387,11 @@ def notebook(
                 f"*{pkg.missing!r}], check=True)"
             )
         )
+    shipped = (
+        "the trained folds and serve_defaults.json, where serve.py reads them"
+        if serve
+        else "the trained LoRA adapters and tokenizer: complete folds, so run.py goes straight to predict.py"
+    )
     weights_flag = "[]"
     if weights_inside is not None:
         flag = "--model-dir" if str(pkg.answers.get("task")) == "text" else "--weights"
@@ -368,13 +412,47 @@ def notebook(
             f"    shutil.unpack_archive(CODE / '{CODE_PACKAGE}.zip', WORK / '{CODE_PACKAGE}')\n"
             "os.chdir(WORK)"
             + (
-                "\n# the trained LoRA adapters and tokenizer: complete folds, so run.py goes straight to predict.py\n"
+                f"\n# {shipped}\n"
                 f"shutil.copytree(dataset('{pkg.slugs['weights']}'), WORK, dirs_exist_ok=True, "
                 "ignore=shutil.ignore_patterns('dataset-metadata.json'))"
-                if adapters
+                if adapters or serve
                 else ""
             )
         ),
+        *(serve_cells() if serve else run_cells(budget, weights_flag, run_flags)),
+    ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def serve_cells() -> list:
+    """serve.py in the notebook's own kernel, as Kaggle's examples run their inference server:
+    during the rerun (KAGGLE_IS_COMPETITION_RERUN) it answers the gateway until the session ends;
+    otherwise it is a dry run of the package's local gateway on the public test files."""
+    import nbformat
+
+    return [
+        nbformat.v4.new_code_cell(
+            "# the ensemble is loaded once, then every batch the gateway sends is answered (serve.py's docstring)\n"
+            "sys.path.insert(0, str(WORK))\n"
+            "import serve\n\n"
+            'serve.main([f"--started={STARTED}"])'
+        ),
+        nbformat.v4.new_code_cell(
+            "import pandas as pd\n\n"
+            "# the dry run's answers, as the local gateway wrote them\n"
+            'sub = pd.read_parquet(WORK / "submission.parquet")\n'
+            'print(f"submission.parquet: {len(sub)} rows, columns {list(sub.columns)[:6]}")\n'
+            "sub.head()"
+        ),
+    ]
+
+
+def run_cells(budget: str, weights_flag: str, run_flags: list[str]) -> list:
+    import nbformat
+
+    return [
         nbformat.v4.new_code_cell(
             f"# train, then predict, under one budget: always a submission (run.py's docstring).\n"
             "# Each line shows here as it comes (9 hours of silence otherwise) and is kept in run.log.\n"
@@ -396,9 +474,6 @@ def notebook(
             "sub.head()"
         ),
     ]
-    nb = nbformat.v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    return nb
 
 
 def build(req: KaggleRequest) -> Package:
@@ -417,7 +492,8 @@ def build(req: KaggleRequest) -> Package:
         budget = req.budget or str(pkg.answers.get("budget") or "9h")
         flags = [] if req.pretrained else ["--no-pretrained"]
         adapters = req.base_model is not None and (staging / "weights").is_dir()  # write_weights shipped them
-        nb = notebook(pkg, budget, weights_inside, (staging / "wheels").is_dir(), flags, req.base_model, adapters)
+        wheels = (staging / "wheels").is_dir()
+        nb = notebook(pkg, budget, weights_inside, wheels, flags, req.base_model, adapters, req.serve)
         nbformat.write(nb, staging / "notebook.ipynb")
         staging.chmod(0o755)  # mkdtemp makes it private
         target = pkg.project / "kaggle"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import logs, parallel, storage, submission
+from . import logs, parallel, serving, storage, submission
 from .errors import DataError
 
 # The flags that decide what a run's artifacts mean: which rows, which target, which features,
@@ -190,6 +190,10 @@ def fallback_submission(args, sample, y: np.ndarray, classes: list, config: dict
     """A valid <out-dir>/submission.csv as soon as preflight has read sample_submission: the
     training prior for every row (submission.write_fallback). A run stopped anywhere after this
     still hands one in; predict.py replaces it. `config`: problem and submission (probs | label)
-    when the flags do not hold them (the image task's)."""
+    when the flags do not hold them (the image task's). Its values are also serve.py's answer
+    before a good one (serving.write_defaults)."""
     if parallel.writes() and not parallel.fold_worker():
-        submission.write_fallback(Path(args.out_dir) / "submission.csv", sample, y, config or vars(args), classes)
+        out = Path(args.out_dir)
+        sub = submission.write_fallback(out / "submission.csv", sample, y, config or vars(args), classes)
+        if sub is not None:
+            serving.write_defaults(out, sub)

@@ -89,12 +89,13 @@ def prior_prediction(y: np.ndarray, n_classes: int) -> np.ndarray:
     return y.reshape(len(y), -1).astype(np.float64).mean(axis=0)
 
 
-def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list) -> None:
+def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list):
     """The submission that exists from preflight on, so that a run stopped anywhere still hands
     one in: every row the training prior (class frequencies, the majority class, or the mean).
     A submission already at `path` is an earlier run's (perhaps a dry run's, or one made from
     other data): it is moved to `submission.earlier.csv` with a line, so that the file this run
-    hands in is always this run's own; predict.py replaces the fallback."""
+    hands in is always this run's own; predict.py replaces the fallback. Returns it (None when
+    there is none)."""
     if config.get("submission") in ("rle", "boxes"):  # segmentation, detection: an empty mask, no box
         sub, kind = sample.copy(), config["submission"]
         sub[sample.columns[-1]] = ""
@@ -109,7 +110,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
         check_submission(sub, sample, kind, labels=classes)
     except ValueError as e:  # a competition edited past what fill() knows: training goes on without one
         print(f"WARNING: no fallback submission ({e}); predict.py writes the first")
-        return
+        return None
     if path.is_file():
         earlier = path.with_name(f"{path.stem}.earlier{path.suffix}")
         os.replace(path, earlier)
@@ -123,6 +124,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
         "box rows": "no box",
     }.get(kind, "class priors")
     print(f"SUBMISSION: {path} is a fallback ({what} for every row) until predict.py replaces it")
+    return sub
 
 
 class FoldMean:

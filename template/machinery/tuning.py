@@ -46,6 +46,7 @@ PATIENCE = 4  # ...wrapped in PatientPruner: no trial is cut while it still impr
 TPE_STARTUP = 10  # TPESampler's random trials before it models: Hyperband needs that many per bracket
 FINISH_S = 10.0  # after the last trial: the table, best_params.json and the plots
 GIVE_UP_AFTER = 3  # this many failed trials and none complete: the space or the data is broken
+GIVE_UP_IN_A_ROW = 10  # ...or this many in a row after some completed: something broke mid-search
 
 
 @dataclass
@@ -340,9 +341,11 @@ def tune_line(number: int, state: str, value, steps: int, seconds: float, params
 # ----------------------------------------------------------------------------- the loop, the budget
 
 
-def why_stop(study, search: Search, stop: dict, failures: int) -> str | None:
+def why_stop(study, search: Search, stop: dict, failures: int, in_a_row: int) -> str | None:
     """None to start another trial; else why not: the trial count, SIGTERM, the budget (the
-    median complete trial's duration must fit in what is left), or repeated failures."""
+    median complete trial's duration must fit in what is left), or repeated failures (failed
+    trials do not count toward --trials: without this rule a search whose every new trial fails
+    would never end)."""
     import optuna
 
     if stop.get("signal"):
@@ -353,6 +356,8 @@ def why_stop(study, search: Search, stop: dict, failures: int) -> str | None:
         return f"{search.trials} trials reached (finished or running)"
     if failures >= GIVE_UP_AFTER and not any(t.state == optuna.trial.TrialState.COMPLETE for t in trials):
         return f"{failures} trials failed and none completed: see the errors above"
+    if in_a_row >= GIVE_UP_IN_A_ROW:
+        return f"{in_a_row} trials in a row failed: see the errors above"
     left = search.left()
     if left <= 0:
         return "the budget is spent"
@@ -370,14 +375,15 @@ def work(study, search: Search, space, train_main) -> int:
     def on_sigterm(*_):
         stop["signal"] = True
 
-    failures = 0
+    failures = in_a_row = 0
     while True:
         signal.signal(signal.SIGTERM, on_sigterm)  # each trial's planner takes SIGTERM; it is ours between them
-        if reason := why_stop(study, search, stop, failures):
+        if reason := why_stop(study, search, stop, failures, in_a_row):
             print(f"TUNE STOP: {reason}", flush=True)
             break
         state, stopped_by = run_trial(study, search, space, train_main)
         failures += state == "FAIL"
+        in_a_row = in_a_row + 1 if state == "FAIL" else 0
         if stopped_by == "SIGTERM":
             stop["signal"] = True
         write_best(study, search)

@@ -1,0 +1,242 @@
+"""Kaggle's evaluation API (serve.py): the competition's inference server around predict.py's
+per-call function, timed and guarded so that one bad batch never costs the submission.
+
+The competition ships a `kaggle_evaluation` package in its data. Its `<name>_inference_server.py`
+holds a class built from a function named `predict`: its `serve()` answers Kaggle's gateway during
+the rerun on the hidden set (KAGGLE_IS_COMPETITION_RERUN set), its `run_local_gateway(paths)`
+calls it on the public test files. The server must be up within the serving deadline (15 minutes
+after the notebook starts in the competitions seen so far); each call after the first has a
+limit of its own. Every answer here is checked before it goes out (the batch's rows, its ids in
+order); a call that raises, answers wrong, or is still running at 80% of its limit is answered
+with the fallback instead: the last good answer's values (each column's mean, or its most common
+value) for this batch's ids, or train.py's fallback (the training prior) before any good answer.
+It is machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import RunError
+from .storage import atomic_write
+
+DEFAULTS_FILE = "serve_defaults.json"  # train.py's fallback values, one row's worth
+LIMIT_SHARE = 0.8  # a call still running at this share of its limit is answered with the fallback
+STARTUP_SHARE = 0.9  # of the serving deadline for loading folds: the rest starts the server
+PROGRESS_EVERY = 100  # calls between SERVE progress lines
+
+
+def process_start() -> float:
+    """When this process started (unix time): the serving deadline counts from the notebook's
+    start, and this process is the nearest measure of it (serve.py --started gives the real one)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+# ----------------------------------------------------------------------------- the answers' shape
+
+
+def write_defaults(out_dir: Path, sub: pd.DataFrame) -> None:
+    """serve_defaults.json beside train.py's fallback submission: its id column and one row's
+    values (the training prior is the same for every row), serve.py's answer before a good one."""
+    row = {c: (v.item() if hasattr(v, "item") else v) for c, v in sub.iloc[0, 1:].items()} if len(sub) else {}
+    text = json.dumps({"id_col": sub.columns[0], "values": row, "columns": list(sub.columns)})
+    atomic_write(Path(out_dir) / DEFAULTS_FILE, lambda tmp: Path(tmp).write_text(text))
+
+
+def read_defaults(out_dir: Path) -> dict:
+    path = Path(out_dir) / DEFAULTS_FILE
+    if not path.is_file():
+        raise RunError(f"no {path}: train.py writes it with its fallback submission; run python train.py first")
+    return json.loads(path.read_text())
+
+
+def to_pandas(frame) -> pd.DataFrame:
+    """The gateway's frame (polars or pandas) as pandas, which the project's code reads."""
+    return frame if isinstance(frame, pd.DataFrame) else frame.to_pandas()
+
+
+def like(batch, answer: pd.DataFrame):
+    """The answer in the batch's frame type: a competition that sends polars gets polars back."""
+    if isinstance(batch, pd.DataFrame) or type(batch).__module__.split(".")[0] != "polars":
+        return answer
+    import polars as pl
+
+    return pl.from_pandas(answer)
+
+
+def fallback(batch, defaults: dict, last: pd.DataFrame | None) -> pd.DataFrame:
+    """The batch's ids with the last good answer's values (a number column's mean, another's most
+    common value), or serve_defaults.json's before any good answer."""
+    id_col = defaults["id_col"]
+    out = pd.DataFrame({id_col: to_pandas(batch)[id_col].to_numpy()})
+    for c in defaults["columns"][1:]:
+        if last is not None and c in last.columns and len(last):
+            column = last[c]
+            out[c] = column.mean() if pd.api.types.is_numeric_dtype(column) else column.mode().iloc[0]
+        else:
+            out[c] = defaults["values"].get(c)
+    return out
+
+
+def check_answer(answer, batch, id_col: str) -> pd.DataFrame:
+    """The gateway's own check, made first: the batch's row count and ids, in order."""
+    if answer is None:
+        raise ValueError("no answer (None)")
+    answer = to_pandas(answer)
+    ids = to_pandas(batch)[id_col]
+    if len(answer) != len(ids):
+        raise ValueError(f"{len(answer)} rows for a batch of {len(ids)}")
+    if id_col not in answer.columns or [str(v) for v in answer[id_col]] != [str(v) for v in ids]:
+        raise ValueError(f"its {id_col} column is not the batch's, in the batch's order")
+    return answer
+
+
+# ----------------------------------------------------------------------------- one call
+
+
+class Answerer:
+    """What the gateway calls, once per batch: `fn(state, *args, **kwargs)` (predict.py's
+    predict_batch with its ensemble bound) in a worker thread, timed against the call's limit.
+    `state` is one dict kept across calls, for a competition that streams (a rolling window,
+    lags); a call answered by the fallback may still finish later and update it."""
+
+    def __init__(self, fn, defaults: dict, call_limit: float, first_limit: float):
+        self.fn, self.defaults = fn, defaults
+        self.limits = first_limit, call_limit
+        self.pool = ThreadPoolExecutor(max_workers=1)  # one call at a time: a late one delays the next
+        self.state: dict = {}
+        self.last: pd.DataFrame | None = None
+        self.calls = self.rows = self.fallbacks = 0
+        self.slowest = 0.0
+
+    def __call__(self, batch, *args, **kwargs):
+        limit = self.limits[self.calls > 0]
+        self.calls += 1
+        t0 = time.time()
+        future = self.pool.submit(self.fn, self.state, batch, *args, **kwargs)
+        try:
+            answer = check_answer(future.result(timeout=limit * LIMIT_SHARE), batch, self.defaults["id_col"])
+        except Exception as e:  # whatever one batch does (noqa BLE001), the next batches are answered
+            why = (
+                f"still running after {time.time() - t0:.1f}s ({LIMIT_SHARE:.0%} of its {limit:g}s limit)"
+                if not future.done()
+                else f"raised {type(e).__name__}: {e}"
+                if future.exception() is not None
+                else f"answered wrong ({e})"
+            )
+            return self.answer_fallback(batch, why)
+        took = time.time() - t0
+        self.slowest, self.rows, self.last = max(self.slowest, took), self.rows + len(answer), answer
+        if self.calls == 1 or self.calls % PROGRESS_EVERY == 0:
+            print(f"SERVE: call {self.calls}: {len(answer)} rows in {took:.2f}s; {self.summary()}", flush=True)
+        return like(batch, answer)
+
+    def answer_fallback(self, batch, why: str):
+        self.fallbacks += 1
+        source = "the last good answer's values" if self.last is not None else "the training prior"
+        print(f"WARNING: SERVE: call {self.calls} {why}: answered with the fallback ({source})", flush=True)
+        answer = fallback(batch, self.defaults, self.last)
+        self.rows += len(answer)
+        return like(batch, answer)
+
+    def summary(self) -> str:
+        return (
+            f"{self.calls} call(s), {self.rows} rows, {self.fallbacks} fallback(s), "
+            f"slowest {self.slowest:.2f}s (limit {self.limits[1]:g}s)"
+        )
+
+
+# ----------------------------------------------------------------------------- start-up
+
+
+class StartClock:
+    """The serving deadline: `limit` seconds from `started`; folds load while it has time."""
+
+    def __init__(self, started: float, limit: float, clock=time.time):
+        self.started, self.limit, self.clock = started, limit, clock
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def left(self) -> float:
+        """Seconds left for loading: the deadline's STARTUP_SHARE, less what has gone."""
+        return self.limit * STARTUP_SHARE - self.elapsed()
+
+
+def load_folds(checkpoints: list, load, clock: StartClock) -> list:
+    """(path, checkpoint, model) for the folds that load before the serving deadline, best
+    validation loss first (the first always: a server answering from one fold beats none). A
+    fold whose load (the slowest so far) would pass what is left is dropped with the rest."""
+    ordered = sorted(checkpoints, key=lambda pc: pc[1].get("val_loss", float("inf")))
+    loaded, slowest = [], 0.0
+    for i, (path, ckpt) in enumerate(ordered):
+        if loaded and slowest > clock.left():
+            names = ", ".join(p.name for p, _ in ordered[i:])
+            print(
+                f"SERVE: start-up: {len(ordered) - i} fold(s) dropped ({names}): one loads in {slowest:.1f}s and "
+                f"{max(clock.left(), 0):.1f}s is left of the {clock.limit:g}s serving deadline's {STARTUP_SHARE:.0%}"
+            )
+            break
+        t0 = clock.clock()
+        model = load(path, ckpt)
+        slowest = max(slowest, clock.clock() - t0)
+        if model is not None:  # weights that do not fit: skipped, as predict.py does
+            loaded.append((path, ckpt, model))
+    if not loaded:
+        raise RunError("no checkpoint could be loaded: serve.py has no model to answer with")
+    return loaded
+
+
+def find_server(data_dir: Path):
+    """The competition's InferenceServer class, from <data_dir>/kaggle_evaluation/*_inference_server.py
+    (the package and its folder go first on sys.path: some servers import their gateway by name)."""
+    package = Path(data_dir) / "kaggle_evaluation"
+    found = sorted(package.glob("*inference_server.py"))
+    if not found:
+        raise RunError(
+            f"no kaggle_evaluation/*_inference_server.py in {data_dir}: serve.py is for competitions served "
+            f"through Kaggle's evaluation API, which ship that package with their data (--data-dir)"
+        )
+    sys.path[:0] = [str(package.parent.resolve()), str(package.resolve())]
+    module = importlib.import_module(f"kaggle_evaluation.{found[0].stem}")
+    base = importlib.import_module("kaggle_evaluation.core.templates").InferenceServer
+    servers = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, base) and v is not base]
+    if not servers:
+        raise RunError(f"{found[0]} defines no InferenceServer class")
+    return servers[0]
+
+
+def rerun() -> bool:
+    return os.getenv("KAGGLE_IS_COMPETITION_RERUN") is not None
+
+
+def check_dry_run(path: Path, answerer: Answerer) -> None:
+    """What the local gateway wrote: every answered row, sample_submission's columns, no missing
+    value; a fallback answer is a WARNING (a call that failed here fails in the rerun too)."""
+    if not path.is_file():
+        raise RunError(f"the local gateway wrote no {path}")
+    sub = pd.read_parquet(path)
+    if len(sub) != answerer.rows:
+        raise RunError(f"{path} has {len(sub)} rows, {answerer.rows} were answered")
+    missing = int(sub.isna().sum().sum())
+    columns = answerer.defaults["columns"]
+    print(f"SERVE: {path}: {len(sub)} rows, columns {list(sub.columns)}, {missing} missing value(s)")
+    if list(sub.columns) != columns:
+        print(f"WARNING: SERVE: {path} has columns {list(sub.columns)}; sample_submission's are {columns}")
+    if missing or answerer.fallbacks:
+        print(f"WARNING: SERVE: {answerer.fallbacks} call(s) answered by the fallback, {missing} missing value(s)")

@@ -1,0 +1,208 @@
+"""serve.py against Kaggle's evaluation API: the generated project's server, built from the
+competition's own `kaggle_evaluation` package (here tests/standin/kaggle_evaluation, a stand-in
+written from the real package's public interface), answers a gateway in another process over
+gRPC, batch by batch, with the first-call and per-call limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT, RUN_ENV, render, run_script
+from kagtpl import table
+
+pytestmark = pytest.mark.slow
+
+TABULAR = {
+    "task": "tabular",
+    "gpu": "cpu",
+    "id_col": "row_id",
+    "folds": 3,
+    "epochs": 4,
+    "problem": "binary",
+    "metric": "auc",
+    "target": "target",
+    "submission": "probs",
+    "competition": "stream-comp",
+}
+STANDIN = ROOT / "tests" / "standin" / "kaggle_evaluation"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def serve_env(**extra) -> dict:
+    return {**RUN_ENV, "KAGGLE_EVALUATION_PORT": str(free_port()), **{k: str(v) for k, v in extra.items()}}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Path:
+    """A trained tabular project (the MLP's 3 folds) whose data folder holds the competition's
+    evaluation package, as Kaggle ships it."""
+    root = tmp_path_factory.mktemp("serve")
+    data = table.write_table(root / "data", "binary")
+    shutil.copytree(STANDIN, data / "kaggle_evaluation")
+    project = render(root / "comp", data_dir=str(data), **TABULAR)
+    run_script(project, "train.py", "--models", "mlp", "--device", "cpu")
+    run_script(project, "predict.py", "--device", "cpu")
+    return project
+
+
+def user_predict_batch(project: Path, body: str) -> str:
+    """Replace predict.py's predict_batch as a user does (a later def wins on import); returns
+    the file as it was."""
+    path = project / "predict.py"
+    text = path.read_text()
+    new = f"\n\ndef predict_batch(ensemble, state, batch, *more):\n{body}\n"
+    path.write_text(text.replace('\n\nif __name__ == "__main__":', new + '\n\nif __name__ == "__main__":'))
+    return text
+
+
+def test_dry_run_answers_like_predict_py(served):
+    """The full local run: every batch answered (polars in, polars out), the same numbers as
+    predict.py's submission.csv from the same folds, and the dry run's own check."""
+    log = run_script(served, "serve.py", "--device", "cpu", env=serve_env(STANDIN_BATCH_ROWS=20)).stdout
+    test_rows = len(pd.read_csv(served.parent / "data" / "test.csv"))
+    calls = -(-test_rows // 20)
+    assert "SERVE: ensemble: 3 MLP fold(s)" in log
+    assert re.search(r"^SERVE: started [\d.]+s after the start, of the 900s serving deadline$", log, re.M), log
+    assert re.search(rf"^SERVE: dry run done in [\d.]+s: {calls} call\(s\), {test_rows} rows, 0 fallback", log, re.M)
+    assert f"SERVE: submission.parquet: {test_rows} rows, columns ['row_id', 'target'], 0 missing value(s)" in log
+    assert "WARNING" not in log
+    served_sub = pd.read_parquet(served / "submission.parquet").set_index("row_id")
+    batch_sub = pd.read_csv(served / "output" / "submission.csv", dtype={"row_id": str}).set_index("row_id")
+    assert set(served_sub.index) == set(batch_sub.index)
+    diff = (served_sub["target"] - batch_sub.loc[served_sub.index, "target"]).abs().max()
+    assert diff < 1e-5, diff
+
+
+def test_state_raise_and_late_call_fall_back(served):
+    """State kept across calls (the user's function counts them); call 3 raises, call 5 is past its
+    limit: both answered by the fallback with a WARNING, and the run goes on to the last batch."""
+    original = user_predict_batch(
+        served,
+        "    import time\n"
+        "    state['calls'] = state.get('calls', 0) + 1\n"
+        "    if state['calls'] == 3:\n"
+        "        raise ValueError('a bad batch')\n"
+        "    if state['calls'] == 5:\n"
+        "        time.sleep(2.5)\n"
+        "    ids = serving.to_pandas(batch)['row_id']\n"
+        "    return pd.DataFrame({'row_id': ids, 'target': state['calls'] / 100})",
+    )
+    try:
+        env = serve_env(STANDIN_BATCH_ROWS=20, STANDIN_CALL_LIMIT=2, STANDIN_FRAME="pandas")
+        log = run_script(served, "serve.py", "--device", "cpu", "--call-limit", "2", env=env).stdout
+    finally:
+        (served / "predict.py").write_text(original)
+    fallback = "answered with the fallback (the last good answer's values)"
+    assert f"WARNING: SERVE: call 3 raised ValueError: a bad batch: {fallback}" in log
+    assert re.search(
+        r"^WARNING: SERVE: call 5 still running after 1\.\d+s \(80% of its 2s limit\): answered", log, re.M
+    )
+    assert re.search(r"^SERVE: dry run done in [\d.]+s: 6 call\(s\), 113 rows, 2 fallback\(s\)", log, re.M), log
+    sub = pd.read_parquet(served / "submission.parquet")
+    per_call = [round(v, 4) for v in sub.groupby(sub.index // 20)["target"].first()]
+    # calls 1, 2 answered 0.01, 0.02; 3 the fallback (call 2's mean); 4 answers 0.04; 5 the
+    # fallback (call 4's); the late call 5 finished before call 6 ran, so 6 counts it: 0.06
+    assert per_call == [0.01, 0.02, 0.02, 0.04, 0.04, 0.06], per_call
+
+
+def test_startup_past_the_deadline_drops_folds(served):
+    """A start-up that would pass the serving deadline loads the best fold alone and says so."""
+    started = time.time() - 1000
+    env = serve_env(STANDIN_FRAME="pandas")
+    log = run_script(served, "serve.py", "--device", "cpu", "--started", str(started), env=env).stdout
+    assert re.search(r"^SERVE: start-up: 2 fold\(s\) dropped \(model_fold\d.pth, model_fold\d.pth\)", log, re.M), log
+    assert "SERVE: ensemble: 1 MLP fold(s)" in log
+    assert "(past it: the gateway may have given up)" in log
+    assert re.search(r"^SERVE: dry run done in [\d.]+s: \d+ call\(s\), 113 rows, 0 fallback", log, re.M), log
+
+
+def test_no_package_is_one_error_line(served, tmp_path):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    r = run_script(served, "serve.py", "--data-dir", str(empty), check=False, env=serve_env())
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"ERROR: no kaggle_evaluation/*_inference_server.py in {empty}: serve.py is for competitions served "
+        "through Kaggle's evaluation API, which ship that package with their data (--data-dir)"
+    ]
+
+
+def test_kaggle_serve_notebook_answers_the_rerun_gateway(served, tmp_path, monkeypatch):
+    """kagtpl kaggle --serve's notebook under nbclient in a simulated Kaggle tree, with
+    KAGGLE_IS_COMPETITION_RERUN set: its kernel serves, and a gateway process of the rerun's
+    kind gets every batch answered (result.json: Succeeded), until the session is ended."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    r = subprocess.run(
+        [sys.executable, "-m", "kagtpl", "kaggle", str(served), "--user", "alice", "--no-wheels", "--serve"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    shipped = {p.name for p in (served / "kaggle" / "weights").iterdir()}
+    folds = {f"model_fold{k}.pth" for k in range(3)}
+    assert shipped == {*folds, "config.json", "serve_defaults.json", "dataset-metadata.json"}, shipped
+    root = tmp_path / "kaggle-root"
+    competition = root / "input" / "competitions" / "stream-comp"
+    shutil.copytree(served.parent / "data", competition)
+    shutil.copytree(served / "kaggle" / "code", root / "input" / "comp-code")
+    shutil.copytree(served / "kaggle" / "weights", root / "input" / "comp-weights")
+    (root / "working").mkdir()
+    env = {"KAGGLE_ROOT": str(root), "KAGGLE_KERNEL_RUN_TYPE": "Batch", "KAGGLE_IS_COMPETITION_RERUN": "1"}
+    env["KAGGLE_EVALUATION_PORT"] = str(free_port())
+    for key, value in {**RUN_ENV, **env}.items():
+        monkeypatch.setenv(key, value)
+    nb = nbformat.read(served / "kaggle" / "notebook.ipynb", as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    ended: list = []
+    kernel = threading.Thread(target=lambda: ended.append(run_until_killed(client)), daemon=True)
+    kernel.start()
+    gateway_dir = tmp_path / "gateway"
+    gateway_dir.mkdir()
+    args = ["kaggle_evaluation.kagtpl_gateway", "KagtplGateway", json.dumps([str(competition / "test.csv")])]
+    gateway_env = {**os.environ, "PYTHONPATH": str(competition), "KAGGLE_EVALUATION_HOST": "localhost"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kaggle_evaluation.core.gateway_process", *args],
+        cwd=gateway_dir,
+        env=gateway_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    os.kill(client.km.provisioner.pid, signal.SIGKILL)  # Kaggle ends the session once the gateway is done
+    kernel.join(60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((gateway_dir / "result.json").read_text()) == {"Succeeded": True}
+    sub = pd.read_parquet(gateway_dir / "submission.parquet")
+    assert len(sub) == len(pd.read_csv(competition / "test.csv")) and sub["target"].between(0, 1).all()
+    printed = "\n".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+    assert "SERVE: ensemble: 3 MLP fold(s)" in printed and "SERVE: call 1: 25 rows" in printed, printed[-3000:]
+    assert ended and not (root / "working" / "submission.parquet").exists()  # served; no dry run
+
+
+def run_until_killed(client) -> str:
+    try:
+        client.execute()
+    except Exception as e:  # noqa: BLE001 - the kernel is killed while serving: DeadKernelError
+        return type(e).__name__
+    return "finished"
