@@ -78,7 +78,16 @@ def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
 
 # The modules whose tests take longest (pytest --durations), run first: two workers then end
 # together on short tests instead of one of them on a long one.
-LONGEST_FIRST = ("test_demo", "test_benchmarks", "test_text", "test_run", "test_tune", "test_parallel", "test_budget")
+LONGEST_FIRST = (
+    "test_demo",
+    "test_benchmarks",
+    "test_text",
+    "test_run",
+    "test_tune",
+    "test_serve",
+    "test_parallel",
+    "test_budget",
+)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -360,8 +360,12 @@ def test_a_killed_fold_worker_loses_only_its_fold_and_a_rerun_resumes(tmp_path):
     done = sorted(int(x) for x in re.findall(r"^\[cpu0\] FOLD (\d) DONE", log, re.M))
     assert done == sorted(set(range(4)) - {k}), (done, k)  # the other worker took every other fold
     rerun = run_script(project, *flags, *slow).stdout
-    assert len(re.findall(r"model_fold\d\.pth is complete, skipping \(resume\)", rerun)) == 3  # the MLP's folds
-    assert re.search(rf"^\[cpu\d\] FOLD {k} DONE", rerun, re.M), rerun[-3000:]
+    resumed = {int(f) for f in re.findall(r"model_fold(\d)\.pth is complete, skipping \(resume\)", rerun)}
+    assert resumed >= set(done), rerun[-3000:]  # the MLP's finished folds are not trained again
+    # fold k is trained again, unless it was complete before the kill (a loaded CI can read the
+    # epoch line late, after the worker's few-second fold ended): one or the other, never both
+    again = re.search(rf"^\[cpu\d\] FOLD {k} DONE", rerun, re.M)
+    assert bool(again) != (k in resumed), rerun[-3000:]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from kagtpl.template import hardware
 
 # The top of a project: what the user edits or runs, and one machinery folder (issue 23).
 TOP = {".copier-answers.yml", ".gitignore", ".ruff.toml", "README.md", "requirements.txt", "machinery", "tests"}
-TOP |= {"train.py", "predict.py", "run.py", "tune.py"}
+TOP |= {"train.py", "predict.py", "run.py", "tune.py", "serve.py"}  # serve.py: Kaggle's evaluation API
 MACHINERY = {
     "__init__.py",
     "artifacts.py",
@@ -47,7 +47,6 @@ IMAGE_ONLY = {"machinery/images.py"}  # the decode cache and timm weights: tabul
 SEGMENTATION_ONLY = {"machinery/images.py", "machinery/masks.py"}  # and RLE, tiles, Dice statistics
 TEXT_ONLY = {"machinery/texts.py", "machinery/adapters.py"}  # the model folder and tokens; LoRA and its memory
 TABULAR_ONLY = {"machinery/boosters.py", "machinery/blend.py"}  # the trees and predict.py's hill-climbing blend
-TABULAR_ONLY |= {"serve.py"}  # Kaggle's evaluation API (the other tasks get it next)
 TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY, "segmentation": SEGMENTATION_ONLY}
 
 
@@ -103,10 +102,9 @@ SEGMENTATION_MATRIX = [
 def test_render_matrix(tmp_path, data):
     project = render(tmp_path / "my-comp", **data)
     task = data.get("task", "image")
-    tabular = task == "tabular"
     assert files_of(project) == EXPECTED_FILES | TASK_FILES[task]
-    top = TOP | ({"serve.py"} if tabular else set())
-    assert {p.name for p in project.iterdir()} == top  # your files on top, the engine in one folder
+    tabular = task == "tabular"
+    assert {p.name for p in project.iterdir()} == TOP  # your files on top, the engine in one folder
     for path in project.rglob("*"):
         if path.is_file():
             text = path.read_text()

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import textdata
+from test_text import text_project
 
 from conftest import ROOT, RUN_ENV, render, run_script
-from kagtpl import table
+from kagtpl import new, shapes, table
 
 pytestmark = pytest.mark.slow
 
@@ -63,14 +65,18 @@ def served(tmp_path_factory) -> Path:
     return project
 
 
-def user_predict_batch(project: Path, body: str) -> str:
-    """Replace predict.py's predict_batch as a user does (a later def wins on import); returns
-    the file as it was."""
+def user_code(project: Path, code: str) -> str:
+    """Add code to predict.py before its main block, as a user edits it (a later def of
+    predict_batch wins on import); returns the file as it was."""
     path = project / "predict.py"
     text = path.read_text()
-    new = f"\n\ndef predict_batch(ensemble, state, batch, *more):\n{body}\n"
-    path.write_text(text.replace('\n\nif __name__ == "__main__":', new + '\n\nif __name__ == "__main__":'))
+    path.write_text(text.replace('\n\nif __name__ == "__main__":', f'\n\n{code}\n\nif __name__ == "__main__":'))
     return text
+
+
+def user_predict_batch(project: Path, body: str) -> str:
+    """Replace predict.py's predict_batch with one of this body."""
+    return user_code(project, f"def predict_batch(ensemble, state, batch, *more):\n{body}\n")
 
 
 def test_dry_run_answers_like_predict_py(served):
@@ -132,6 +138,96 @@ def test_startup_past_the_deadline_drops_folds(served):
     assert "SERVE: ensemble: 1 MLP fold(s)" in log
     assert "(past it: the gateway may have given up)" in log
     assert re.search(r"^SERVE: dry run done in [\d.]+s: \d+ call\(s\), 113 rows, 0 fallback", log, re.M), log
+
+
+# ----------------------------------------------------------------------------- every other task's serve.py
+
+# What a user's predict_batch may do to serve.py: count its calls in `state`, raise on call 2 and
+# pass the 2 s call limit on call 3 (the project's own predict_batch answers the others).
+FLAKY_PREDICT_BATCH = """
+_project_predict_batch = predict_batch
+
+
+def predict_batch(ensemble, state, batch, *more):
+    import time
+
+    state["calls"] = state.get("calls", 0) + 1
+    if state["calls"] == 2:
+        raise ValueError("a bad batch")
+    if state["calls"] == 3:
+        time.sleep(2.5)
+    return _project_predict_batch(ensemble, state, batch, *more)
+"""
+
+
+@pytest.fixture(scope="module", params=["image", "text", "segmentation", "detection"])
+def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]:
+    """A project of another task, trained by --dry-run (2 folds), whose competition folder holds
+    the evaluation package: (project, the file its gateway sends in batches, rows per batch), 4
+    batches in all. image: 40 test digits named by id; text: 40 reviews; segmentation: 8 shapes
+    images (PNG masks, RLE answers); detection: 8 images of boxes (prediction strings)."""
+    task = request.param
+    root = tmp_path_factory.mktemp(f"serve-{task}")
+    if task == "image":
+        data = Path(shutil.copytree(digits_dir, root / "data"))
+        project = render(root / "comp", data_dir=str(data))
+    elif task == "text":
+        data = textdata.write_reviews(root / "data")
+        project = text_project(root / "comp", data, "reviews")
+    else:
+        write = shapes.write_shapes if task == "segmentation" else shapes.write_boxes
+        data = write(root / "data", "png" if task == "segmentation" else "wheat", 24, 8, 96)
+        plan = {"folds": 2, "image_size": 64}
+        project = new.new_project(new.NewAnswers(name="comp", task=task, gpu="cpu", data=data, dest=root, **plan))
+    shutil.copytree(STANDIN, data / "kaggle_evaluation")
+    run_script(project, "train.py", "--device", "cpu", "--dry-run")
+    run_script(project, "predict.py", "--device", "cpu")
+    sent = data / ("test.csv" if task == "text" else "sample_submission.csv")
+    return project, sent, 10 if task in ("image", "text") else 2
+
+
+def test_dry_run_answers_like_predict_py_in_every_task(served_task):
+    """Every batch answered (images read by id from the test folder; texts tokenised per batch),
+    with predict.py's numbers for the same rows."""
+    project, sent, rows = served_task
+    flags = ["--device", "cpu", "--data-paths", str(sent)]
+    log = run_script(project, "serve.py", *flags, env=serve_env(STANDIN_BATCH_ROWS=rows)).stdout
+    assert "SERVE: ensemble: 2 fold(s)" in log and "WARNING: SERVE" not in log, log
+    assert re.search(rf"^SERVE: dry run done in [\d.]+s: 4 call\(s\), {4 * rows} rows, 0 fallback", log, re.M), log
+    id_col = pd.read_csv(sent, nrows=0).columns[0]
+    served = pd.read_parquet(project / "submission.parquet").set_index(id_col)
+    batch = pd.read_csv(project / "output" / "submission.csv", dtype={id_col: str}, keep_default_na=False)
+    batch = batch.set_index(id_col)
+    assert list(served.columns) == list(batch.columns) and sorted(served.index) == sorted(batch.index)
+    numbers = served.select_dtypes("number").columns
+    diff = (served[numbers] - batch.loc[served.index, numbers]).abs().to_numpy().max() if len(numbers) else 0
+    assert diff < 1e-5 and served.drop(columns=numbers).equals(batch.loc[served.index].drop(columns=numbers)), diff
+
+
+def test_every_task_keeps_state_falls_back_and_drops_folds(served_task):
+    """The user's function keeps a count in `state`; call 2 raises and call 3 is late: both are
+    answered with call 1's values (each number column's mean, another's most common value), with
+    a WARNING. A start-up already past the serving deadline loads the best fold alone."""
+    project, sent, rows = served_task
+    original = user_code(project, FLAKY_PREDICT_BATCH)
+    try:
+        env = serve_env(STANDIN_BATCH_ROWS=rows, STANDIN_CALL_LIMIT=2, STANDIN_FRAME="pandas")
+        started = str(time.time() - 1000)
+        flags = ["--device", "cpu", "--data-paths", str(sent), "--call-limit", "2", "--started", started]
+        log = run_script(project, "serve.py", *flags, env=env).stdout
+    finally:
+        (project / "predict.py").write_text(original)
+    assert "SERVE: start-up: 1 fold(s) dropped" in log and "SERVE: ensemble: 1 fold(s)" in log, log
+    assert "WARNING: SERVE: call 2 raised ValueError: a bad batch: answered with the fallback" in log, log
+    assert re.search(r"^WARNING: SERVE: call 3 still running after 1\.\d+s \(80% of its 2s limit\)", log, re.M)
+    assert re.search(rf"^SERVE: dry run done in [\d.]+s: 4 call\(s\), {4 * rows} rows, 2 fallback", log, re.M), log
+    sub = pd.read_parquet(project / "submission.parquet")
+    first = sub.iloc[:rows, 1:]
+    for column in first.columns:
+        numeric = pd.api.types.is_numeric_dtype(first[column])
+        expected = first[column].mean() if numeric else first[column].mode().iloc[0]
+        given = sub[column].iloc[rows : 3 * rows]
+        assert (given.sub(expected).abs().max() < 1e-6) if numeric else (given == expected).all(), (column, given)
 
 
 def test_no_package_is_one_error_line(served, tmp_path):

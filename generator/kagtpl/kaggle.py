@@ -107,7 +107,7 @@ def check_base_model(value: str) -> str:
 
 def check_servable(project: Path) -> None:
     if not (project / "serve.py").is_file():
-        raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl renders it for tabular projects)")
+        raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl update adds it to an older project)")
     if not (project / "output" / "serve_defaults.json").is_file() or not served_files(project):
         raise KagtplError(
             f"--serve ships the trained folds and there are none in {project / 'output'}: run python train.py first"

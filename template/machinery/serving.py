@@ -79,6 +79,12 @@ def like(batch, answer: pd.DataFrame):
     return pl.from_pandas(answer)
 
 
+def answer_frame(ids, columns: list) -> pd.DataFrame:
+    """sample_submission's columns for a batch's ids (as sent: the gateway compares them), the
+    values left to fill: what submission.fill and the like fill, per batch."""
+    return pd.DataFrame({c: ids if c == columns[0] else None for c in columns})
+
+
 def fallback(batch, defaults: dict, last: pd.DataFrame | None) -> pd.DataFrame:
     """The batch's ids with the last good answer's values (a number column's mean, another's most
     common value), or serve_defaults.json's before any good answer."""

@@ -51,7 +51,7 @@ def main(argv=None):
     server_class = serving.find_server(Path(args.data_dir))  # no package: one ERROR line before any model is read
     defaults = serving.read_defaults(out)
     clock = serving.StartClock(args.started or STARTED, args.startup_limit)
-    ensemble = predict.load_ensemble(out, defaults["columns"], device, clock)
+    ensemble = predict.load_ensemble(out, Path(args.data_dir), defaults["columns"], device, clock)
     answerer = serving.Answerer(
         partial(predict.predict_batch, ensemble), defaults, args.call_limit, args.first_call_limit
     )
