@@ -21,7 +21,8 @@
 #      --gpu, and a table on the card: CatBoost and XGBoost on CUDA (2), an fp16 price target (3).
 # Every step's output is kept in WORKDIR/logs; the last line says which steps failed.
 # SMOKE_DEVICE=cpu runs the same steps on CPU, skipping the CUDA-only ones (to check the script);
-# SMOKE_BUDGET sets step 4's budget (default 10m), SMOKE_TUNE_BUDGET step 7's (default 5m).
+# SMOKE_BUDGET sets step 4's budget (default 10m), SMOKE_TUNE_BUDGET step 7's (default 5m), and
+# SMOKE_TUNE_TRIALS / SMOKE_TUNE_EPOCHS its trials (default 4) and epochs per trial (default 3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -127,7 +128,8 @@ else
 fi
 
 # 7. two tune.py workers on one card: each allocator capped at half, the probe sizing each trial in it
-step tune "$PY" tune.py --trials 4 --workers 2 --budget "${SMOKE_TUNE_BUDGET:-5m}" --device "$DEVICE" --no-pretrained --epochs 3 --out-dir out-tune
+step tune "$PY" tune.py --trials "${SMOKE_TUNE_TRIALS:-4}" --workers 2 --budget "${SMOKE_TUNE_BUDGET:-5m}" --device "$DEVICE" \
+    --no-pretrained --epochs "${SMOKE_TUNE_EPOCHS:-3}" --out-dir out-tune
 grep -q "^TUNE BEST: " "$WORK/logs/tune.log" || FAILED+=("tune-best")
 grep -q "^\[tune1\] TUNE: trial=" "$WORK/logs/tune.log" || FAILED+=("tune-workers")
 

@@ -126,6 +126,7 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
 
     m = project_modules
     args = m.train.get_args(["--data-dir", str(digits_dir), "--out-dir", str(tmp_path), "--no-pretrained"])
+    args.signature = m.artifacts.run_signature(args)  # what runflags.begin sets before the data is read
     device = torch.device("cpu")
     machine = m.engine.make_machine(device, "off", m.hardware.loader_settings(1, False), channels_last=False)
     comp = m.train.Competition(args, machine)

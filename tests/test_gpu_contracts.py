@@ -120,11 +120,11 @@ def test_item2_catboost_and_xgboost_take_their_gpu_parameters(price_table):
         """
         import warnings
         import numpy as np, pandas as pd
-        from machinery import boosters
+        from machinery import boosters, trees
         rng = np.random.default_rng(0)
         x = pd.DataFrame(rng.random((300, 4)), columns=list("abcd"))
         y = (x["a"] > 0.5).astype(int).to_numpy()
-        data = (x, y, x, y, x)
+        data = (x, y, x, y)
         params = {"rounds": 30, "early_stop": 5, "lr": 0.1}
         try:
             boosters.fit("cat", params, "binary", "auc", data, "cuda", 2, 0, lambda: False)
@@ -134,7 +134,8 @@ def test_item2_catboost_and_xgboost_take_their_gpu_parameters(price_table):
         print("CATNOTE:", boosters.gpu_fit_notes("cat", "cuda", "binary", "auc"))
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            val, test, kept = boosters.fit("xgb", params, "binary", "auc", data, "cuda", 2, 0, lambda: False)
+            model, classes, kept = boosters.fit("xgb", params, "binary", "auc", data, "cuda", 2, 0, lambda: False)
+            val = trees.predict_frame(trees.Fold("xgb", model, {}, *trees.columns_of(classes, 2)), x)
         print("XGB:", val.shape, kept, [str(w.message)[:80] for w in seen if "mismatched" in str(w.message)])
         """,
     )
@@ -248,6 +249,7 @@ def test_item5_the_probe_times_the_gpu_step_not_the_loader(project_modules, digi
     gpu = FakeGpu(0.002, total_gb=16.0, spike_gb=0.1, overhead_s=0.05, peak_rate=100.0, loader_s=0.5,
                   loader_per_sample_s=0.01).install(monkeypatch)  # fmt: skip
     args = m.train.get_args(["--data-dir", str(digits_dir), "--out-dir", str(tmp_path), "--no-pretrained"])
+    args.signature = m.artifacts.run_signature(args)  # what runflags.begin sets before the data is read
     machine = m.engine.make_machine(torch.device("cpu"), "off", m.hardware.loader_settings(1, False), False)
     machine = dataclasses.replace(machine, monitor=m.gpu.GpuMonitor(torch.device("cuda")))
     comp = m.train.Competition(args, machine)

@@ -46,7 +46,8 @@ EXPECTED_FILES |= {f"machinery/{name}" for name in MACHINERY}
 IMAGE_ONLY = {"machinery/images.py"}  # the decode cache and timm weights: tabular projects do not ship them
 SEGMENTATION_ONLY = {"machinery/images.py", "machinery/masks.py"}  # and RLE, tiles, Dice statistics
 TEXT_ONLY = {"machinery/texts.py", "machinery/adapters.py"}  # the model folder and tokens; LoRA and its memory
-TABULAR_ONLY = {"machinery/boosters.py", "machinery/blend.py"}  # the trees and predict.py's hill-climbing blend
+# the trees, their fold files (serve.py's) and predict.py's hill-climbing blend
+TABULAR_ONLY = {"machinery/boosters.py", "machinery/blend.py", "machinery/trees.py"}
 TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY, "segmentation": SEGMENTATION_ONLY}
 
 

@@ -54,13 +54,13 @@ def serve_env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Path:
-    """A trained tabular project (the MLP's 3 folds) whose data folder holds the competition's
-    evaluation package, as Kaggle ships it."""
+    """A trained tabular project (3 folds of LightGBM, XGBoost, CatBoost and the MLP) whose data
+    folder holds the competition's evaluation package, as Kaggle ships it."""
     root = tmp_path_factory.mktemp("serve")
     data = table.write_table(root / "data", "binary")
     shutil.copytree(STANDIN, data / "kaggle_evaluation")
     project = render(root / "comp", data_dir=str(data), **TABULAR)
-    run_script(project, "train.py", "--models", "mlp", "--device", "cpu")
+    run_script(project, "train.py", "--models", "lgbm,xgb,cat,mlp", "--device", "cpu")
     run_script(project, "predict.py", "--device", "cpu")
     return project
 
@@ -85,7 +85,7 @@ def test_dry_run_answers_like_predict_py(served):
     log = run_script(served, "serve.py", "--device", "cpu", env=serve_env(STANDIN_BATCH_ROWS=20)).stdout
     test_rows = len(pd.read_csv(served.parent / "data" / "test.csv"))
     calls = -(-test_rows // 20)
-    assert "SERVE: ensemble: 3 MLP fold(s)" in log
+    assert "SERVE: ensemble: mlp 3 fold(s), cat 3 fold(s), xgb 3 fold(s), lgbm 3 fold(s)" in log, log
     assert re.search(r"^SERVE: started [\d.]+s after the start, of the 900s serving deadline$", log, re.M), log
     assert re.search(rf"^SERVE: dry run done in [\d.]+s: {calls} call\(s\), {test_rows} rows, 0 fallback", log, re.M)
     assert f"SERVE: submission.parquet: {test_rows} rows, columns ['row_id', 'target'], 0 missing value(s)" in log
@@ -95,6 +95,62 @@ def test_dry_run_answers_like_predict_py(served):
     assert set(served_sub.index) == set(batch_sub.index)
     diff = (served_sub["target"] - batch_sub.loc[served_sub.index, "target"]).abs().max()
     assert diff < 1e-5, diff
+
+
+def test_tree_fold_files_predict_what_train_py_predicted(served):
+    """Each booster's fold, loaded back from its own file format (LightGBM .txt, XGBoost .ubj,
+    CatBoost .cbm) and asked for the test rows as the table has them (the 'grade' category with
+    the training fold's levels, a value it never saw, gaps), gives the numbers train.py wrote."""
+    code = """
+import numpy as np, pandas as pd
+from pathlib import Path
+from machinery import storage, trees
+test = storage.read_csv(Path(DATA) / "test.csv")
+test.loc[test.index[:3], "grade"] = ["unseen", None, "mid"]
+for name, specs in sorted(trees.read_specs(Path("output")).items()):
+    for path, spec in specs:
+        fold = trees.load(path, spec)
+        written = pd.read_csv(f"output/test_{name}_fold{spec['fold']}.csv")[["p_0", "p_1"]].to_numpy()
+        again = trees.predict_rows(fold, test)
+        print(name, spec["fold"], type(fold.model).__name__, np.abs(again[3:] - written[3:]).max(), again.shape)
+"""
+    data = served.parent / "data"
+    out = run_script(served, "-c", code.replace("DATA", repr(str(data)))).stdout
+    rows = out.strip().splitlines()
+    assert len(rows) == 9 and {r.split()[0] for r in rows} == {"cat", "lgbm", "xgb"}, out
+    for row in rows:
+        name, fold, kind, diff, *shape = row.split()
+        assert float(diff) < 1e-9 and "".join(shape) == "(113,2)", row
+
+
+def test_trees_alone_answer_like_predict_py(served, tmp_path):
+    """Without the MLP (an output folder of the trees' files alone), serve.py answers with the
+    trees' blend, weighted on their OOF files as predict.py weighs them: the same numbers."""
+    out = tmp_path / "trees"
+    shutil.copytree(served / "output", out, ignore=shutil.ignore_patterns("model_fold*", "submission.csv"))
+    run_script(served, "predict.py", "--device", "cpu", "--out-dir", str(out))
+    env = serve_env(STANDIN_BATCH_ROWS=40)
+    log = run_script(served, "serve.py", "--device", "cpu", "--out-dir", str(out), env=env).stdout
+    assert "SERVE: ensemble: cat 3 fold(s), xgb 3 fold(s), lgbm 3 fold(s)" in log, log
+    assert re.search(r"^BLEND: weights .* -> OOF auc=", log, re.M) and "WARNING" not in log, log
+    served_sub = pd.read_parquet(served / "submission.parquet").set_index("row_id")
+    batch_sub = pd.read_csv(out / "submission.csv", dtype={"row_id": str}).set_index("row_id")
+    diff = (served_sub["target"] - batch_sub.loc[served_sub.index, "target"]).abs().max()
+    assert len(served_sub) == len(batch_sub) and diff < 1e-6, diff
+
+
+def test_defaults_of_another_run_are_refused(served, tmp_path):
+    """serve_defaults.json of a newer run on other data (stopped before its first fold) beside
+    the older run's folds: one ERROR line naming both signatures, before any answer."""
+    out = tmp_path / "mixed"
+    shutil.copytree(served / "output", out)
+    defaults = json.loads((out / "serve_defaults.json").read_text())
+    made = defaults["signature"]
+    (out / "serve_defaults.json").write_text(json.dumps({**defaults, "signature": "0123456789ab"}))
+    r = run_script(served, "serve.py", "--device", "cpu", "--out-dir", str(out), check=False, env=serve_env())
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("ERROR: serve_defaults.json was written by a train.py run of signature 0123456789ab")
+    assert f"by one of {made}" in r.stderr and "SERVE: call" not in r.stdout
 
 
 def test_state_raise_and_late_call_fall_back(served):
@@ -135,7 +191,8 @@ def test_startup_past_the_deadline_drops_folds(served):
     env = serve_env(STANDIN_FRAME="pandas")
     log = run_script(served, "serve.py", "--device", "cpu", "--started", str(started), env=env).stdout
     assert re.search(r"^SERVE: start-up: 2 fold\(s\) dropped \(model_fold\d.pth, model_fold\d.pth\)", log, re.M), log
-    assert "SERVE: ensemble: 1 MLP fold(s)" in log
+    assert re.search(r"^SERVE: start-up: 2 fold\(s\) dropped \(tree_cat_fold\d.json, tree_cat_fold\d.json\)", log, re.M)
+    assert "SERVE: ensemble: mlp 1 fold(s), cat 1 fold(s), xgb 1 fold(s), lgbm 1 fold(s)" in log
     assert "(past it: the gateway may have given up)" in log
     assert re.search(r"^SERVE: dry run done in [\d.]+s: \d+ call\(s\), 113 rows, 0 fallback", log, re.M), log
 
@@ -257,7 +314,10 @@ def test_kaggle_serve_notebook_answers_the_rerun_gateway(served, tmp_path, monke
     assert r.returncode == 0, r.stderr
     shipped = {p.name for p in (served / "kaggle" / "weights").iterdir()}
     folds = {f"model_fold{k}.pth" for k in range(3)}
-    assert shipped == {*folds, "config.json", "serve_defaults.json", "dataset-metadata.json"}, shipped
+    formats = {"lgbm": ".txt", "xgb": ".ubj", "cat": ".cbm"}
+    trees = {f"tree_{m}_fold{k}{ext}" for m, own in formats.items() for k in range(3) for ext in (".json", own)}
+    oofs = {f"oof_{m}.csv" for m in ("lgbm", "xgb", "cat", "mlp")}
+    assert shipped == {*folds, *trees, *oofs, "config.json", "serve_defaults.json", "dataset-metadata.json"}, shipped
     root = tmp_path / "kaggle-root"
     competition = root / "input" / "competitions" / "stream-comp"
     shutil.copytree(served.parent / "data", competition)
@@ -292,7 +352,8 @@ def test_kaggle_serve_notebook_answers_the_rerun_gateway(served, tmp_path, monke
     sub = pd.read_parquet(gateway_dir / "submission.parquet")
     assert len(sub) == len(pd.read_csv(competition / "test.csv")) and sub["target"].between(0, 1).all()
     printed = "\n".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
-    assert "SERVE: ensemble: 3 MLP fold(s)" in printed and "SERVE: call 1: 25 rows" in printed, printed[-3000:]
+    assert "SERVE: ensemble: mlp 3 fold(s), cat 3 fold(s), xgb 3 fold(s), lgbm 3 fold(s)" in printed, printed[-3000:]
+    assert "SERVE: call 1: 25 rows" in printed, printed[-3000:]
     assert ended and not (root / "working" / "submission.parquet").exists()  # served; no dry run
 
 

@@ -92,8 +92,9 @@ class Package:
 MODEL_HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){3}/\d+$")
 DATASET_RE = re.compile(r"^[a-z0-9][a-z0-9-]*/[a-z0-9][a-z0-9-]{2,49}$")
 ADAPTER_FILES = ("model_fold*.pth",)  # with output/tokenizer/: what a LoRA project's weights dataset holds
-# --serve: what serve.py reads from output/ (the folds, train.py's fallback values, the run's config)
-SERVED_FILES = ("model_fold*.pth", "serve_defaults.json", "config.json")
+# --serve: what serve.py reads from output/: the folds (a table's trees too), train.py's fallback
+# values, the run's config, and each model's OOF file (oof_<model>.csv: the blend's weights)
+SERVED_FILES = ("model_fold*.pth", "tree_*_fold*.*", "serve_defaults.json", "config.json", "oof_*.csv")
 
 
 def check_base_model(value: str) -> str:
@@ -108,15 +109,18 @@ def check_base_model(value: str) -> str:
 def check_servable(project: Path) -> None:
     if not (project / "serve.py").is_file():
         raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl update adds it to an older project)")
-    if not (project / "output" / "serve_defaults.json").is_file() or not served_files(project):
+    folds = [*(project / "output").glob("model_fold*.pth"), *(project / "output").glob("tree_*_fold*.json")]
+    if not (project / "output" / "serve_defaults.json").is_file() or not folds:
         raise KagtplError(
             f"--serve ships the trained folds and there are none in {project / 'output'}: run python train.py first"
         )
 
 
 def served_files(project: Path) -> list[Path]:
-    """output/'s files serve.py loads: the model folds, serve_defaults.json, config.json."""
-    return [f for pattern in SERVED_FILES for f in sorted((project / "output").glob(pattern)) if f.is_file()]
+    """output/'s files serve.py loads: the model folds, serve_defaults.json, config.json, and the
+    models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv)."""
+    found = [f for pattern in SERVED_FILES for f in sorted((project / "output").glob(pattern)) if f.is_file()]
+    return [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
 
 
 def base_mount(handle: str) -> str:

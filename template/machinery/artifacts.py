@@ -196,4 +196,4 @@ def fallback_submission(args, sample, y: np.ndarray, classes: list, config: dict
         out = Path(args.out_dir)
         sub = submission.write_fallback(out / "submission.csv", sample, y, config or vars(args), classes)
         if sub is not None:
-            serving.write_defaults(out, sub)
+            serving.write_defaults(out, sub, args.signature)

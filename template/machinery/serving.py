@@ -50,11 +50,12 @@ def process_start() -> float:
 # ----------------------------------------------------------------------------- the answers' shape
 
 
-def write_defaults(out_dir: Path, sub: pd.DataFrame) -> None:
+def write_defaults(out_dir: Path, sub: pd.DataFrame, signature: str) -> None:
     """serve_defaults.json beside train.py's fallback submission: its id column and one row's
-    values (the training prior is the same for every row), serve.py's answer before a good one."""
+    values (the training prior is the same for every row), serve.py's answer before a good one,
+    and the run signature they were made under (check_run)."""
     row = {c: (v.item() if hasattr(v, "item") else v) for c, v in sub.iloc[0, 1:].items()} if len(sub) else {}
-    text = json.dumps({"id_col": sub.columns[0], "values": row, "columns": list(sub.columns)})
+    text = json.dumps({"id_col": sub.columns[0], "values": row, "columns": list(sub.columns), "signature": signature})
     atomic_write(Path(out_dir) / DEFAULTS_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
@@ -188,6 +189,7 @@ def load_folds(checkpoints: list, load, clock: StartClock) -> list:
     """(path, checkpoint, model) for the folds that load before the serving deadline, best
     validation loss first (the first always: a server answering from one fold beats none). A
     fold whose load (the slowest so far) would pass what is left is dropped with the rest."""
+    check_run(checkpoints)
     ordered = sorted(checkpoints, key=lambda pc: pc[1].get("val_loss", float("inf")))
     loaded, slowest = [], 0.0
     for i, (path, ckpt) in enumerate(ordered):
@@ -206,6 +208,21 @@ def load_folds(checkpoints: list, load, clock: StartClock) -> list:
     if not loaded:
         raise RunError("no checkpoint could be loaded: serve.py has no model to answer with")
     return loaded
+
+
+def check_run(checkpoints: list) -> None:
+    """serve_defaults.json (the fallback's values, the answer's columns) and the folds are of one
+    run signature: a newer train.py run on other data, stopped before its first fold, leaves its
+    defaults beside an older run's folds (a RunError: answers of one and fallbacks of the other)."""
+    path = Path(checkpoints[0][0]).parent / DEFAULTS_FILE
+    made = json.loads(path.read_text()).get("signature") if path.is_file() else None
+    runs = sorted({c.get("config", {}).get("signature") for _, c in checkpoints} - {None})
+    if made and runs and made not in runs:
+        raise RunError(
+            f"{path.name} was written by a train.py run of signature {made}, {Path(checkpoints[0][0]).name} and its "
+            f"folds by one of {', '.join(runs)} (other data, target or folds): finish the newer run "
+            f"(python train.py) or serve from the older run's folder (--out-dir)"
+        )
 
 
 def find_server(data_dir: Path):
