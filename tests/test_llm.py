@@ -190,6 +190,7 @@ def test_an_llm_trains_adapters_and_predict_swaps_them_on_one_base(llms, tmp_pat
     assert log.count("BASE MODEL: ") == 1 and log.count("PREDICT: model_fold") == 2, log
     sub = pd.read_csv(project / "output" / "submission.csv")
     assert len(sub) == 48 and (sub[["EAP", "HPL", "MWS"]].sum(axis=1) - 1).abs().max() < 1e-4
+    served_from_a_moved_base(project, llms, tmp_path, sub)
     (project / "output" / "model_fold1.pth").unlink()  # a partial run: the folds there are
     assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in run_script(project, "predict.py").stdout
     before = (project / "output" / "submission.csv").read_bytes()
@@ -198,6 +199,33 @@ def test_an_llm_trains_adapters_and_predict_swaps_them_on_one_base(llms, tmp_pat
     assert other.returncode == 1 and len(lines) == 1, other.stdout + other.stderr
     assert "holds LoRA adapters for a base model with config signature" in lines[0] and "llama-tiny" in lines[0]
     assert (project / "output" / "submission.csv").read_bytes() == before
+
+
+def served_from_a_moved_base(project: Path, llms: dict, tmp_path: Path, sub: pd.DataFrame) -> None:
+    """serve.py --model-dir: the base model where it is now (a copy elsewhere), loaded once; each
+    LoRA fold swaps in per call and the answers are predict.py's. kagtpl kaggle --serve ships the
+    base named by --model-dir in the weights dataset, and without one is one red line."""
+    from test_serve import STANDIN, serve_env
+
+    moved = Path(shutil.copytree(llms["qwen"], tmp_path / "moved-qwen"))
+    comp = tmp_path / "llm-comp"
+    shutil.copytree(STANDIN, comp / "kaggle_evaluation")
+    flags = ["--data-dir", str(comp), "--data-paths", str(llms["authors"] / "test.csv"), "--model-dir", str(moved)]
+    log = run_script(project, "serve.py", "--device", "cpu", *flags, env=serve_env(STANDIN_BATCH_ROWS=16)).stdout
+    assert log.count(f"BASE MODEL: {moved} ") == 1 and "SERVE: ensemble: 2 fold(s)" in log, log
+    assert re.search(r"^SERVE: dry run done in [\d.]+s: 3 call\(s\), 48 rows, 0 fallback", log, re.M), log
+    served = pd.read_parquet(project / "submission.parquet").set_index("id").loc[sub["id"].astype(str)]
+    assert abs(served.to_numpy() - sub.set_index("id").to_numpy()).max() < 1e-5
+    kaggle = ["kaggle", str(project), "--user", "alice", "--no-wheels", "--competition", "llm-comp", "--serve"]
+    refused = CliRunner().invoke(app, kaggle)
+    assert refused.exit_code == 1 and "folds are LoRA adapters on tiny/qwen" in refused.output, refused.output
+    assert CliRunner().invoke(app, [*kaggle, "--model-dir", str(moved)]).exit_code == 0
+    shipped = project / "kaggle" / "weights"
+    assert sorted(p.name for p in (shipped / "base-model").iterdir()) == sorted(p.name for p in moved.iterdir())
+    assert (shipped / "tokenizer").is_dir() and (shipped / "serve_defaults.json").is_file()
+    notebook = (project / "kaggle" / "notebook.ipynb").read_text()
+    assert "--model-dir={dataset('p-weights') / 'base-model'}" in notebook, notebook
+    assert "ignore_patterns('dataset-metadata.json', 'base-model')" in notebook, notebook
 
 
 @pytest.mark.slow

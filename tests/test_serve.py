@@ -243,24 +243,6 @@ def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]
     return project, sent, 10 if task in ("image", "text") else 2
 
 
-def test_dry_run_answers_like_predict_py_in_every_task(served_task):
-    """Every batch answered (images read by id from the test folder; texts tokenised per batch),
-    with predict.py's numbers for the same rows."""
-    project, sent, rows = served_task
-    flags = ["--device", "cpu", "--data-paths", str(sent)]
-    log = run_script(project, "serve.py", *flags, env=serve_env(STANDIN_BATCH_ROWS=rows)).stdout
-    assert "SERVE: ensemble: 2 fold(s)" in log and "WARNING: SERVE" not in log, log
-    assert re.search(rf"^SERVE: dry run done in [\d.]+s: 4 call\(s\), {4 * rows} rows, 0 fallback", log, re.M), log
-    id_col = pd.read_csv(sent, nrows=0).columns[0]
-    served = pd.read_parquet(project / "submission.parquet").set_index(id_col)
-    batch = pd.read_csv(project / "output" / "submission.csv", dtype={id_col: str}, keep_default_na=False)
-    batch = batch.set_index(id_col)
-    assert list(served.columns) == list(batch.columns) and sorted(served.index) == sorted(batch.index)
-    numbers = served.select_dtypes("number").columns
-    diff = (served[numbers] - batch.loc[served.index, numbers]).abs().to_numpy().max() if len(numbers) else 0
-    assert diff < 1e-5 and served.drop(columns=numbers).equals(batch.loc[served.index].drop(columns=numbers)), diff
-
-
 def test_every_task_keeps_state_falls_back_and_drops_folds(served_task):
     """The user's function keeps a count in `state`; call 2 raises and call 3 is late: both are
     answered with call 1's values (each number column's mean, another's most common value), with
@@ -298,44 +280,40 @@ def test_no_package_is_one_error_line(served, tmp_path):
     ]
 
 
-def test_kaggle_serve_notebook_answers_the_rerun_gateway(served, tmp_path, monkeypatch):
-    """kagtpl kaggle --serve's notebook under nbclient in a simulated Kaggle tree, with
-    KAGGLE_IS_COMPETITION_RERUN set: its kernel serves, and a gateway process of the rerun's
-    kind gets every batch answered (result.json: Succeeded), until the session is ended."""
+def serve_notebook(project: Path, data: Path, sent: str, root: Path, monkeypatch, *flags) -> tuple[str, Path]:
+    """kagtpl kaggle --serve, then its notebook under nbclient in a Kaggle tree simulated under
+    `root` (the competition's data and the code and weights datasets attached), with
+    KAGGLE_IS_COMPETITION_RERUN set: the kernel serves, and a gateway process of the rerun's kind
+    sends `sent` (a file of the competition's) batch by batch, then the kernel is killed, as Kaggle
+    ends the session. Returns what the notebook printed and the gateway's folder."""
     import nbformat
     from nbclient import NotebookClient
 
     r = subprocess.run(
-        [sys.executable, "-m", "kagtpl", "kaggle", str(served), "--user", "alice", "--no-wheels", "--serve"],
+        [sys.executable, "-m", "kagtpl", "kaggle", str(project), "--user", "alice", "--no-wheels", "--serve", *flags],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    shipped = {p.name for p in (served / "kaggle" / "weights").iterdir()}
-    folds = {f"model_fold{k}.pth" for k in range(3)}
-    formats = {"lgbm": ".txt", "xgb": ".ubj", "cat": ".cbm"}
-    trees = {f"tree_{m}_fold{k}{ext}" for m, own in formats.items() for k in range(3) for ext in (".json", own)}
-    oofs = {f"oof_{m}.csv" for m in ("lgbm", "xgb", "cat", "mlp")}
-    assert shipped == {*folds, *trees, *oofs, "config.json", "serve_defaults.json", "dataset-metadata.json"}, shipped
-    root = tmp_path / "kaggle-root"
-    competition = root / "input" / "competitions" / "stream-comp"
-    shutil.copytree(served.parent / "data", competition)
-    shutil.copytree(served / "kaggle" / "code", root / "input" / "comp-code")
-    shutil.copytree(served / "kaggle" / "weights", root / "input" / "comp-weights")
+    meta = json.loads((project / "kaggle" / "kernel-metadata.json").read_text())
+    competition = root / "input" / "competitions" / meta["competition_sources"][0]
+    shutil.copytree(data, competition)
+    for source in meta["dataset_sources"]:  # alice/comp-code: kaggle/code
+        shutil.copytree(project / "kaggle" / source.rsplit("-", 1)[1], root / "input" / source.split("/")[1])
     (root / "working").mkdir()
     env = {"KAGGLE_ROOT": str(root), "KAGGLE_KERNEL_RUN_TYPE": "Batch", "KAGGLE_IS_COMPETITION_RERUN": "1"}
     env["KAGGLE_EVALUATION_PORT"] = str(free_port())
     for key, value in {**RUN_ENV, **env}.items():
         monkeypatch.setenv(key, value)
-    nb = nbformat.read(served / "kaggle" / "notebook.ipynb", as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    nb = nbformat.read(project / "kaggle" / "notebook.ipynb", as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(root)}})
     ended: list = []
     kernel = threading.Thread(target=lambda: ended.append(run_until_killed(client)), daemon=True)
     kernel.start()
-    gateway_dir = tmp_path / "gateway"
+    gateway_dir = root / "gateway"
     gateway_dir.mkdir()
-    args = ["kaggle_evaluation.kagtpl_gateway", "KagtplGateway", json.dumps([str(competition / "test.csv")])]
+    args = ["kaggle_evaluation.kagtpl_gateway", "KagtplGateway", json.dumps([str(competition / sent)])]
     gateway_env = {**os.environ, "PYTHONPATH": str(competition), "KAGGLE_EVALUATION_HOST": "localhost"}
     done = subprocess.run(
         [sys.executable, "-m", "kaggle_evaluation.core.gateway_process", *args],
@@ -347,14 +325,58 @@ def test_kaggle_serve_notebook_answers_the_rerun_gateway(served, tmp_path, monke
     )
     os.kill(client.km.provisioner.pid, signal.SIGKILL)  # Kaggle ends the session once the gateway is done
     kernel.join(60)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((gateway_dir / "result.json").read_text()) == {"Succeeded": True}
-    sub = pd.read_parquet(gateway_dir / "submission.parquet")
-    assert len(sub) == len(pd.read_csv(competition / "test.csv")) and sub["target"].between(0, 1).all()
     printed = "\n".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+    assert done.returncode == 0, done.stderr[-3000:] + printed[-3000:]
+    assert json.loads((gateway_dir / "result.json").read_text()) == {"Succeeded": True}
+    assert ended and not (root / "working" / "submission.parquet").exists()  # served; no dry run
+    return printed, gateway_dir
+
+
+def test_kaggle_serve_notebook_answers_the_rerun_gateway(served, tmp_path, monkeypatch):
+    """The table's notebook: every fold file serve.py reads is shipped, and nothing else of
+    output/; its kernel answers every batch of the rerun's gateway."""
+    printed, gateway = serve_notebook(served, served.parent / "data", "test.csv", tmp_path / "root", monkeypatch)
+    shipped = {p.name for p in (served / "kaggle" / "weights").iterdir()}
+    folds = {f"model_fold{k}.pth" for k in range(3)}
+    formats = {"lgbm": ".txt", "xgb": ".ubj", "cat": ".cbm"}
+    trees = {f"tree_{m}_fold{k}{ext}" for m, own in formats.items() for k in range(3) for ext in (".json", own)}
+    oofs = {f"oof_{m}.csv" for m in ("lgbm", "xgb", "cat", "mlp")}
+    assert shipped == {*folds, *trees, *oofs, "config.json", "serve_defaults.json", "dataset-metadata.json"}, shipped
+    sub = pd.read_parquet(gateway / "submission.parquet")
+    assert len(sub) == len(pd.read_csv(served.parent / "data" / "test.csv")) and sub["target"].between(0, 1).all()
     assert "SERVE: ensemble: mlp 3 fold(s), cat 3 fold(s), xgb 3 fold(s), lgbm 3 fold(s)" in printed, printed[-3000:]
     assert "SERVE: call 1: 25 rows" in printed, printed[-3000:]
-    assert ended and not (root / "working" / "submission.parquet").exists()  # served; no dry run
+
+
+DRY_RUN_WARNING = "WARNING: dry-run checkpoints (3 batches of training): fine for a smoke test, not for a score"
+
+
+def test_every_task_serve_notebook_answers_like_predict_py(served_task, tmp_path, monkeypatch):
+    """Each task's --serve notebook on Kaggle: what serve.py reads travels (segmentation's and
+    detection's postprocess.json, text's tokenizer; no model folder: a plain fold holds its whole
+    model), and the rerun's answers (images read by id from the test folder, texts tokenised per
+    batch) are predict.py's submission, row for row: numbers within 1e-5, labels, RLE strings and
+    prediction strings equal. (Each task's local run: the test above.)"""
+    project, sent, _ = served_task
+    root = tmp_path / "root"
+    printed, gateway = serve_notebook(project, sent.parent, sent.name, root, monkeypatch, "--competition", "comp")
+    shipped, output = project / "kaggle" / "weights", project / "output"
+    assert (shipped / "postprocess.json").is_file() == (output / "postprocess.json").is_file()
+    if (output / "tokenizer").is_dir():
+        assert sorted(p.name for p in (shipped / "tokenizer").iterdir()) == sorted(
+            p.name for p in (output / "tokenizer").iterdir()
+        )
+    assert not (shipped / "base-model").exists()
+    warnings = {line for line in printed.splitlines() if "WARNING" in line}
+    assert warnings <= {DRY_RUN_WARNING} and "SERVE: ensemble: 2 fold(s)" in printed, printed[-3000:]
+    id_col = pd.read_csv(sent, nrows=0).columns[0]
+    served = pd.read_parquet(gateway / "submission.parquet").set_index(id_col)
+    batch = pd.read_csv(project / "output" / "submission.csv", dtype={id_col: str}, keep_default_na=False)
+    assert sorted(served.index) == sorted(batch[id_col])
+    batch = batch.set_index(id_col).loc[served.index]
+    numbers = served.select_dtypes("number").columns
+    assert served.drop(columns=numbers).equals(batch.drop(columns=numbers))
+    assert (served[numbers] - batch[numbers]).abs().to_numpy().max(initial=0) < 1e-5
 
 
 def run_until_killed(client) -> str:

@@ -87,14 +87,24 @@ class Package:
     slugs: dict[str, str]  # code, wheels, weights, kernel -> slug
     missing: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
+    lora: bool = False  # text: the trained folds are LoRA adapters (their base model must be attached)
 
 
 MODEL_HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){3}/\d+$")
 DATASET_RE = re.compile(r"^[a-z0-9][a-z0-9-]*/[a-z0-9][a-z0-9-]{2,49}$")
 ADAPTER_FILES = ("model_fold*.pth",)  # with output/tokenizer/: what a LoRA project's weights dataset holds
 # --serve: what serve.py reads from output/: the folds (a table's trees too), train.py's fallback
-# values, the run's config, and each model's OOF file (oof_<model>.csv: the blend's weights)
-SERVED_FILES = ("model_fold*.pth", "tree_*_fold*.*", "serve_defaults.json", "config.json", "oof_*.csv")
+# values, the run's config, each model's OOF file (oof_<model>.csv: the blend's weights), and the
+# OOF-chosen post-processing (segmentation's thresholds, detection's score threshold and box cap)
+SERVED_FILES = (
+    "model_fold*.pth",
+    "tree_*_fold*.*",
+    "serve_defaults.json",
+    "config.json",
+    "oof_*.csv",
+    "postprocess.json",
+)
+SERVED_BASE = "base-model"  # --serve --model-dir: the LoRA folds' base model, inside the weights dataset
 
 
 def check_base_model(value: str) -> str:
@@ -106,13 +116,18 @@ def check_base_model(value: str) -> str:
     return value
 
 
-def check_servable(project: Path) -> None:
+def check_servable(project: Path, task: str) -> None:
     if not (project / "serve.py").is_file():
         raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl update adds it to an older project)")
     folds = [*(project / "output").glob("model_fold*.pth"), *(project / "output").glob("tree_*_fold*.json")]
     if not (project / "output" / "serve_defaults.json").is_file() or not folds:
         raise KagtplError(
             f"--serve ships the trained folds and there are none in {project / 'output'}: run python train.py first"
+        )
+    if task == "text" and not (project / "output" / "tokenizer").is_dir():
+        raise KagtplError(
+            f"--serve ships the tokenizer train.py saved and {project / 'output' / 'tokenizer'} is missing: "
+            "run python train.py again (it resumes: the folds are kept)"
         )
 
 
@@ -200,7 +215,7 @@ def plan(req: KaggleRequest) -> Package:
     wants_weights = answers.get("task") in pretrained_tasks and answers.get("pretrained") and req.pretrained
     wants_weights = wants_weights and not req.serve  # serving trains nothing: the trained folds travel
     if req.serve:
-        check_servable(project)
+        check_servable(project, str(answers.get("task")))
     if wants_weights and req.weights is None:
         raise KagtplError(
             f"{project.name} trains from pretrained {answers.get('model')} weights and Kaggle kernels run offline: "
@@ -210,11 +225,16 @@ def plan(req: KaggleRequest) -> Package:
         if answers.get("task") != "text":
             raise KagtplError("--base-model is for text projects (an LLM or encoder attached from Kaggle)")
         check_base_model(req.base_model)
-    if answers.get("task") == "text" and req.model_dir is None and req.base_model is None:
+    lora = answers.get("task") == "text" and bool(lora_adapters(project))
+    if answers.get("task") == "text" and req.model_dir is None and req.base_model is None and (lora or not req.serve):
+        what = (
+            f"{project.name}'s folds are LoRA adapters on {answers.get('model')}, which serving loads"
+            if req.serve
+            else f"{project.name} fine-tunes {answers.get('model')} from a local folder"
+        )
         raise KagtplError(
-            f"{project.name} fine-tunes {answers.get('model')} from a local folder and Kaggle kernels run offline: "
-            "pass --model-dir DIR (config, weights and tokenizer files travel as a dataset), or --base-model HANDLE "
-            "(a Kaggle model or dataset to attach)"
+            f"{what} and Kaggle kernels run offline: pass --model-dir DIR (config, weights and tokenizer files "
+            "travel as a dataset), or --base-model HANDLE (a Kaggle model or dataset to attach)"
         )
     base = slugify(str(answers.get("project_name", project.name)))[:40].strip("-")
     slugs = {kind: check_slug(f"the {kind} slug", f"{base}-{kind}") for kind in ("code", "wheels", "weights")}
@@ -228,7 +248,7 @@ def plan(req: KaggleRequest) -> Package:
             raise KagtplError(f"--budget: {e}") from None
     requirements = project / "requirements.txt"
     missing = missing_packages(requirements, req.image_has) if requirements.is_file() else []
-    return Package(project, answers, competition, slugs, missing)
+    return Package(project, answers, competition, slugs, missing, lora=lora)
 
 
 def dataset_metadata(folder: Path, user: str, slug: str) -> None:
@@ -274,11 +294,16 @@ def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     """The weights file or model folder as a dataset; returns the path inside it the run reads.
     With --base-model the base is attached, not uploaded: the dataset holds the project's trained
     LoRA adapters (and its tokenizer), which run.py finds complete and predicts from. With --serve
-    it holds what serve.py loads from output/."""
+    it holds what serve.py loads from output/: the folds, a text project's tokenizer, and LoRA
+    folds' base model when --model-dir names it (a plain fold's checkpoint holds its whole model)."""
     if req.serve:
         (out / "weights").mkdir()
         for path in served_files(pkg.project):
             shutil.copy2(path, out / "weights" / path.name)
+        if (pkg.project / "output" / "tokenizer").is_dir():
+            shutil.copytree(pkg.project / "output" / "tokenizer", out / "weights" / "tokenizer")
+        if pkg.lora and req.model_dir is not None and req.base_model is None:
+            shutil.copytree(req.model_dir, out / "weights" / SERVED_BASE)
         dataset_metadata(out / "weights", req.user, pkg.slugs["weights"])
         pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
         return None
@@ -392,7 +417,7 @@ def notebook(
             )
         )
     shipped = (
-        "the trained folds and serve_defaults.json, where serve.py reads them"
+        "the trained folds, serve_defaults.json (a text project's tokenizer too), where serve.py reads them"
         if serve
         else "the trained LoRA adapters and tokenizer: complete folds, so run.py goes straight to predict.py"
     )
@@ -402,6 +427,11 @@ def notebook(
         weights_flag = f"[f\"{flag}={{dataset('{pkg.slugs['weights']}') / '{weights_inside}'}}\"]"
     if base is not None:  # the attached base model (adapters, when shipped, are copied where run.py looks)
         weights_flag = f"[f\"--model-dir={{INPUT / '{base_mount(base)}'}}\"]"
+    if serve and not pkg.lora:
+        weights_flag = "[]"  # the folds hold their whole model
+    elif serve and base is None:  # LoRA folds' base model, shipped inside the weights dataset
+        weights_flag = f"[f\"--model-dir={{dataset('{pkg.slugs['weights']}') / '{SERVED_BASE}'}}\"]"
+    ignored = ("dataset-metadata.json", SERVED_BASE) if serve else ("dataset-metadata.json",)
     cells += [
         nbformat.v4.new_code_cell(
             "# the project's code next to its outputs: /kaggle/working is the one folder kept\n"
@@ -418,22 +448,23 @@ def notebook(
             + (
                 f"\n# {shipped}\n"
                 f"shutil.copytree(dataset('{pkg.slugs['weights']}'), WORK, dirs_exist_ok=True, "
-                "ignore=shutil.ignore_patterns('dataset-metadata.json'))"
+                f"ignore=shutil.ignore_patterns{ignored!r})"
                 if adapters or serve
                 else ""
             )
         ),
-        *(serve_cells() if serve else run_cells(budget, weights_flag, run_flags)),
+        *(serve_cells(weights_flag) if serve else run_cells(budget, weights_flag, run_flags)),
     ]
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     return nb
 
 
-def serve_cells() -> list:
+def serve_cells(model_flag: str) -> list:
     """serve.py in the notebook's own kernel, as Kaggle's examples run their inference server:
     during the rerun (KAGGLE_IS_COMPETITION_RERUN) it answers the gateway until the session ends;
-    otherwise it is a dry run of the package's local gateway on the public test files."""
+    otherwise it is a dry run of the package's local gateway on the public test files.
+    `model_flag`: a list expression, [] or LoRA folds' --model-dir."""
     import nbformat
 
     return [
@@ -441,7 +472,7 @@ def serve_cells() -> list:
             "# the ensemble is loaded once, then every batch the gateway sends is answered (serve.py's docstring)\n"
             "sys.path.insert(0, str(WORK))\n"
             "import serve\n\n"
-            'serve.main([f"--started={STARTED}"])'
+            f'serve.main([f"--started={{STARTED}}", *{model_flag}])'
         ),
         nbformat.v4.new_code_cell(
             "import pandas as pd\n\n"
