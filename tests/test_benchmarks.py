@@ -82,7 +82,7 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
         env={
             **RUN_ENV,
             "SMOKE_DEVICE": "cpu",
-            "SMOKE_BUDGET": "20s",
+            "SMOKE_BUDGET": "12s",
             "SMOKE_TUNE_BUDGET": "60s",  # 2 trials of 1 epoch take ~20 s: the budget is room under load, not a cut
             "SMOKE_TUNE_TRIALS": "2",
             "SMOKE_TUNE_EPOCHS": "1",

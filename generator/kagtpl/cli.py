@@ -11,7 +11,21 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from kagtpl import __version__, check, demo, doctor, gpus, kaggle, new, recommend, shapes, summary, table, update
+from kagtpl import (
+    __version__,
+    check,
+    demo,
+    doctor,
+    gpus,
+    kaggle,
+    new,
+    recommend,
+    shapes,
+    sounds,
+    summary,
+    table,
+    update,
+)
 from kagtpl.errors import KagtplError
 
 try:  # Typer >= 0.20 carries its own copy of Click
@@ -389,6 +403,26 @@ def shapes_cmd(
         print(f"Wrote {shapes.write_boxes(dest.resolve(), layout or 'wheat', train, test, size)}")
         return
     print(f"Wrote {shapes.write_shapes(dest.resolve(), layout or 'png', train, test, size)}")
+
+
+@app.command("sounds")
+@boundary
+def sounds_cmd(
+    dest: Annotated[Path, typer.Argument(metavar="DEST", help="Folder for the clips, soundscapes and sample.")],
+    layout: Annotated[
+        str,
+        typer.Option(
+            metavar="LAYOUT",
+            help="folders (train_audio/<label>/, test soundscapes), csv (BirdCLEF's train_metadata.csv with "
+            "secondary labels) or clips (a test row per clip).",
+        ),
+    ] = "folders",
+    clips: Annotated[int, typer.Option(metavar="N", help="Training clips per word (label).")] = 8,
+    test: Annotated[int, typer.Option(metavar="N", help="Test soundscapes (clips: test clips).")] = 3,
+    windows: Annotated[int, typer.Option(metavar="N", help="5-second windows per soundscape.")] = 4,
+) -> None:
+    """Write a small audio competition (words spoken by espeak-ng over noise, BirdCLEF's layout) to try kagtpl on."""
+    print(f"Wrote {sounds.write_sounds(dest.resolve(), layout, clips, test, windows)}")
 
 
 @app.command("demo")
