@@ -87,7 +87,7 @@ class Package:
     slugs: dict[str, str]  # code, wheels, weights, kernel -> slug
     missing: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
-    lora: bool = False  # text: the trained folds are LoRA adapters (their base model must be attached)
+    lora: list[Path] = field(default_factory=list)  # text: the trained LoRA checkpoints (their base must come too)
 
 
 MODEL_HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){3}/\d+$")
@@ -225,7 +225,7 @@ def plan(req: KaggleRequest) -> Package:
         if answers.get("task") != "text":
             raise KagtplError("--base-model is for text projects (an LLM or encoder attached from Kaggle)")
         check_base_model(req.base_model)
-    lora = answers.get("task") == "text" and bool(lora_adapters(project))
+    lora = lora_adapters(project) if answers.get("task") == "text" else []
     if answers.get("task") == "text" and req.model_dir is None and req.base_model is None and (lora or not req.serve):
         what = (
             f"{project.name}'s folds are LoRA adapters on {answers.get('model')}, which serving loads"
@@ -290,47 +290,42 @@ def write_wheels(pkg: Package, out: Path, user: str, download: bool) -> None:
     pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'wheels'}")
 
 
+def weights_dataset(pkg: Package, out: Path, user: str, files: list[Path], folders: dict[str, Path]) -> None:
+    """out/weights/, uploaded as the weights dataset: `files` side by side, each of `folders` under its name."""
+    weights = out / "weights"
+    weights.mkdir()
+    for path in files:
+        shutil.copy2(path, weights / path.name)
+    for name, folder in folders.items():
+        shutil.copytree(folder, weights / name)
+    dataset_metadata(weights, user, pkg.slugs["weights"])
+    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
+
+
 def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     """The weights file or model folder as a dataset; returns the path inside it the run reads.
     With --base-model the base is attached, not uploaded: the dataset holds the project's trained
     LoRA adapters (and its tokenizer), which run.py finds complete and predicts from. With --serve
     it holds what serve.py loads from output/: the folds, a text project's tokenizer, and LoRA
     folds' base model when --model-dir names it (a plain fold's checkpoint holds its whole model)."""
+    tokenizer = pkg.project / "output" / "tokenizer"
+    tokenizers = {"tokenizer": tokenizer} if tokenizer.is_dir() else {}
     if req.serve:
-        (out / "weights").mkdir()
-        for path in served_files(pkg.project):
-            shutil.copy2(path, out / "weights" / path.name)
-        if (pkg.project / "output" / "tokenizer").is_dir():
-            shutil.copytree(pkg.project / "output" / "tokenizer", out / "weights" / "tokenizer")
-        if pkg.lora and req.model_dir is not None and req.base_model is None:
-            shutil.copytree(req.model_dir, out / "weights" / SERVED_BASE)
-        dataset_metadata(out / "weights", req.user, pkg.slugs["weights"])
-        pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
+        shipped_base = pkg.lora and req.model_dir is not None and req.base_model is None
+        base = {SERVED_BASE: req.model_dir} if shipped_base else {}
+        weights_dataset(pkg, out, req.user, served_files(pkg.project), {**tokenizers, **base})
         return None
     if req.base_model is not None:
-        adapters = lora_adapters(pkg.project)
-        if adapters:
-            (out / "weights").mkdir()
-            for path in adapters:
-                shutil.copy2(path, out / "weights" / path.name)
-            if (pkg.project / "output" / "tokenizer").is_dir():
-                shutil.copytree(pkg.project / "output" / "tokenizer", out / "weights" / "tokenizer")
-            dataset_metadata(out / "weights", req.user, pkg.slugs["weights"])
-            pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
+        if pkg.lora:
+            weights_dataset(pkg, out, req.user, pkg.lora, tokenizers)
         return None
-    if req.weights is None and req.model_dir is None:
-        return None
-    weights = out / "weights"
-    weights.mkdir()
     if req.weights is not None:
-        shutil.copy2(req.weights, weights / req.weights.name)
-        inside = req.weights.name
-    else:
-        shutil.copytree(req.model_dir, weights / req.model_dir.name)
-        inside = req.model_dir.name
-    dataset_metadata(weights, req.user, pkg.slugs["weights"])
-    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
-    return inside
+        weights_dataset(pkg, out, req.user, [req.weights], {})
+        return req.weights.name
+    if req.model_dir is not None:
+        weights_dataset(pkg, out, req.user, [], {req.model_dir.name: req.model_dir})
+        return req.model_dir.name
+    return None
 
 
 def kernel_metadata(pkg: Package, user: str, datasets: list[str], base_model: str | None = None) -> dict:

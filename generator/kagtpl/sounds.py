@@ -18,13 +18,13 @@ Audio is written at 32 kHz (BirdCLEF's rate), Ogg Vorbis or WAV. Beside the fold
 
 from __future__ import annotations
 
-import csv
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from kagtpl.errors import KagtplError
+from kagtpl.shapes import write_csv
 
 LAYOUTS = ("folders", "csv", "clips")
 WORDS = ("apple", "river", "seven", "garden", "yellow")
@@ -111,11 +111,6 @@ def soundscape(rng, spoken: dict, words: tuple, windows: int):
     return np.clip(track, -1, 1), heard
 
 
-def write_rows(path: Path, header: list, rows: list) -> None:
-    with path.open("w", newline="") as f:
-        csv.writer(f).writerows([header, *rows])
-
-
 def write_sounds(
     dest: Path, layout: str = "folders", clips_per_word: int = 8, test: int = 3, windows: int = 4, seed: int = 0
 ) -> Path:
@@ -164,7 +159,7 @@ def write_competition(dest: Path, layout: str, rng, clips_per_word: int, test: i
             sf.write(dest / "train_audio" / name, clip(rng, spoken, word, second), RATE)
             metadata.append([word, repr([second] if second else []), name, int(rng.integers(1, 6))])
     if layout == "csv":
-        write_rows(dest / "train_metadata.csv", ["primary_label", "secondary_labels", "filename", "rating"], metadata)
+        write_csv(dest / "train_metadata.csv", ["primary_label", "secondary_labels", "filename", "rating"], metadata)
     rows = []
     if layout == "clips":
         (dest / "test_audio").mkdir(parents=True, exist_ok=True)
@@ -179,6 +174,6 @@ def write_competition(dest: Path, layout: str, rng, clips_per_word: int, test: i
             sf.write(dest / "test_soundscapes" / f"soundscape_{k:03d}{ext}", track, RATE)
             rows += [[f"soundscape_{k:03d}_{WINDOW * (w + 1)}", words] for w, words in enumerate(heard)]
     id_col = "row_id"
-    write_rows(dest / "sample_submission.csv", [id_col, *WORDS], [[r, *[1 / len(WORDS)] * len(WORDS)] for r, _ in rows])
+    write_csv(dest / "sample_submission.csv", [id_col, *WORDS], [[r, *[1 / len(WORDS)] * len(WORDS)] for r, _ in rows])
     truth = [[r, *[int(w in words) for w in WORDS]] for r, words in rows]
-    write_rows(dest / "solution.csv", [id_col, *WORDS], truth)
+    write_csv(dest / "solution.csv", [id_col, *WORDS], truth)
