@@ -76,7 +76,7 @@ def _conflicted_project(t: Path) -> str:
 # (arguments given the test's folder, the message's words). Security cases are marked: they try
 # to write outside the destination.
 CLI_CASES = [
-    (lambda t: ["new", "p", "--task", "audio", "--gpu", "t4"], "unknown task 'audio'; valid tasks: image, tabular"),
+    (lambda t: ["new", "p", "--task", "speech", "--gpu", "t4"], "unknown task 'speech'; valid tasks: image, tabular"),
     (
         lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--data", _not_a_competition(t)],
         "does not look like a table competition",

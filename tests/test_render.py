@@ -48,7 +48,9 @@ SEGMENTATION_ONLY = {"machinery/images.py", "machinery/masks.py"}  # and RLE, ti
 TEXT_ONLY = {"machinery/texts.py", "machinery/adapters.py"}  # the model folder and tokens; LoRA and its memory
 # the trees, their fold files (serve.py's) and predict.py's hill-climbing blend
 TABULAR_ONLY = {"machinery/boosters.py", "machinery/blend.py", "machinery/trees.py"}
+AUDIO_ONLY = {"machinery/images.py", "machinery/audio.py"}  # timm models and the caches; decoding, windows, log-mel
 TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY, "segmentation": SEGMENTATION_ONLY}
+TASK_FILES["audio"] = AUDIO_ONLY
 
 
 def files_of(project):
@@ -95,9 +97,16 @@ SEGMENTATION_MATRIX = [
 ]
 
 
+AUDIO_MATRIX = [
+    {"task": "audio", "gpu": "t4"},
+    {"task": "audio", "gpu": "cpu", "train_csv": "train_metadata.csv", "rating_col": "rating", "metric": "cmap"},
+    {"task": "audio", "gpu": "a100-80", "test_layout": "clips", "sample_rate": 16000, "window_seconds": 1},
+]
+
+
 @pytest.mark.parametrize(
     "data",
-    MATRIX + TABULAR_MATRIX + TEXT_MATRIX + SEGMENTATION_MATRIX,
+    MATRIX + TABULAR_MATRIX + TEXT_MATRIX + SEGMENTATION_MATRIX + AUDIO_MATRIX,
     ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()),
 )
 def test_render_matrix(tmp_path, data):
@@ -114,17 +123,21 @@ def test_render_matrix(tmp_path, data):
     for key, value in data.items():
         assert answers[key] == value
     train = (project / "train.py").read_text()
-    images = task in ("image", "segmentation")
+    images, audio = task in ("image", "segmentation"), task == "audio"
     assert ("class TabularMLP" in train) == tabular and ("import albumentations" in train) == images
     assert ("class TextModel" in train) == (task == "text") and ("model_dir" in answers) == (task == "text")
     assert ("image_size" in answers) == images and ("problem" in answers) == (task in ("tabular", "text"))
     requirements = (project / "requirements.txt").read_text()
-    assert ("transformers" in requirements) == (task == "text") and ("timm" in requirements) == images
+    assert ("transformers" in requirements) == (task == "text") and ("timm" in requirements) == (images or audio)
+    assert ("soundfile" in requirements) == audio and ("albumentations" in requirements) == images
     assert ("lightgbm" in requirements) == tabular and ("catboost" in requirements) == tabular
     assert ("segmentation-models-pytorch" in requirements) == (task == "segmentation")
     if task == "segmentation":
         assert f'METRIC = "{answers["metric"]}"' in train and f'ARCH = "{answers["arch"]}"' in train
         assert f'"rle_start": {answers["rle_start"]},' in train and f'"mask_dir": "{answers["mask_dir"]}",' in train
+    elif audio:
+        assert f'METRIC = "{answers["metric"]}"' in train and f"SAMPLE_RATE = {answers['sample_rate']}\n" in train
+        assert f'"test_layout": "{answers["test_layout"]}",' in train and "train_csv" in answers
     elif task != "image":
         assert f'PROBLEM = "{data["problem"]}"' in train and f'METRIC = "{answers["metric"]}"' in train
     assert f'GPU_PROFILE = "{data["gpu"]}"' in train
@@ -153,7 +166,8 @@ def test_typo_in_template_fails_with_strict_undefined(tmp_path):
 
 def test_rendered_project_is_ruff_clean(tmp_path):
     ruff = shutil.which("ruff") or str(__import__("pathlib").Path(sys.executable).parent / "ruff")
-    for data in (MATRIX[1], MATRIX[-1], TABULAR_MATRIX[0], TABULAR_MATRIX[2], TEXT_MATRIX[2], SEGMENTATION_MATRIX[1]):
+    matrix = (MATRIX[1], MATRIX[-1], TABULAR_MATRIX[0], TABULAR_MATRIX[2], TEXT_MATRIX[2], SEGMENTATION_MATRIX[1])
+    for data in (*matrix, *AUDIO_MATRIX[1:]):
         project = render(tmp_path / f"{data.get('task', 'image')}-{data['gpu']}", **data)
         check = subprocess.run([ruff, "check", "."], cwd=project, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
@@ -173,7 +187,7 @@ def test_template_has_no_tasks_migrations_or_extensions():
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 470, 60  # "no machinery file over ~450 lines, no function over ~60"
 
 
-@pytest.mark.parametrize("task", ["image", "tabular", "text", "segmentation"])
+@pytest.mark.parametrize("task", ["image", "tabular", "text", "segmentation", "audio"])
 def test_machinery_reads_file_by_file(tmp_path, task):
     """Every machinery file says what it holds in its docstring, is under ~450 lines, and has no
     function over 60 (classes are read method by method)."""

@@ -102,7 +102,7 @@ def new_cmd(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Project folder name, e.g. dog-breed.")],
     task: Annotated[
         Optional[str],
-        typer.Option(metavar="TASK", help="Competition type: image, tabular, text, segmentation or detection."),
+        typer.Option(metavar="TASK", help="Competition type: image, tabular, text, segmentation, detection or audio."),
     ] = None,
     gpu: Annotated[
         Optional[str], typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus), or auto to detect.")
@@ -309,7 +309,7 @@ def gpus_cmd() -> None:
 def recommend_cmd(
     task: Annotated[
         str,
-        typer.Option(metavar="TASK", help="Competition type: image, tabular, text, segmentation or detection."),
+        typer.Option(metavar="TASK", help="Competition type: image, tabular, text, segmentation, detection or audio."),
     ] = "image",
     gpu: Annotated[str, typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus).")] = "t4",
     model: Annotated[

@@ -13,11 +13,11 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kagtpl import detect, kaggle, paths
+from kagtpl import detect, detect_audio, kaggle, paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, planner, profiles, source
 
-TASKS = ("image", "tabular", "text", "segmentation", "detection")
+TASKS = ("image", "tabular", "text", "segmentation", "detection", "audio")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -142,9 +142,9 @@ def check_destination(answers: NewAnswers) -> None:
 # flags that only some tasks take: the tasks, and what the error says otherwise
 FOR_TASK = {
     "model": (
-        ("image", "text", "segmentation", "detection"),
-        "for image and segmentation (timm), detection (a torchvision ResNet) and text (Hugging Face) competitions; "
-        "tables get an MLP",
+        ("image", "text", "segmentation", "detection", "audio"),
+        "for image, segmentation and audio (timm), detection (a torchvision ResNet) and text (Hugging Face) "
+        "competitions; tables get an MLP",
     ),
     "model_dir": (("text",), "for text competitions (the local Hugging Face folder)"),
     "image_size": (("image", "segmentation", "detection"), "for image, segmentation and detection competitions"),
@@ -156,6 +156,7 @@ DETECTORS = {
     "text": (detect.detect_text, detect.TEXT_KEYS),
     "segmentation": (detect.detect_segmentation, detect.SEGMENTATION_KEYS),
     "detection": (detect.detect_detection, detect.DETECTION_KEYS),
+    "audio": (detect_audio.detect_audio, detect_audio.AUDIO_KEYS),
 }
 
 

@@ -27,6 +27,7 @@ def lines(answers: dict) -> list[str]:
             "text": text_lines,
             "segmentation": mask_lines,
             "detection": box_lines,
+            "audio": audio_lines,
         }
         found = lines_of[task](data, answers)
     return ["Detected and chosen:", *(f"  {line}" for line in [*found, *plan_lines(answers)])]
@@ -58,6 +59,28 @@ def classes_text(values: list[str]) -> str:
 
 def count_files(folder: Path, ext: str) -> int:
     return sum(1 for _ in folder.glob(f"*{ext}")) if folder.is_dir() else 0
+
+
+def audio_lines(data: Path, a: dict) -> list[str]:
+    from kagtpl.detect_audio import AUDIO_EXTS
+
+    train = sum(1 for p in (data / a["train_dir"]).rglob("*") if p.suffix.lower() in AUDIO_EXTS)
+    test = sum(1 for p in (data / a["test_dir"]).glob("*") if p.suffix.lower() in AUDIO_EXTS)
+    labels = (
+        f"labels: {a['train_csv']}, file column {a['file_col']!r}, label column {a['label_col']!r}, secondary "
+        f"{a['secondary_col'] or 'none'!r}  [--train-csv --label-col]"
+        if a.get("train_csv")
+        else f"labels: each clip's folder in {a['train_dir']}/ (<label>/<clip>)  [--train-csv]"
+    )
+    sample = read_csv(data / a["sample_submission"])
+    test_rows = "a row per window (<recording>_<end second>)" if a["test_layout"] == "windows" else "a row per clip"
+    return [
+        f"audio: {train} training clips in {a['train_dir']}/, {test} test recordings in {a['test_dir']}/, "
+        f"{test_rows}  [--train-dir --test-dir]",
+        labels,
+        f"labels scored: {len(sample[0]) - 1} columns of {a['sample_submission']}, metric {a['metric']}  [--metric]",
+        f"model: {a['model']} on log-mel spectrograms of {a['window_seconds']} s at {a['sample_rate']} Hz  [--model]",
+    ]
 
 
 def image_lines(data: Path, a: dict) -> list[str]:

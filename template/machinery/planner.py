@@ -27,6 +27,7 @@ DEFAULT_PLAN = {
     "text": (5, 4),
     "segmentation": (5, 20),
     "detection": (5, 20),
+    "audio": (5, 20),
 }  # folds, epochs: copier.yml's defaults (a test keeps them so)
 
 
