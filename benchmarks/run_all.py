@@ -23,6 +23,7 @@ SCRIPTS = [
     "text_score.py",
     "segmentation.py",
     "detection.py",
+    "audio.py",
     "tabular_models.py",
     "tune_storage.py",
     "tune_pruners.py",

@@ -81,6 +81,7 @@ def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
 LONGEST_FIRST = (
     "test_demo",
     "test_benchmarks",
+    "test_audio",
     "test_text",
     "test_run",
     "test_tune",

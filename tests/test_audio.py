@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ def sounds(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def audio_mod(tmp_path_factory):
     proj = render(tmp_path_factory.mktemp("audio-mods") / "proj", task="audio")
-    return import_project(proj, ("audio", "errors")), proj
+    return import_project(proj, ("audio", "errors", "onnx_export")), proj
 
 
 def window_auc(submission: Path, solution: Path) -> float:
@@ -105,6 +106,49 @@ def test_soundscape_rows_cover_every_window_and_warn_of_a_short_recording(tmp_pa
     assert "no recording in" in capsys.readouterr().out
 
 
+def test_onnx_export_matches_torch_on_any_batch_and_falls_back_to_torch(audio_mod, capsys, monkeypatch):
+    onnx_export, errors = audio_mod[0].onnx_export, audio_mod[0].errors
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 5)
+    )
+    ort = onnx_export.onnx_net(net, torch.randn(2, 3, 16, 20), 1, "tiny", required=False)
+    assert (
+        isinstance(ort, onnx_export.OrtNet)
+        and "EXPORT: tiny runs in ONNX Runtime on 1 thread(s)" in capsys.readouterr().out
+    )
+    other = torch.randn(5, 3, 16, 20)  # another batch size: the batch is dynamic in the graph
+    with torch.no_grad():
+        assert torch.allclose(ort(other), net(other), atol=1e-5)
+
+    class Branchy(torch.nn.Module):  # control flow on the data: torch.export cannot trace it
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x - 1
+
+    class Noisy(torch.nn.Module):  # exports, but its outputs are not torch's
+        def forward(self, x):
+            return x + torch.randn_like(x)
+
+    for bad, said in (
+        (Branchy(), "the ONNX export failed (TorchExportError"),
+        (Noisy(), "outputs differ from torch's"),
+    ):
+        assert onnx_export.onnx_net(bad, torch.randn(2, 3), 1, "bad", required=False) is bad
+        assert re.search(rf"^WARNING: bad: .*{re.escape(said)}.*: torch predicts$", capsys.readouterr().out, re.M)
+        with pytest.raises(errors.RunError, match=re.escape(said)):
+            onnx_export.onnx_net(bad, torch.randn(2, 3), 1, "bad", required=True)
+
+    cpu = torch.device("cpu")
+    assert onnx_export.wanted("auto", cpu) and not onnx_export.wanted("none", cpu)
+    assert not onnx_export.wanted("auto", torch.device("cuda"))  # a GPU predicts with torch
+    with pytest.raises(errors.RunError, match="--export onnx runs on CPU"):
+        onnx_export.wanted("onnx", torch.device("cuda"))
+    real = onnx_export.importlib.util.find_spec
+    monkeypatch.setattr(onnx_export.importlib.util, "find_spec", lambda n: None if n == "onnxscript" else real(n))
+    assert not onnx_export.wanted("auto", cpu)  # not installed: torch predicts
+    with pytest.raises(errors.RunError, match="--export onnx needs onnxscript: pip install onnxscript"):
+        onnx_export.wanted("onnx", cpu)
+
+
 # ----------------------------------------------------------------------------- render and run
 
 
@@ -119,11 +163,33 @@ def test_folders_layout_hears_the_words_in_every_test_window_and_resumes(tmp_pat
     oof = float(re.search(r"^OOF: cmAP=[\d.]+, AUC=([\d.]+) over 100 rows from folds \[0, 1\]$", log, re.M)[1])
     assert oof > 0.85, log[-3000:]  # chance is 0.5
     assert "DATA: 100 train clips, 5 labels, 24 test rows" in log
+    out = project / "output"
     predicted = run_script(project, "predict.py", "--device", "cpu").stdout
     assert "PREDICT: 24 test rows from 6 recording(s)" in predicted
-    heard = window_auc(project / "output" / "submission.csv", sounds / "folders_solution.csv")
+    assert predicted.count("runs in ONNX Runtime on 1 thread(s)") == 2, predicted  # onnxruntime is in [train]
+    heard = window_auc(out / "submission.csv", sounds / "folders_solution.csv")
     print(f"AUDIO: OOF AUC {oof:.3f}, test windows macro AUC {heard:.3f}")
     assert heard > 0.75
+
+    # torch alone (--export none) gives the probabilities ONNX Runtime gave
+    plain = run_script(project, "predict.py", "--device", "cpu", "--export", "none", "--submission", "torch.csv")
+    assert "EXPORT" not in plain.stdout and re.search(r"-> 24 rows in [\d.]+s \([\d.]+ rows/s\)", plain.stdout)
+    exported, torch_only = (pd.read_csv(out / f).iloc[:, 1:].to_numpy() for f in ("submission.csv", "torch.csv"))
+    assert np.abs(exported - torch_only).max() < 1e-4
+
+    # the CPU deadline, already passed: the best fold is predicted (in one batch of 64: a finished
+    # fold is kept) and its measured time leaves no room for the other; in batches of 4 not even
+    # the first fold finishes, and the submission already there stays
+    losses = {k: torch.load(out / f"model_fold{k}.pth", weights_only=True)["val_loss"] for k in (0, 1)}
+    late = [*FAST[:2], "--submission", "late.csv", f"--deadline={time.time()}"]
+    one = run_script(project, "predict.py", *late, "--batch-size", "64").stdout
+    assert "PREDICT: deadline: 1 of 2 fold(s) used, best validation loss first" in one
+    assert f"PREDICT: model_fold{min(losses, key=losses.get)}.pth -> 24 rows" in one
+    kept = (out / "late.csv").read_bytes()
+    late[-1] = f"--deadline={time.time()}"
+    none = run_script(project, "predict.py", *late, "--batch-size", "4").stdout
+    assert "PREDICT: deadline: this fold would not finish (4 of 24 rows predicted): left out" in none
+    assert (out / "late.csv").read_bytes() == kept
     again = run_script(project, "train.py", *FAST, "--lr", "3e-3", "--patience", "12").stdout
     assert again.count("is complete, skipping (resume)") == 2 and "Epoch 1:" not in again
 
@@ -206,3 +272,74 @@ def test_kagtpl_new_detects_the_audio_layout(tmp_path, layout):
         assert answers["file_col"] == "filename" and answers["label_col"] == "primary_label"
     else:
         assert answers["train_csv"] == "" and "file_col" not in answers
+
+
+def test_recommend_audio_sizes_the_batch_as_train_py_does(audio_mod):
+    """kagtpl recommend --task audio: its front end is the rendered project's defaults, and its
+    batch is the one train.py's rule gives for that spectrogram."""
+    from typer.testing import CliRunner
+
+    from kagtpl import recommend
+    from kagtpl.cli import app
+
+    m = import_project(audio_mod[1], ("train", "hardware"))
+    args = vars(m.train.get_args([]))
+    assert {k: args[k] for k in recommend.AUDIO_FRONT} == recommend.AUDIO_FRONT
+    hw = m.hardware
+    for gpu, model in (("t4", "efficientnet_b0"), ("cpu", "resnet18")):
+        r = CliRunner().invoke(
+            app, ["recommend", "--task", "audio", "--gpu", gpu, "--budget", "90m"], env={"COLUMNS": "250"}
+        )
+        assert r.exit_code == 0, r.output
+        batch = hw.recommend(hw.PROFILES[gpu], model, m.train.spectrogram_side(args)).batch_size
+        assert re.search(rf"│ batch_size\s+│ {batch}\s+│", r.output) and f"{model} (small model)" in r.output
+        assert "128 mels x 313 frames" in r.output and "ONNX Runtime where installed" in r.output
+        assert re.search(r"│ plan\s+│ 5 folds x 20 epochs", r.output)
+
+
+@pytest.mark.slow
+def test_kaggle_predict_notebook_predicts_a_hidden_test_on_cpu(tmp_path, sounds, monkeypatch):
+    """kagtpl kaggle --predict --cpu: a CPU-only notebook (BirdCLEF's inference) that runs predict.py
+    on the shipped folds against recordings train.py never saw (the hidden rerun's), under a Jupyter
+    kernel in a simulated Kaggle tree: the training prior is handed in first, then the folds' answer."""
+    import json
+    import subprocess
+    import sys
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    from conftest import RUN_ENV
+
+    data = sounds / "folders"
+    project = render(tmp_path / "birds", task="audio", data_dir=str(data), folds=2, competition="birds-comp")
+    run_script(project, "train.py", "--dry-run", *FAST)
+    args = ["--user", "alice", "--predict", "--cpu", "--budget", "5m", "--no-wheels"]
+    r = subprocess.run([sys.executable, "-m", "kagtpl", "kaggle", str(project), *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((project / "kaggle" / "kernel-metadata.json").read_text())
+    assert meta["enable_gpu"] is False and "machine_shape" not in meta
+    assert sorted(p.name for p in (project / "kaggle" / "weights").glob("model_fold*.pth")) == [
+        "model_fold0.pth",
+        "model_fold1.pth",
+    ]
+
+    hidden = write_sounds(tmp_path / "hidden", "folders", clips_per_word=2, test=3, windows=2, seed=9)
+    root = tmp_path / "kaggle-root"
+    comp = root / "input" / "competitions" / "birds-comp"
+    shutil.copytree(data, comp, ignore=shutil.ignore_patterns("test_soundscapes"))
+    shutil.copytree(hidden / "test_soundscapes", comp / "test_soundscapes")
+    for kind in ("code", "weights"):
+        shutil.copytree(project / "kaggle" / kind, root / "input" / f"birds-{kind}")
+    (root / "working").mkdir()
+    for key, value in {**RUN_ENV, "KAGGLE_ROOT": str(root), "KAGGLE_KERNEL_RUN_TYPE": "Batch"}.items():
+        monkeypatch.setenv(key, value)
+    nb = nbformat.read(project / "kaggle" / "notebook.ipynb", as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    printed = "\n".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+    assert "predict.py exited 0" in printed, printed[-3000:]
+    assert "holds the training prior for all 6 rows until the folds replace it" in printed
+    assert "PREDICT: model_fold1.pth -> 6 rows" in printed and "runs in ONNX Runtime" in printed
+    sub = pd.read_csv(root / "working" / "submission.csv")
+    truth = pd.read_csv(tmp_path / "hidden_solution.csv")
+    assert list(sub["row_id"]) == list(truth["row_id"]) and sub.iloc[:, 1:].std().max() > 0  # not the prior

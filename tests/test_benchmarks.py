@@ -197,6 +197,16 @@ def test_segmentation_score_smoke():
     assert all(0 <= v <= 1 for v in scores) and "SUBMISSION: output/submission.csv (4 rows" in out, out
 
 
+def test_audio_score_smoke():
+    out = bench("audio.py", "--budget", "30s", "--clips", "5", "--test", "2", "--windows", "4", "--rounds", "1")
+    names = ("timm CNN (kagtpl audio)", "MFCC mean/std + logistic regression")
+    rows = {name: re.search(rf"^{re.escape(name)}\s+([\d.]+)\s+([\d.]+)\s+\d+$", out, re.M) for name in names}
+    assert all(rows.values()), out
+    assert all(0 <= float(v) <= 1 for m in rows.values() for v in m.groups()), out
+    assert "EXPORT: model_fold0.pth runs in ONNX Runtime" in out and "SUBMISSION: output/submission.csv (8 rows" in out
+    assert float(re.search(r"^ONNX Runtime / torch windows/s: ([\d.]+)$", out, re.M)[1]) > 0, out
+
+
 def test_detection_score_smoke():
     out = bench("detection.py", "--budget", "20s", "--train", "16", "--test", "4", "--size", "64")
     names = (

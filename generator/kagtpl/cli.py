@@ -357,6 +357,9 @@ def recommend_cmd(
     if task == "detection":
         show(recommend.detection_table(gpu, model, arch, image_size, budget, data))
         return
+    if task == "audio":
+        show(recommend.audio_table(gpu, model, budget))
+        return
     show(recommend.recommend_table(task, gpu, model, image_size, budget, data))
 
 
@@ -475,12 +478,34 @@ def kaggle_cmd(
             "weights dataset) instead of run.py.",
         ),
     ] = False,
+    predict: Annotated[
+        bool,
+        typer.Option(
+            help="Competitions scored on submission.csv from a hidden test (BirdCLEF): the notebook runs predict.py "
+            "on the trained folds (shipped as the weights dataset) by --budget after its start, instead of run.py.",
+        ),
+    ] = False,
+    cpu: Annotated[
+        bool,
+        typer.Option(help="The notebook runs without an accelerator (BirdCLEF's inference is CPU-only): --device cpu."),
+    ] = False,
 ) -> None:
     """Package the project as an offline Kaggle kernel: datasets, notebook, metadata, commands."""
     if not user:
         raise KagtplError("--user USERNAME is needed: the datasets and the kernel are ids USERNAME/slug")
     request = kaggle.KaggleRequest(
-        path, user, competition, weights, model_dir, budget, pretrained, wheels, base_model=base_model, serve=serve
+        path,
+        user,
+        competition,
+        weights,
+        model_dir,
+        budget,
+        pretrained,
+        wheels,
+        base_model=base_model,
+        serve=serve,
+        predict=predict,
+        cpu=cpu,
     )
     pkg = kaggle.build(request)
     print(f"Wrote {pkg.project / 'kaggle'}; upload and run, in this order:")

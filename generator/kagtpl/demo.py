@@ -70,8 +70,9 @@ def run_step(cmd: list[str], cwd: Path) -> None:
 
 
 def demo_train_flags() -> list[str]:
-    # digits are 32 px: a small CNN, no flips (a flipped 2 looks like a 5), 3 folds x 6 epochs
-    return ["--device", "cpu", "--no-pretrained", "--no-hflip", "--epochs", "6", "--folds", "3", "--lr", "3e-3"]
+    # digits are 32 px: a small CNN, no flips (a flipped 2 looks like a 5), 3 folds x 4 epochs
+    # (OOF accuracy 0.986 after 37 s of training on 2 cores; 6 epochs gave 0.990 in 50 s)
+    return ["--device", "cpu", "--no-pretrained", "--no-hflip", "--epochs", "4", "--folds", "3", "--lr", "3e-3"]
 
 
 def run_demo(dest: Path, force: bool) -> None:
@@ -89,7 +90,7 @@ def run_demo(dest: Path, force: bool) -> None:
         model="resnet18",
         image_size=32,
         folds=3,
-        epochs=6,
+        epochs=4,
         dest=dest,
         force=force,
     )

@@ -51,6 +51,7 @@ KAGGLE_IMAGE = frozenset(
         "xgboost",
         "catboost",
         "optuna",
+        "soundfile",  # librosa's decoder
     }
 )
 # Kaggle's accelerators by GPU profile; other profiles are not on Kaggle and get its T4 x2
@@ -75,6 +76,8 @@ class KaggleRequest:
     # owner/model/framework/variation/version (Kaggle Models) or a dataset owner/slug
     base_model: str | None = None  # the seam for tests: what the image already has
     serve: bool = False  # the notebook runs serve.py (evaluation API) on the trained weights, shipped
+    predict: bool = False  # the notebook runs predict.py on the trained weights, shipped, under the budget
+    cpu: bool = False  # no accelerator (BirdCLEF's inference is CPU-only); predict.py gets --device cpu
 
 
 @dataclass
@@ -116,17 +119,17 @@ def check_base_model(value: str) -> str:
     return value
 
 
-def check_servable(project: Path, task: str) -> None:
-    if not (project / "serve.py").is_file():
+def check_servable(project: Path, task: str, mode: str = "serve") -> None:
+    if mode == "serve" and not (project / "serve.py").is_file():
         raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl update adds it to an older project)")
     folds = [*(project / "output").glob("model_fold*.pth"), *(project / "output").glob("tree_*_fold*.json")]
     if not (project / "output" / "serve_defaults.json").is_file() or not folds:
         raise KagtplError(
-            f"--serve ships the trained folds and there are none in {project / 'output'}: run python train.py first"
+            f"--{mode} ships the trained folds and there are none in {project / 'output'}: run python train.py first"
         )
     if task == "text" and not (project / "output" / "tokenizer").is_dir():
         raise KagtplError(
-            f"--serve ships the tokenizer train.py saved and {project / 'output' / 'tokenizer'} is missing: "
+            f"--{mode} ships the tokenizer train.py saved and {project / 'output' / 'tokenizer'} is missing: "
             "run python train.py again (it resumes: the folds are kept)"
         )
 
@@ -211,11 +214,18 @@ def plan(req: KaggleRequest) -> Package:
         raise KagtplError(f"--model-dir {req.model_dir}: no such folder")
     # an image model, a segmentation model's encoder (its decoder starts from scratch), or a
     # detector's backbone (a torchvision classifier's weights, or a whole COCO detector's)
-    pretrained_tasks = ("image", "segmentation", "detection")
+    pretrained_tasks = ("image", "segmentation", "detection", "audio")
     wants_weights = answers.get("task") in pretrained_tasks and answers.get("pretrained") and req.pretrained
-    wants_weights = wants_weights and not req.serve  # serving trains nothing: the trained folds travel
-    if req.serve:
-        check_servable(project, str(answers.get("task")))
+    wants_weights = wants_weights and not (req.serve or req.predict)  # nothing trains: the trained folds travel
+    if req.serve and req.predict:
+        raise KagtplError(
+            "--serve and --predict are two kinds of notebook: serve.py answers an evaluation API, "
+            "predict.py writes submission.csv; pass one"
+        )
+    if req.predict and not budget_seconds(req.budget or str(answers.get("budget") or "9h")):
+        raise KagtplError("--predict runs predict.py by a deadline: pass --budget (BirdCLEF's CPU limit: --budget 85m)")
+    if req.serve or req.predict:
+        check_servable(project, str(answers.get("task")), "serve" if req.serve else "predict")
     if wants_weights and req.weights is None:
         raise KagtplError(
             f"{project.name} trains from pretrained {answers.get('model')} weights and Kaggle kernels run offline: "
@@ -226,10 +236,11 @@ def plan(req: KaggleRequest) -> Package:
             raise KagtplError("--base-model is for text projects (an LLM or encoder attached from Kaggle)")
         check_base_model(req.base_model)
     lora = lora_adapters(project) if answers.get("task") == "text" else []
-    if answers.get("task") == "text" and req.model_dir is None and req.base_model is None and (lora or not req.serve):
+    shipped = req.serve or req.predict
+    if answers.get("task") == "text" and req.model_dir is None and req.base_model is None and (lora or not shipped):
         what = (
             f"{project.name}'s folds are LoRA adapters on {answers.get('model')}, which serving loads"
-            if req.serve
+            if shipped
             else f"{project.name} fine-tunes {answers.get('model')} from a local folder"
         )
         raise KagtplError(
@@ -240,15 +251,20 @@ def plan(req: KaggleRequest) -> Package:
     slugs = {kind: check_slug(f"the {kind} slug", f"{base}-{kind}") for kind in ("code", "wheels", "weights")}
     slugs["kernel"] = check_slug("the kernel slug", f"{base}-submission")
     if req.budget is not None:
-        from kagtpl.template import planner
-
-        try:
-            planner().parse_duration(req.budget)
-        except ValueError as e:
-            raise KagtplError(f"--budget: {e}") from None
+        budget_seconds(req.budget)
     requirements = project / "requirements.txt"
     missing = missing_packages(requirements, req.image_has) if requirements.is_file() else []
     return Package(project, answers, competition, slugs, missing, lora=lora)
+
+
+def budget_seconds(budget: str) -> float | None:
+    """--budget (9h, 85m, 600s) in seconds, by run.py's own parser."""
+    from kagtpl.template import planner
+
+    try:
+        return planner().parse_duration(budget)
+    except ValueError as e:
+        raise KagtplError(f"--budget: {e}") from None
 
 
 def dataset_metadata(folder: Path, user: str, slug: str) -> None:
@@ -310,7 +326,7 @@ def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     folds' base model when --model-dir names it (a plain fold's checkpoint holds its whole model)."""
     tokenizer = pkg.project / "output" / "tokenizer"
     tokenizers = {"tokenizer": tokenizer} if tokenizer.is_dir() else {}
-    if req.serve:
+    if req.serve or req.predict:
         shipped_base = pkg.lora and req.model_dir is not None and req.base_model is None
         base = {SERVED_BASE: req.model_dir} if shipped_base else {}
         weights_dataset(pkg, out, req.user, served_files(pkg.project), {**tokenizers, **base})
@@ -328,8 +344,10 @@ def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     return None
 
 
-def kernel_metadata(pkg: Package, user: str, datasets: list[str], base_model: str | None = None) -> dict:
-    gpu = str(pkg.answers.get("gpu", "t4x2"))
+def kernel_metadata(
+    pkg: Package, user: str, datasets: list[str], base_model: str | None = None, cpu: bool = False
+) -> dict:
+    gpu = "cpu" if cpu else str(pkg.answers.get("gpu", "t4x2"))
     meta = {
         "id": f"{user}/{pkg.slugs['kernel']}",
         "title": pkg.slugs["kernel"],
@@ -379,22 +397,26 @@ def notebook(
     run_flags: list[str],
     base: str | None = None,
     adapters: bool = False,
-    serve: bool = False,
+    mode: str = "run",
 ) -> dict:
+    """`mode`: run (run.py trains and predicts), serve (serve.py on the shipped folds) or predict
+    (predict.py on the shipped folds, under the budget's deadline)."""
     import nbformat
 
-    what = (
-        "`serve.py` answers the competition's evaluation API with the trained folds (the dataset "
-        f"`{pkg.slugs['weights']}`)"
-        if serve
-        else f"`run.py` trains under a {budget} budget and always leaves `/kaggle/working/submission.csv`"
-    )
+    what = {
+        "serve": "`serve.py` answers the competition's evaluation API with the trained folds (the dataset "
+        f"`{pkg.slugs['weights']}`)",
+        "predict": f"`predict.py` predicts the test with the trained folds (the dataset `{pkg.slugs['weights']}`) "
+        f"under a {budget} deadline and always leaves `/kaggle/working/submission.csv`",
+        "run": f"`run.py` trains under a {budget} budget and always leaves `/kaggle/working/submission.csv`",
+    }[mode]
     started = (
-        "import time\nSTARTED = time.time()  # the serving deadline counts from the notebook's start\n" if serve else ""
+        "import time\nSTARTED = time.time()  # the deadline counts from the notebook's start\n" if mode != "run" else ""
     )
+    title = {"serve": "serve", "predict": "predict", "run": "train and submit"}[mode]
     cells = [
         nbformat.v4.new_markdown_cell(
-            f"# {pkg.answers.get('project_name', pkg.project.name)}: {'serve' if serve else 'train and submit'}, "
+            f"# {pkg.answers.get('project_name', pkg.project.name)}: {title}, "
             f"offline\n\nMade by `kagtpl kaggle`. Competition `{pkg.competition}`; the code is the dataset "
             f"`{pkg.slugs['code']}`. {what}."
         ),
@@ -412,8 +434,8 @@ def notebook(
             )
         )
     shipped = (
-        "the trained folds, serve_defaults.json (a text project's tokenizer too), where serve.py reads them"
-        if serve
+        f"the trained folds, serve_defaults.json (a text project's tokenizer too), where {mode}.py reads them"
+        if mode != "run"
         else "the trained LoRA adapters and tokenizer: complete folds, so run.py goes straight to predict.py"
     )
     weights_flag = "[]"
@@ -422,11 +444,11 @@ def notebook(
         weights_flag = f"[f\"{flag}={{dataset('{pkg.slugs['weights']}') / '{weights_inside}'}}\"]"
     if base is not None:  # the attached base model (adapters, when shipped, are copied where run.py looks)
         weights_flag = f"[f\"--model-dir={{INPUT / '{base_mount(base)}'}}\"]"
-    if serve and not pkg.lora:
+    if mode != "run" and not pkg.lora:
         weights_flag = "[]"  # the folds hold their whole model
-    elif serve and base is None:  # LoRA folds' base model, shipped inside the weights dataset
+    elif mode != "run" and base is None:  # LoRA folds' base model, shipped inside the weights dataset
         weights_flag = f"[f\"--model-dir={{dataset('{pkg.slugs['weights']}') / '{SERVED_BASE}'}}\"]"
-    ignored = ("dataset-metadata.json", SERVED_BASE) if serve else ("dataset-metadata.json",)
+    ignored = ("dataset-metadata.json", SERVED_BASE) if mode != "run" else ("dataset-metadata.json",)
     cells += [
         nbformat.v4.new_code_cell(
             "# the project's code next to its outputs: /kaggle/working is the one folder kept\n"
@@ -444,11 +466,15 @@ def notebook(
                 f"\n# {shipped}\n"
                 f"shutil.copytree(dataset('{pkg.slugs['weights']}'), WORK, dirs_exist_ok=True, "
                 f"ignore=shutil.ignore_patterns{ignored!r})"
-                if adapters or serve
+                if adapters or mode != "run"
                 else ""
             )
         ),
-        *(serve_cells(weights_flag) if serve else run_cells(budget, weights_flag, run_flags)),
+        *{
+            "serve": lambda: serve_cells(weights_flag),
+            "predict": lambda: predict_cells(budget, budget_seconds(budget), weights_flag, run_flags),
+            "run": lambda: run_cells(budget, weights_flag, run_flags),
+        }[mode](),
     ]
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -479,30 +505,56 @@ def serve_cells(model_flag: str) -> list:
     ]
 
 
+def streamed(command: str) -> str:
+    """A cell's code that runs `command` (a list expression, in WORK) and shows each line as it
+    comes (hours of silence otherwise), keeping them in run.log."""
+    return (
+        f"cmd = {command}\n"
+        'with open(WORK / "run.log", "w") as log:\n'
+        "    run = subprocess.Popen(cmd, cwd=WORK, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)\n"
+        "    for line in run.stdout:\n"
+        '        print(line, end="", flush=True)\n'
+        "        log.write(line)\n"
+        "        log.flush()\n"
+        "    code = run.wait()\n"
+    )
+
+
+SUBMISSION_CELL = (
+    "import pandas as pd\n\n"
+    'sub = pd.read_csv(WORK / "submission.csv")\n'
+    'print(f"submission.csv: {len(sub)} rows, columns {list(sub.columns)[:6]}")\n'
+    "sub.head()"
+)
+
+
 def run_cells(budget: str, weights_flag: str, run_flags: list[str]) -> list:
     import nbformat
 
     return [
         nbformat.v4.new_code_cell(
-            f"# train, then predict, under one budget: always a submission (run.py's docstring).\n"
-            "# Each line shows here as it comes (9 hours of silence otherwise) and is kept in run.log.\n"
+            "# train, then predict, under one budget: always a submission (run.py's docstring).\n"
             f"weights = {weights_flag} + {run_flags!r}\n"
-            f'cmd = [sys.executable, "run.py", "--budget={budget}", *weights]\n'
-            'with open(WORK / "run.log", "w") as log:\n'
-            "    run = subprocess.Popen(cmd, cwd=WORK, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)\n"
-            "    for line in run.stdout:\n"
-            '        print(line, end="", flush=True)\n'
-            "        log.write(line)\n"
-            "        log.flush()\n"
-            "    code = run.wait()\n"
-            'print(f"run.py exited {code}")'
+            + streamed(f'[sys.executable, "run.py", "--budget={budget}", *weights]')
+            + 'print(f"run.py exited {code}")'
         ),
+        nbformat.v4.new_code_cell(SUBMISSION_CELL),
+    ]
+
+
+def predict_cells(budget: str, seconds: float, model_flag: str, flags: list[str]) -> list:
+    """predict.py on the shipped folds, by the deadline `seconds` after the notebook's start."""
+    import nbformat
+
+    return [
         nbformat.v4.new_code_cell(
-            "import pandas as pd\n\n"
-            'sub = pd.read_csv(WORK / "submission.csv")\n'
-            'print(f"submission.csv: {len(sub)} rows, columns {list(sub.columns)[:6]}")\n'
-            "sub.head()"
+            f"# predict the test with the shipped folds by {budget} after the notebook's start: the best folds\n"
+            "# that fit, measured on the first test batches (predict.py's docstring)\n"
+            f"flags = {model_flag} + {flags!r}\n"
+            + streamed(f'[sys.executable, "predict.py", f"--deadline={{STARTED + {seconds:.0f}}}", *flags]')
+            + 'print(f"predict.py exited {code}")'
         ),
+        nbformat.v4.new_code_cell(SUBMISSION_CELL),
     ]
 
 
@@ -517,13 +569,17 @@ def build(req: KaggleRequest) -> Package:
         write_wheels(pkg, staging, req.user, req.wheels)
         weights_inside = write_weights(pkg, staging, req)
         datasets = [pkg.slugs[k] for k in ("code", "wheels", "weights") if (staging / k).is_dir()]
-        meta = kernel_metadata(pkg, req.user, datasets, req.base_model)
+        meta = kernel_metadata(pkg, req.user, datasets, req.base_model, req.cpu)
         (staging / "kernel-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
         budget = req.budget or str(pkg.answers.get("budget") or "9h")
-        flags = [] if req.pretrained else ["--no-pretrained"]
+        if req.predict:
+            flags = ["--device=cpu"] if req.cpu else []
+        else:
+            flags = ([] if req.pretrained else ["--no-pretrained"]) + (["--device=cpu"] if req.cpu else [])
         adapters = req.base_model is not None and (staging / "weights").is_dir()  # write_weights shipped them
         wheels = (staging / "wheels").is_dir()
-        nb = notebook(pkg, budget, weights_inside, wheels, flags, req.base_model, adapters, req.serve)
+        mode = "serve" if req.serve else "predict" if req.predict else "run"
+        nb = notebook(pkg, budget, weights_inside, wheels, flags, req.base_model, adapters, mode)
         nbformat.write(nb, staging / "notebook.ipynb")
         staging.chmod(0o755)  # mkdtemp makes it private
         target = pkg.project / "kaggle"

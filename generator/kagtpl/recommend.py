@@ -16,7 +16,7 @@ def recommend_table(
 ) -> Table:
     hw = hardware()
     if task not in ("image", "tabular", "text", "segmentation"):
-        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular, text, segmentation, detection")
+        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular, text, segmentation, detection, audio")
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
     low, high = hw.RANGES["image_size"]
@@ -190,6 +190,53 @@ def detection_table(
         ),
     ]
     for name, value, why in rows + budget_rows(gpu, budget, "detection"):
+        table.add_row(name, str(value), why)
+    return table
+
+
+# An audio project's defaults, which its batch follows: copier.yml's sample_rate and window_seconds,
+# train.py's --n-mels and --hop (tests/test_audio.py keeps them in step with the rendered project)
+AUDIO_FRONT = {"sample_rate": 32000, "window_seconds": 5, "n_mels": 128, "hop": 512}
+
+
+def audio_table(gpu: str, model: str | None, budget: str | None = None) -> Table:
+    """The spectrogram, the batch for it, AMP, the loader and CPU inference for an audio project on
+    a profile, by the rules train.py applies (hardware.spectrogram_side, hardware.recommend)."""
+    hw = hardware()
+    if gpu not in hw.PROFILES:
+        raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
+    profile, a = hw.PROFILES[gpu], AUDIO_FRONT
+    model = model or ("resnet18" if gpu == "cpu" else "efficientnet_b0")
+    samples = a["sample_rate"] * a["window_seconds"]
+    side = hw.spectrogram_side(a["n_mels"], samples, a["hop"])
+    rec = hw.recommend(profile, model, side)
+    table = Table(title=f"audio on {profile.label} ({gpu}), {model} ({rec.model_class} model), log-mel spectrograms")
+    for col in ("setting", "value", "why"):
+        table.add_column(col)
+    frames = samples // a["hop"] + 1
+    rows = [
+        (
+            "spectrogram",
+            f"{a['n_mels']} mels x {frames} frames",
+            f"a {a['window_seconds']} s window at {a['sample_rate']} Hz, hop {a['hop']} (train.py --n-mels --hop); "
+            f"batched like a {side} px image",
+        ),
+        (
+            "batch_size",
+            rec.batch_size,
+            rec.why["batch_size"] + ("; the probe refines it on CUDA" if profile.is_gpu else ""),
+        ),
+        ("accum_steps", rec.accum_steps, rec.why["accum_steps"]),
+        ("num_workers", rec.loader["num_workers"], rec.why["num_workers"] + "; they crop the cached clips"),
+        ("AMP", rec.amp, rec.why["amp"] + "; the log-mel front end stays float32"),
+        ("channels_last", rec.channels_last, rec.why["channels_last"]),
+        (
+            "CPU inference",
+            "ONNX Runtime where installed",
+            "predict.py --export auto runs each fold's CNN in ONNX Runtime on CPU, checked against torch first",
+        ),
+    ]
+    for name, value, why in rows + budget_rows(gpu, budget, "audio"):
         table.add_row(name, str(value), why)
     return table
 

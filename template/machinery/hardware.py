@@ -247,6 +247,12 @@ def segmentation_tile(profile: Profile, work_size: int) -> tuple[int, str]:
     )
 
 
+def spectrogram_side(n_mels: int, samples: int, hop: int) -> int:
+    """An audio window's spectrogram (n_mels x frames of a centred STFT) as the side of the square
+    image of as many pixels, which the batch rule sizes activations by: 128 x 313 ~ 200 px."""
+    return int(math.sqrt(n_mels * (samples // hop + 1)))
+
+
 def fit_to_steps(batch: int, accum: int, rows: int) -> tuple[int, int]:
     """(batch, accumulation) giving an epoch of `rows` at least MIN_STEPS_PER_EPOCH optimizer
     steps: accumulation shrinks first, then the batch (a multiple of 8, at least 8)."""

@@ -1,0 +1,159 @@
+"""A CPU score for --task audio on held-out generated soundscapes under `run.py --budget 10m`,
+against a classical baseline on the same clips and windows, and predict.py's windows per second
+on CPU with each fold's CNN in ONNX Runtime (--export onnx) and in torch (--export none).
+
+    python benchmarks/audio.py [--budget 10m] [--clips 40] [--test 12] [--windows 12] [--rounds 2]
+
+The data is `kagtpl sounds` (espeak-ng speaks five words in six voices over pink noise; training
+clips by folder, test soundscapes cut into 5 s windows whose words are known), rendered by
+`kagtpl new --task audio` as a user would, with the default model and plan for the CPU. The
+baseline: each clip's MFCCs (20 coefficients of the log-mel spectrum, the project's own decoder
+and filterbank), their mean and standard deviation over time, and a logistic regression per
+word. It is fitted on the training clips of each fold the run finished and scored on the same
+validation clips (macro ROC-AUC), then fitted on every clip to score the held-out windows, as
+the project's submission is. The speed: predict.py run --rounds times with each --export, alternating,
+on the run's folds; its windows/s is rows over the seconds of its fold lines (the loader's
+decoding included), the better of the two runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.fft import dct
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "generator"))
+from _project import cpu_project, import_project, run_budget  # noqa: E402
+
+from kagtpl import sounds  # noqa: E402
+
+MFCC = 20
+
+
+def get_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--budget", default="10m")
+    p.add_argument("--clips", type=int, default=40, help="training clips per word (5 words)")
+    p.add_argument("--test", type=int, default=12, help="held-out soundscapes")
+    p.add_argument("--windows", type=int, default=12, help="5 s windows per soundscape")
+    p.add_argument("--rounds", type=int, default=2, help="predict.py runs with each --export")
+    return p.parse_args()
+
+
+class Mfcc:
+    """Mean and standard deviation over time of 20 MFCCs, with the project's decoder and mel filterbank."""
+
+    def __init__(self, audio, config: dict):
+        self.audio, self.rate, self.n_fft, self.hop = audio, config["sample_rate"], config["n_fft"], config["hop"]
+        self.fb = audio.mel_filterbank(self.n_fft, config["n_mels"], self.rate, config["fmin"], config["fmax"])
+
+    def __call__(self, wave: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(wave.astype(np.float32) / 32768.0)
+        spec = torch.stft(x, self.n_fft, self.hop, window=torch.hann_window(self.n_fft), return_complex=True)
+        mel = torch.log(torch.matmul(spec.abs().square().T, self.fb) + 1e-6).numpy()  # (frames, mels)
+        coeffs = dct(mel, type=2, norm="ortho", axis=1)[:, :MFCC]
+        return np.concatenate([coeffs.mean(0), coeffs.std(0)])
+
+    def clip(self, path: Path) -> np.ndarray:
+        return self(self.audio.to_int16(self.audio.read_audio(str(path), self.rate)))
+
+    def window(self, path: Path, end: int, seconds: int) -> np.ndarray:
+        wave = self.audio.to_int16(self.audio.read_audio(str(path), self.rate))
+        part = wave[(end - seconds) * self.rate : end * self.rate]
+        return self(np.pad(part, (0, seconds * self.rate - len(part))))
+
+
+def fit_predict(x_fit: np.ndarray, y_fit: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """A standardised logistic regression per label: probabilities (rows, labels)."""
+    mean, std = x_fit.mean(0), x_fit.std(0) + 1e-6
+    probs = []
+    for j in range(y_fit.shape[1]):
+        model = LogisticRegression(max_iter=2000, C=1.0).fit((x_fit - mean) / std, y_fit[:, j])
+        probs.append(model.predict_proba((x - mean) / std)[:, 1])
+    return np.stack(probs, 1)
+
+
+def macro_auc(truth: np.ndarray, probs: np.ndarray) -> float:
+    """BirdCLEF's macro ROC-AUC over the labels with a positive and a negative row."""
+    scored = [j for j in range(truth.shape[1]) if 0 < truth[:, j].sum() < len(truth)]
+    return float(np.mean([roc_auc_score(truth[:, j], probs[:, j]) for j in scored]))
+
+
+def windows_per_s(project: Path, export: str) -> tuple[float, str]:
+    """predict.py --device cpu --export EXPORT: rows over the seconds of its fold lines, and its log."""
+    command = [sys.executable, "predict.py", "--device", "cpu", "--export", export, "--submission", f"{export}.csv"]
+    run = subprocess.run(command, cwd=project, capture_output=True, text=True)
+    if run.returncode:
+        sys.exit(f"predict.py --export {export} exited {run.returncode}: {run.stderr[-2000:]}")
+    folds = re.findall(r"^PREDICT: model_fold\d+\.pth -> (\d+) rows in ([\d.]+)s", run.stdout, re.M)
+    return sum(int(n) for n, _ in folds) / sum(float(s) for _, s in folds), run.stdout
+
+
+def baseline(project: Path, data: Path, labels: list, solution: pd.DataFrame) -> tuple[float, float, float]:
+    """The MFCC baseline's OOF macro AUC on the run's folds, its held-out windows' macro AUC, and its wall seconds."""
+    t0 = time.time()
+    ckpt = torch.load(sorted((project / "output").glob("model_fold*.pth"))[0], weights_only=True)
+    features = Mfcc(import_project(project, ("audio",)).audio, ckpt["config"])
+    clips = sorted((data / "train_audio").glob("*/*.ogg"))
+    names = [f"{p.parent.name}/{p.name}" for p in clips]
+    x = np.stack([features.clip(p) for p in clips])
+    y = np.array([[float(p.parent.name == w) for w in labels] for p in clips])
+    oof = pd.concat([pd.read_csv(f) for f in sorted((project / "output").glob("oof_fold*.csv"))])
+    truth, probs = [], []
+    for k in sorted(oof["fold"].unique()):
+        valid = set(oof.loc[oof["fold"] == k, "clip"])
+        fit = np.array([n not in valid for n in names])
+        truth.append(y[~fit])
+        probs.append(fit_predict(x[fit], y[fit], x[~fit]))
+    oof_auc = macro_auc(np.concatenate(truth), np.concatenate(probs))
+    rows = [re.fullmatch(r"(.+)_(\d+)", r).groups() for r in solution["row_id"]]
+    test = np.stack([features.window(data / "test_soundscapes" / f"{rec}.ogg", int(end), 5) for rec, end in rows])
+    held_out = macro_auc(solution[labels].to_numpy(), fit_predict(x, y, test))
+    return oof_auc, held_out, time.time() - t0
+
+
+def main() -> None:
+    args = get_args()
+    work = Path(tempfile.mkdtemp(prefix="kagtpl-audio-bench-"))
+    data = sounds.write_sounds(work / "sounds", "folders", args.clips, args.test, args.windows, seed=7)
+    solution = pd.read_csv(work / "sounds_solution.csv")
+    labels = list(solution.columns[1:])
+    project = cpu_project(work, "birds", "audio", data)
+    log, wall = run_budget(project, args.budget)
+    oof_auc = float(re.search(r"^OOF: .*AUC=([\d.]+) over", log, re.M)[1])
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    assert list(sub["row_id"]) == list(solution["row_id"])
+    rows = [("timm CNN (kagtpl audio)", oof_auc, macro_auc(solution[labels].to_numpy(), sub[labels].to_numpy()), wall)]
+    rows.append(("MFCC mean/std + logistic regression", *baseline(project, data, labels, solution)))
+    speed = {"none": [], "onnx": []}
+    for _ in range(args.rounds):
+        for export in speed:
+            rate, said = windows_per_s(project, export)
+            speed[export].append(rate)
+    print(next(line for line in said.splitlines() if line.startswith("EXPORT:")))
+    folds = sorted(int(k) for k in pd.read_csv(project / "output" / "oof.csv")["fold"].unique())
+    print(f"\n{5 * args.clips} training clips, {len(solution)} held-out 5 s windows; folds {folds}")
+    print(f"{'':38s} {'OOF AUC':>8s} {'held-out AUC':>13s} {'wall s':>7s}")
+    for name, o, t, seconds in rows:
+        print(f"{name:38s} {o:8.4f} {t:13.4f} {seconds:7.0f}")
+    runs = {k: " ".join(f"{r:.1f}" for r in v) for k, v in speed.items()}
+    torch_rate, onnx_rate = max(speed["none"]), max(speed["onnx"])
+    print(f"\npredict.py on CPU, {len(folds)} fold(s): windows/s torch {torch_rate:.1f} (runs: {runs['none']})")
+    print(f"predict.py on CPU, {len(folds)} fold(s): windows/s ONNX Runtime {onnx_rate:.1f} (runs: {runs['onnx']})")
+    print(f"ONNX Runtime / torch windows/s: {onnx_rate / torch_rate:.2f}")
+
+
+if __name__ == "__main__":
+    main()
