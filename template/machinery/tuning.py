@@ -359,7 +359,7 @@ def why_stop(study, search: Search, stop: dict, failures: int, in_a_row: int) ->
     if in_a_row >= GIVE_UP_IN_A_ROW:
         return f"{in_a_row} trials in a row failed: see the errors above"
     left = search.left()
-    if left <= 0:
+    if left <= 0 or stop.get("deadline"):  # a trial's train.py met the deadline (theirs is the search's)
         return "the budget is spent"
     done = [t.user_attrs["duration_s"] for t in trials if t.state.name == "COMPLETE" and "duration_s" in t.user_attrs]
     if done and statistics.median(done) > left:
@@ -384,8 +384,8 @@ def work(study, search: Search, space, train_main) -> int:
         state, stopped_by = run_trial(study, search, space, train_main)
         failures += state == "FAIL"
         in_a_row = in_a_row + 1 if state == "FAIL" else 0
-        if stopped_by == "SIGTERM":
-            stop["signal"] = True
+        if stopped_by in ("SIGTERM", "deadline"):
+            stop["signal" if stopped_by == "SIGTERM" else "deadline"] = True
         write_best(study, search)
     return failures
 
