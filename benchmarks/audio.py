@@ -31,7 +31,6 @@ import pandas as pd
 import torch
 from scipy.fft import dct
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
@@ -66,13 +65,18 @@ class Mfcc:
         coeffs = dct(mel, type=2, norm="ortho", axis=1)[:, :MFCC]
         return np.concatenate([coeffs.mean(0), coeffs.std(0)])
 
-    def clip(self, path: Path) -> np.ndarray:
-        return self(self.audio.to_int16(self.audio.read_audio(str(path), self.rate)))
+    def decode(self, path: Path) -> np.ndarray:
+        """The project's decoding: resampled to its rate, as int16 (what its cache holds)."""
+        return self.audio.to_int16(self.audio.read_audio(str(path), self.rate))
 
-    def window(self, path: Path, end: int, seconds: int) -> np.ndarray:
-        wave = self.audio.to_int16(self.audio.read_audio(str(path), self.rate))
-        part = wave[(end - seconds) * self.rate : end * self.rate]
-        return self(np.pad(part, (0, seconds * self.rate - len(part))))
+    def clip(self, path: Path) -> np.ndarray:
+        return self(self.decode(path))
+
+    def windows(self, path: Path, ends: list[int], seconds: int) -> list[np.ndarray]:
+        """The features of each window ending at `ends` (seconds) of one recording, decoded once."""
+        wave, size = self.decode(path), seconds * self.rate
+        parts = [wave[(end - seconds) * self.rate : end * self.rate] for end in ends]
+        return [self(np.pad(part, (0, size - len(part)))) for part in parts]
 
 
 def fit_predict(x_fit: np.ndarray, y_fit: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -85,12 +89,6 @@ def fit_predict(x_fit: np.ndarray, y_fit: np.ndarray, x: np.ndarray) -> np.ndarr
     return np.stack(probs, 1)
 
 
-def macro_auc(truth: np.ndarray, probs: np.ndarray) -> float:
-    """BirdCLEF's macro ROC-AUC over the labels with a positive and a negative row."""
-    scored = [j for j in range(truth.shape[1]) if 0 < truth[:, j].sum() < len(truth)]
-    return float(np.mean([roc_auc_score(truth[:, j], probs[:, j]) for j in scored]))
-
-
 def windows_per_s(project: Path, export: str) -> tuple[float, str]:
     """predict.py --device cpu --export EXPORT: rows over the seconds of its fold lines, and its log."""
     command = [sys.executable, "predict.py", "--device", "cpu", "--export", export, "--submission", f"{export}.csv"]
@@ -101,11 +99,12 @@ def windows_per_s(project: Path, export: str) -> tuple[float, str]:
     return sum(int(n) for n, _ in folds) / sum(float(s) for _, s in folds), run.stdout
 
 
-def baseline(project: Path, data: Path, labels: list, solution: pd.DataFrame) -> tuple[float, float, float]:
-    """The MFCC baseline's OOF macro AUC on the run's folds, its held-out windows' macro AUC, and its wall seconds."""
+def baseline(project: Path, m, data: Path, labels: list, solution: pd.DataFrame) -> tuple[float, float, float]:
+    """The MFCC baseline's OOF macro AUC on the run's folds, its held-out windows' macro AUC, and its
+    wall seconds. `m`: the project's audio and train modules (its decoder, filterbank and metric)."""
     t0 = time.time()
     ckpt = torch.load(sorted((project / "output").glob("model_fold*.pth"))[0], weights_only=True)
-    features = Mfcc(import_project(project, ("audio",)).audio, ckpt["config"])
+    features = Mfcc(m.audio, ckpt["config"])
     clips = sorted((data / "train_audio").glob("*/*.ogg"))
     names = [f"{p.parent.name}/{p.name}" for p in clips]
     x = np.stack([features.clip(p) for p in clips])
@@ -117,10 +116,17 @@ def baseline(project: Path, data: Path, labels: list, solution: pd.DataFrame) ->
         fit = np.array([n not in valid for n in names])
         truth.append(y[~fit])
         probs.append(fit_predict(x[fit], y[fit], x[~fit]))
-    oof_auc = macro_auc(np.concatenate(truth), np.concatenate(probs))
-    rows = [re.fullmatch(r"(.+)_(\d+)", r).groups() for r in solution["row_id"]]
-    test = np.stack([features.window(data / "test_soundscapes" / f"{rec}.ogg", int(end), 5) for rec, end in rows])
-    held_out = macro_auc(solution[labels].to_numpy(), fit_predict(x, y, test))
+    oof_auc = m.train.macro_auc(np.concatenate(truth), np.concatenate(probs))
+    ends: dict[str, list[int]] = {}  # recording -> its windows' end seconds, in the solution's order
+    for row_id in solution["row_id"]:
+        recording, end = re.fullmatch(r"(.+)_(\d+)", row_id).groups()
+        ends.setdefault(recording, []).append(int(end))
+    folder, found = data / "test_soundscapes", {}
+    for recording, its_ends in ends.items():
+        for end, feats in zip(its_ends, features.windows(folder / f"{recording}.ogg", its_ends, 5), strict=True):
+            found[f"{recording}_{end}"] = feats
+    test = np.stack([found[row_id] for row_id in solution["row_id"]])
+    held_out = m.train.macro_auc(solution[labels].to_numpy(), fit_predict(x, y, test))
     return oof_auc, held_out, time.time() - t0
 
 
@@ -135,8 +141,10 @@ def main() -> None:
     oof_auc = float(re.search(r"^OOF: .*AUC=([\d.]+) over", log, re.M)[1])
     sub = pd.read_csv(project / "output" / "submission.csv")
     assert list(sub["row_id"]) == list(solution["row_id"])
-    rows = [("timm CNN (kagtpl audio)", oof_auc, macro_auc(solution[labels].to_numpy(), sub[labels].to_numpy()), wall)]
-    rows.append(("MFCC mean/std + logistic regression", *baseline(project, data, labels, solution)))
+    m = import_project(project, ("audio", "train"))
+    held_out = m.train.macro_auc(solution[labels].to_numpy(), sub[labels].to_numpy())
+    rows = [("timm CNN (kagtpl audio)", oof_auc, held_out, wall)]
+    rows.append(("MFCC mean/std + logistic regression", *baseline(project, m, data, labels, solution)))
     speed = {"none": [], "onnx": []}
     for _ in range(args.rounds):
         for export in speed:

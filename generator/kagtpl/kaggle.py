@@ -572,10 +572,9 @@ def build(req: KaggleRequest) -> Package:
         meta = kernel_metadata(pkg, req.user, datasets, req.base_model, req.cpu)
         (staging / "kernel-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
         budget = req.budget or str(pkg.answers.get("budget") or "9h")
-        if req.predict:
-            flags = ["--device=cpu"] if req.cpu else []
-        else:
-            flags = ([] if req.pretrained else ["--no-pretrained"]) + (["--device=cpu"] if req.cpu else [])
+        flags = ["--device=cpu"] if req.cpu else []
+        if not (req.pretrained or req.predict):  # predict.py trains nothing: no weights flag
+            flags.insert(0, "--no-pretrained")
         adapters = req.base_model is not None and (staging / "weights").is_dir()  # write_weights shipped them
         wheels = (staging / "wheels").is_dir()
         mode = "serve" if req.serve else "predict" if req.predict else "run"

@@ -56,6 +56,18 @@ def recommend_table(
     return table
 
 
+def batch_rows(rec, profile, workers_note: str = "", amp_note: str = "") -> list[tuple]:
+    """The batch, accumulation, loader-worker and AMP rows of a recommendation (hardware.recommend)
+    for a task whose batch the probe refines on CUDA, each reason with the task's note added."""
+    probe = "; the probe refines it on CUDA" if profile.is_gpu else ""
+    return [
+        ("batch_size", rec.batch_size, rec.why["batch_size"] + probe),
+        ("accum_steps", rec.accum_steps, rec.why["accum_steps"]),
+        ("num_workers", rec.loader["num_workers"], rec.why["num_workers"] + workers_note),
+        ("AMP", rec.amp, rec.why["amp"] + amp_note),
+    ]
+
+
 def check_stride_size(hw, key: str, value: int | None) -> None:
     """A size a segmentation or detection network halves 5 times: in hardware.RANGES[key] and a
     multiple of 32 (hardware.stride_problem), else one KagtplError naming the flag."""
@@ -108,17 +120,8 @@ def segmentation_table(
     rows = [
         ("work_size", work_size, work_why),
         ("image_size (tile)", tile, tile_why),
-        (
-            "batch_size",
-            rec.batch_size,
-            rec.why["batch_size"] + ("; the probe refines it on CUDA" if profile.is_gpu else ""),
-        ),
-        ("accum_steps", rec.accum_steps, rec.why["accum_steps"]),
-        ("num_workers", rec.loader["num_workers"], rec.why["num_workers"]),
-        (
-            "AMP",
-            rec.amp,
-            rec.why["amp"] + ("; the loss is computed in fp32 from the probabilities" if rec.amp != "off" else ""),
+        *batch_rows(
+            rec, profile, amp_note="; the loss is computed in fp32 from the probabilities" * (rec.amp != "off")
         ),
         ("channels_last", rec.channels_last, rec.why["channels_last"]),
         ("TTA", "horizontal flip", "predict.py averages each image and its flip; under a deadline TTA goes first"),
@@ -175,14 +178,7 @@ def detection_table(
         ("arch", arch, DETECTOR_WHY[arch]),
         ("image_size", image_size, size_why),
         ("anchors", "from the boxes", "train.py: the smallest anchor is the power of two under 10% of the box sides"),
-        (
-            "batch_size",
-            rec.batch_size,
-            rec.why["batch_size"] + ("; the probe refines it on CUDA" if profile.is_gpu else ""),
-        ),
-        ("accum_steps", rec.accum_steps, rec.why["accum_steps"]),
-        ("num_workers", rec.loader["num_workers"], rec.why["num_workers"]),
-        ("AMP", rec.amp, rec.why["amp"]),
+        *batch_rows(rec, profile),
         (
             "TTA",
             "horizontal flip",
@@ -221,14 +217,7 @@ def audio_table(gpu: str, model: str | None, budget: str | None = None) -> Table
             f"a {a['window_seconds']} s window at {a['sample_rate']} Hz, hop {a['hop']} (train.py --n-mels --hop); "
             f"batched like a {side} px image",
         ),
-        (
-            "batch_size",
-            rec.batch_size,
-            rec.why["batch_size"] + ("; the probe refines it on CUDA" if profile.is_gpu else ""),
-        ),
-        ("accum_steps", rec.accum_steps, rec.why["accum_steps"]),
-        ("num_workers", rec.loader["num_workers"], rec.why["num_workers"] + "; they crop the cached clips"),
-        ("AMP", rec.amp, rec.why["amp"] + "; the log-mel front end stays float32"),
+        *batch_rows(rec, profile, "; they crop the cached clips", "; the log-mel front end stays float32"),
         ("channels_last", rec.channels_last, rec.why["channels_last"]),
         (
             "CPU inference",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import serving
 from .errors import DataError, RunError
 from .storage import read_csv, write_csv_atomic
 
@@ -309,31 +310,34 @@ class FoldClock:
 def keep(path: Path, sample) -> None:
     """No fold finished before the deadline: the submission already at `path` stays, when it
     has sample_submission's columns and ids (train.py's fallback, unless predict.py ran since)."""
-    try:
-        check_layout(read_csv(path, text=(0,)), sample)
-    except (OSError, DataError, ValueError) as e:
+    why = layout_problem(path, sample)
+    if why:
         raise RunError(
             f"no fold finished before the deadline and {path} is not a submission for this test set (other ids, "
-            f"columns or rows than sample_submission: {e})"
-        ) from None
+            f"columns or rows than sample_submission: {why})"
+        )
     print(
         f"SUBMISSION: {path} kept: no fold finished before the deadline (train.py's fallback unless predict.py ran since)"
     )
+
+
+def layout_problem(path: Path, sample) -> str | None:
+    """Why the submission at `path` is not one for `sample`'s rows (unreadable, other columns, ids
+    or rows), or None when it is."""
+    try:
+        check_layout(read_csv(path, text=(0,)), sample)
+    except (OSError, DataError, ValueError) as e:
+        return str(e)
+    return None
 
 
 def hand_in_first(path: Path, rows, defaults: dict) -> None:
     """Under a deadline, before any fold: a submission of this test set's `rows` at `path`, so a
     run the platform kills at its limit still hands one in. The one there stays when it has these
     rows (train.py's fallback, or an earlier predict.py's); otherwise (Kaggle's hidden rerun: rows
-    train.py never saw) every row gets the training prior, serve_defaults.json's `defaults`. The
-    folds' predictions replace it."""
-    try:
-        check_layout(read_csv(path, text=(0,)), rows)
+    train.py never saw) every row gets the training prior, serve_defaults.json's `defaults`, as
+    serve.py answers before its first good batch. The folds' predictions replace it."""
+    if layout_problem(path, rows) is None:
         return
-    except (OSError, DataError, ValueError):
-        pass
-    sub = rows[[rows.columns[0]]].copy()
-    for column in defaults["columns"][1:]:
-        sub[column] = defaults["values"].get(column)
-    write_csv_atomic(sub, path)
+    write_csv_atomic(serving.fallback(rows, defaults, None), path)
     print(f"SUBMISSION: {path} holds the training prior for all {len(rows)} rows until the folds replace it")

@@ -384,8 +384,10 @@ def work(study, search: Search, space, train_main) -> int:
         state, stopped_by = run_trial(study, search, space, train_main)
         failures += state == "FAIL"
         in_a_row = in_a_row + 1 if state == "FAIL" else 0
-        if stopped_by in ("SIGTERM", "deadline"):
-            stop["signal" if stopped_by == "SIGTERM" else "deadline"] = True
+        if stopped_by == "SIGTERM":
+            stop["signal"] = True
+        elif stopped_by == "deadline":
+            stop["deadline"] = True
         write_best(study, search)
     return failures
 
