@@ -12,6 +12,7 @@ percentile ~250), as essays and reviews do.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
@@ -65,7 +66,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     args = p.parse_args()
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 2))  # the tests' share of the cores, else 2
     data = textdata.write_authors(Path(__import__("tempfile").mkdtemp()) / "authors", n_train=args.rows, n_test=8)
     project = rendered("text", problem="multiclass", target="author", model_dir=str(minilm()))
     texts, train = project.texts, project.train

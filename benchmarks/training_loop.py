@@ -11,6 +11,7 @@ Lightning comes with the bench extra: pip install -e '.[bench]' (skipped if miss
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import warnings
 
@@ -30,7 +31,9 @@ def main() -> None:
     args = p.parse_args()
     project = rendered("image", model="resnet18", image_size=args.size)
     train, engine, hardware, steps = project.train, project.engine, project.hardware, project.steps
-    torch.set_num_threads(max(1, hardware.usable_cpus()))
+    # every core, unless OMP_NUM_THREADS says otherwise (the tests give each pytest worker its share: two
+    # workers' 2 threads on 2 cores spin against each other in OpenMP's waits)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, hardware.usable_cpus())))
     rng = np.random.default_rng(0)
     images = rng.integers(0, 255, (args.images, args.size, args.size, 3), dtype=np.uint8)  # the decode cache's layout
     targets = rng.integers(0, 10, args.images)
