@@ -24,6 +24,7 @@ SCRIPTS = [
     "segmentation.py",
     "detection.py",
     "audio.py",
+    "audio_tta.py",
     "tabular_models.py",
     "tune_storage.py",
     "tune_pruners.py",

@@ -106,6 +106,45 @@ def test_soundscape_rows_cover_every_window_and_warn_of_a_short_recording(tmp_pa
     assert "no recording in" in capsys.readouterr().out
 
 
+def test_windows_read_the_context_of_the_tta_views(tmp_path, audio_mod):
+    """With `context`, each test window comes with that much audio on each side (predict.py's
+    --tta hears the window shifted earlier and later); silence before a recording's start and
+    past its end, as for a short recording."""
+    audio = audio_mod[0].audio
+    rate = 8000
+    sf.write(tmp_path / "rec.wav", np.linspace(0.01, 0.9, 12 * rate, dtype=np.float32), rate)  # never 0
+    full = audio._recording(str(tmp_path / "rec.wav"), rate)
+    spans = audio.Windows([str(tmp_path / "rec.wav")] * 3, [0, 5, 10], rate, 5 * rate, context=rate)
+    first, middle, last = (spans[k][0].numpy() for k in range(3))
+    assert len(first) == len(middle) == len(last) == 7 * rate
+    assert (first[:rate] == 0).all() and (first[rate:] == full[: 6 * rate]).all()
+    assert (middle == full[4 * rate : 11 * rate]).all()
+    assert (last[: 3 * rate] == full[9 * rate :]).all() and (last[3 * rate :] == 0).all()
+    plain = audio.Windows([str(tmp_path / "rec.wav")], [5], rate, 5 * rate)[0][0].numpy()
+    assert (plain == full[5 * rate : 10 * rate]).all()  # no context: the window alone
+
+
+def test_tta_averages_the_window_and_its_shifted_views_while_the_clock_allows(tmp_path, audio_mod):
+    """predict_windows: one view is the middle of the span; three (TTA) the mean of the windows
+    starting 0, context and 2 x context samples in; the FoldClock turning TTA off mid-fold gives one
+    view again."""
+    m = import_project(audio_mod[1], ("predict", "submission"))
+    context, samples = 3, 4
+    span = torch.arange(2 * (samples + 2 * context), dtype=torch.float32).view(2, -1)
+
+    def model(x):  # a logit per label that says which samples it heard: their mean
+        return x.mean(1, keepdim=True) / 10
+
+    clock = m.submission.FoldClock(None, views=3)
+    heard = [span[:, o : o + samples].mean(1, keepdim=True) / 10 for o in (0, context, 2 * context)]
+    views = m.predict.predict_windows(context, clock, model, (span,))
+    assert torch.allclose(views, torch.stack(heard).sigmoid().mean(0))
+    clock.views = 1  # what FoldClock does when the rest of the fold would not fit with TTA
+    assert torch.allclose(m.predict.predict_windows(context, clock, model, (span,)), heard[1].sigmoid())
+    whole = (span.mean(1, keepdim=True) / 10).sigmoid()
+    assert torch.allclose(m.predict.predict_windows(0, None, model, (span,)), whole)  # no context, no clock: one view
+
+
 def test_onnx_export_matches_torch_on_any_batch_and_falls_back_to_torch(audio_mod, capsys, monkeypatch):
     onnx_export, errors = audio_mod[0].onnx_export, audio_mod[0].errors
     net = torch.nn.Sequential(
@@ -171,18 +210,23 @@ def test_folders_layout_hears_the_words_in_every_test_window_and_resumes(tmp_pat
     print(f"AUDIO: OOF AUC {oof:.3f}, test windows macro AUC {heard:.3f}")
     assert heard > 0.75
 
-    # torch alone (--export none) gives the probabilities ONNX Runtime gave
+    # torch alone (--export none) gives the probabilities ONNX Runtime gave; one view a window
+    # (--no-tta) gives others, which still hear the words
     plain = run_script(project, "predict.py", "--device", "cpu", "--export", "none", "--submission", "torch.csv")
     assert "EXPORT" not in plain.stdout and re.search(r"-> 24 rows in [\d.]+s \([\d.]+ rows/s\)", plain.stdout)
-    exported, torch_only = (pd.read_csv(out / f).iloc[:, 1:].to_numpy() for f in ("submission.csv", "torch.csv"))
-    assert np.abs(exported - torch_only).max() < 1e-4
+    run_script(project, "predict.py", "--device", "cpu", "--export", "none", "--no-tta", "--submission", "one.csv")
+    files = ("submission.csv", "torch.csv", "one.csv")
+    exported, torch_only, one = (pd.read_csv(out / f).iloc[:, 1:].to_numpy() for f in files)
+    assert np.abs(exported - torch_only).max() < 1e-4 and np.abs(one - torch_only).max() > 1e-3
+    assert window_auc(out / "one.csv", sounds / "folders_solution.csv") > 0.75
 
-    # the CPU deadline, already passed: the best fold is predicted (in one batch of 64: a finished
-    # fold is kept) and its measured time leaves no room for the other; in batches of 4 not even
-    # the first fold finishes, and the submission already there stays
+    # the CPU deadline, already passed: TTA goes first; the best fold is predicted (in one batch of
+    # 64: a finished fold is kept) and its measured time leaves no room for the other; in batches
+    # of 4 not even the first fold finishes, and the submission already there stays
     losses = {k: torch.load(out / f"model_fold{k}.pth", weights_only=True)["val_loss"] for k in (0, 1)}
-    late = [*FAST[:2], "--submission", "late.csv", f"--deadline={time.time()}"]
+    late = [*FAST[:2], "--export", "none", "--submission", "late.csv", f"--deadline={time.time()}"]
     one = run_script(project, "predict.py", *late, "--batch-size", "64").stdout
+    assert "s left before the deadline: TTA off (one view per row)" in one, one
     assert "PREDICT: deadline: 1 of 2 fold(s) used, best validation loss first" in one
     assert f"PREDICT: model_fold{min(losses, key=losses.get)}.pth -> 24 rows" in one
     kept = (out / "late.csv").read_bytes()

@@ -199,12 +199,33 @@ def test_segmentation_score_smoke():
 
 def test_audio_score_smoke():
     out = bench("audio.py", "--budget", "30s", "--clips", "5", "--test", "2", "--windows", "4", "--rounds", "1")
-    names = ("timm CNN (kagtpl audio)", "MFCC mean/std + logistic regression")
+    names = ("timm CNN (kagtpl audio)", "  one view a window (--no-tta)", "MFCC mean/std + logistic regression")
     rows = {name: re.search(rf"^{re.escape(name)}\s+([\d.]+)\s+([\d.]+)\s+\d+$", out, re.M) for name in names}
     assert all(rows.values()), out
     assert all(0 <= float(v) <= 1 for m in rows.values() for v in m.groups()), out
     assert "EXPORT: model_fold0.pth runs in ONNX Runtime" in out and "SUBMISSION: output/submission.csv (8 rows" in out
     assert float(re.search(r"^ONNX Runtime / torch windows/s: ([\d.]+)$", out, re.M)[1]) > 0, out
+
+
+def test_audio_tta_smoke():
+    out = bench(
+        "audio_tta.py",
+        "--seeds",
+        "1",
+        "--shifts",
+        "0.5",
+        "--clips",
+        "3",
+        "--test",
+        "1",
+        "--windows",
+        "3",
+        "--epochs",
+        "2",
+    )
+    row = re.search(rf"^1\s+{NUMBER}\s+{NUMBER}$", out, re.M)
+    assert re.search(r"^\s+one view\s+shift 0.5 s$", out, re.M) and row, out
+    assert all(0 <= float(v) <= 1 for v in row.groups()), out
 
 
 def test_detection_score_smoke():

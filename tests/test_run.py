@@ -86,7 +86,7 @@ def test_dry_run_then_predict(project, digits_dir):
     # a deadline already passed (a slowed machine): TTA off, then only the best fold, still a submission
     losses = {k: torch.load(project / "output" / f"model_fold{k}.pth", weights_only=True)["val_loss"] for k in (0, 1)}
     late = run_script(project, "predict.py", *CPU, f"--deadline={time.time()}").stdout
-    assert "TTA off (one view per image)" in late and "PREDICT: deadline: 1 of 2 fold(s) used" in late
+    assert "TTA off (one view per row)" in late and "PREDICT: deadline: 1 of 2 fold(s) used" in late
     assert f"PREDICT: model_fold{min(losses, key=losses.get)}.pth -> 40 rows" in late
     assert "SUBMISSION: output/submission.csv (40 rows, 1 fold(s) ensembled)" in late
     assert_valid_submission(project, digits_dir)

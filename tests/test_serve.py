@@ -23,7 +23,7 @@ import textdata
 from test_text import text_project
 
 from conftest import ROOT, RUN_ENV, render, run_script
-from kagtpl import new, shapes, table
+from kagtpl import new, shapes, sounds, table
 
 pytestmark = pytest.mark.slow
 
@@ -219,12 +219,14 @@ def predict_batch(ensemble, state, batch, *more):
 """
 
 
-@pytest.fixture(scope="module", params=["image", "text", "segmentation", "detection"])
+@pytest.fixture(scope="module", params=["image", "text", "segmentation", "detection", "audio"])
 def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]:
     """A project of another task, trained by --dry-run (2 folds), whose competition folder holds
     the evaluation package: (project, the file its gateway sends in batches, rows per batch), 4
     batches in all. image: 40 test digits named by id; text: 40 reviews; segmentation: 8 shapes
-    images (PNG masks, RLE answers); detection: 8 images of boxes (prediction strings)."""
+    images (PNG masks, RLE answers); detection: 8 images of boxes (prediction strings); audio: the
+    8 five-second windows of 2 spoken-word soundscapes (BirdCLEF's row ids, read from the test
+    folder; on CPU each fold's CNN runs in ONNX Runtime, in predict.py and serve.py alike)."""
     task = request.param
     root = tmp_path_factory.mktemp(f"serve-{task}")
     if task == "image":
@@ -233,6 +235,9 @@ def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]
     elif task == "text":
         data = textdata.write_reviews(root / "data")
         project = text_project(root / "comp", data, "reviews")
+    elif task == "audio":
+        data = sounds.write_sounds(root / "data", "folders", clips_per_word=3, test=2, windows=4)
+        project = render(root / "comp", task="audio", data_dir=str(data), folds=2)
     else:
         write = shapes.write_shapes if task == "segmentation" else shapes.write_boxes
         data = write(root / "data", "png" if task == "segmentation" else "wheat", 24, 8, 96)

@@ -274,7 +274,7 @@ class FoldClock:
             need = None if self.view_s is None else self.view_s * self.views * (total - done)
             if self.views > 1 and (left <= 0 or (need is not None and need > left)):
                 self.views = 1
-                print(f"PREDICT: {max(left, 0.0):.0f}s left before the deadline: TTA off (one view per image)")
+                print(f"PREDICT: {max(left, 0.0):.0f}s left before the deadline: TTA off (one view per row)")
             if self.cut or (done and self.view_s is not None and self.view_s * self.views > left):
                 print(f"PREDICT: deadline: {done} of {total} fold(s) used, best validation loss first")
                 return False
