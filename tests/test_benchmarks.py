@@ -9,22 +9,14 @@ import sys
 
 import pytest
 
-from conftest import ROOT, RUN_ENV
+from conftest import ROOT, RUN_ENV, run_script
 
 pytestmark = pytest.mark.slow
 
 
 def bench(script, *args):
-    r = subprocess.run(
-        [sys.executable, script, *args],
-        cwd=ROOT / "benchmarks",
-        env=RUN_ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return r.stdout
+    """`python SCRIPT ARGS` in benchmarks/, through the fork server (its imports paid once): its stdout."""
+    return run_script(ROOT / "benchmarks", script, *args).stdout
 
 
 NUMBER = r"(\d+(?:\.\d+)?)"
