@@ -12,7 +12,7 @@ and filterbank), their mean and standard deviation over time, and a logistic reg
 word. It is fitted on the training clips of each fold the run finished and scored on the same
 validation clips (macro ROC-AUC), then fitted on every clip to score the held-out windows, as
 the project's submission is. The project's row is its submission, with predict.py's default TTA
-(each window also heard 0.5 s earlier and later); the row below it is predict.py --no-tta on the
+(each window also heard 0.25 s earlier and later); the row below it is predict.py --no-tta on the
 same folds. The speed: predict.py --no-tta (one view a window) run --rounds times with each
 --export, alternating, on the run's folds; its windows/s is rows over the seconds of its fold
 lines (the loader's decoding included), the better of the runs.
