@@ -37,6 +37,20 @@ def blend_lines(log: str) -> tuple[dict[str, float], float, dict[str, float]]:
 # ----------------------------------------------------------------------------- fast: the blend itself
 
 
+def test_booster_threads_follow_omp_num_threads(tmp_path, monkeypatch):
+    """The boosters' threads: every usable CPU, unless OMP_NUM_THREADS asks for fewer (as torch's
+    pool does); a value that is not a positive number is ignored."""
+    project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="binary", metric="auc")
+    m = import_project(project, ("boosters", "hardware"))
+    monkeypatch.setattr(m.hardware, "machine_cpus", lambda: 4)
+    for omp, threads in (("1", 1), ("3", 3), ("16", 4), ("0", 4), ("", 4), ("two", 4)):
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        assert m.boosters.threads() == threads, omp
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's 2 processes share the 4
+    assert m.boosters.threads() == 2
+
+
 def test_members_over_different_rows_are_blended_on_the_shared_rows_with_a_line_that_says_so(tmp_path, capsys):
     """The planner cut the MLP to 3 of 5 folds: it has 360 OOF rows where the trees have 600."""
     project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="binary", metric="auc")

@@ -123,15 +123,3 @@ def test_unlisted_gpu_at_run_time_gets_a_profile_built_from_the_card():
     assert rec.batch_size == 128 and rec.amp == "bf16"  # a 24 GB bf16 card: the A10's batch, not the CPU's 32
     assert profiles().profile_for("NVIDIA H200", 140.0, (9, 0), cpus=8) == (hardware().PROFILES["h200"], "")
     assert profiles().profile_for("cpu", 0.0, None, cpus=2)[0].name == "cpu"
-
-
-def test_math_threads_follow_omp_num_threads(monkeypatch):
-    """The boosters' threads: every usable CPU, unless OMP_NUM_THREADS asks for fewer (as torch's
-    pool does); a value that is not a positive number is ignored."""
-    monkeypatch.setattr(hw, "machine_cpus", lambda: 4)
-    for omp, threads in (("1", 1), ("3", 3), ("16", 4), ("0", 4), ("", 4), ("two", 4)):
-        monkeypatch.setenv("OMP_NUM_THREADS", omp)
-        assert hw.math_threads() == threads, omp
-    monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's 2 processes share the 4
-    assert hw.math_threads() == 2

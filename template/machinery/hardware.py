@@ -289,14 +289,6 @@ def usable_cpus() -> int:
     return max(1, machine_cpus() // share)
 
 
-def math_threads() -> int:
-    """Threads for this process's own arithmetic (the boosters'): its usable CPUs, or fewer where
-    OMP_NUM_THREADS says so, as torch's own thread pool reads it: two processes sharing 2 cores
-    with 2 threads each spend their time in OpenMP's spin-waits."""
-    omp = os.environ.get("OMP_NUM_THREADS", "")
-    return min(usable_cpus(), int(omp)) if omp.isdigit() and int(omp) > 0 else usable_cpus()
-
-
 def loader_settings(cpus: int, on_cuda: bool) -> dict:
     """DataLoader settings: 8-12 workers where the CPUs exist, else CPUs minus one
     (3 on Kaggle's 4 vCPUs) so the main process keeps a core to feed the GPU."""
