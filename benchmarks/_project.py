@@ -70,6 +70,13 @@ def rendered(task: str, extra_modules: tuple = (), **answers):
 SCORE_LINES = ("TIME PLAN", "BATCH", "ANCHORS", "OOF", "POSTPROCESS", "SUBMISSION", "RUN:", "FOLD", "DONE", "STOPPED")
 
 
+def held_out_auc(train, solution, sub, labels: list) -> float:
+    """A submission's macro ROC-AUC against the truth of the same rows, by the project's own metric
+    (`train`: an audio project's train module)."""
+    assert list(sub["row_id"]) == list(solution["row_id"])
+    return train.macro_auc(solution[labels].to_numpy(), sub[labels].to_numpy())
+
+
 def run_budget(project: Path, budget: str) -> tuple[str, float]:
     """`python run.py --budget BUDGET --device cpu` in `project`, as a user runs it: prints the log's
     plan, fold and score lines and returns (stdout, wall seconds); exits on a failed run."""

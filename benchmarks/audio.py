@@ -36,7 +36,7 @@ from sklearn.linear_model import LogisticRegression
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
-from _project import cpu_project, import_project, run_budget  # noqa: E402
+from _project import cpu_project, held_out_auc, import_project, run_budget  # noqa: E402
 
 from kagtpl import sounds  # noqa: E402
 
@@ -132,12 +132,6 @@ def baseline(project: Path, m, data: Path, labels: list, solution: pd.DataFrame)
     return oof_auc, held_out, time.time() - t0
 
 
-def macro(m, solution: pd.DataFrame, sub: pd.DataFrame, labels: list) -> float:
-    """A submission's macro ROC-AUC on the held-out windows, by the project's own metric."""
-    assert list(sub["row_id"]) == list(solution["row_id"])
-    return m.train.macro_auc(solution[labels].to_numpy(), sub[labels].to_numpy())
-
-
 def main() -> None:
     args = get_args()
     work = Path(tempfile.mkdtemp(prefix="kagtpl-audio-bench-"))
@@ -149,7 +143,7 @@ def main() -> None:
     oof_auc = float(re.search(r"^OOF: .*AUC=([\d.]+) over", log, re.M)[1])
     sub = pd.read_csv(project / "output" / "submission.csv")
     m = import_project(project, ("audio", "train"))
-    held_out = macro(m, solution, sub, labels)
+    held_out = held_out_auc(m.train, solution, sub, labels)
     speed = {"none": [], "onnx": []}
     for _ in range(args.rounds):
         for export in speed:
@@ -157,7 +151,7 @@ def main() -> None:
             speed[export].append(rate)
     one_view = pd.read_csv(project / "output" / "onnx.csv")  # the submission's folds, --no-tta
     rows = [("timm CNN (kagtpl audio)", oof_auc, held_out, wall)]
-    rows.append(("  one view a window (--no-tta)", oof_auc, macro(m, solution, one_view, labels), wall))
+    rows.append(("  one view a window (--no-tta)", oof_auc, held_out_auc(m.train, solution, one_view, labels), wall))
     rows.append(("MFCC mean/std + logistic regression", *baseline(project, m, data, labels, solution)))
     print(next(line for line in said.splitlines() if line.startswith("EXPORT:")))
     folds = sorted(int(k) for k in pd.read_csv(project / "output" / "oof.csv")["fold"].unique())

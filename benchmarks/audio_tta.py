@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
-from _project import import_project, render
+from _project import held_out_auc, import_project, render
 
 from kagtpl import sounds
 
@@ -57,9 +57,7 @@ def seed_row(work: Path, seed: int, args) -> dict[str, float]:
     scores = {}
     for k, (name, flags) in enumerate(ways.items()):
         run(project, "predict.py", "--device", "cpu", "--workers", "1", "--submission", f"way{k}.csv", *flags)
-        sub = pd.read_csv(project / "output" / f"way{k}.csv")
-        assert list(sub["row_id"]) == list(solution["row_id"])
-        scores[name] = train.macro_auc(solution[labels].to_numpy(), sub[labels].to_numpy())
+        scores[name] = held_out_auc(train, solution, pd.read_csv(project / "output" / f"way{k}.csv"), labels)
     return scores
 
 
