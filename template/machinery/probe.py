@@ -210,8 +210,11 @@ def probe_eval_batch(fetch, predict, batch, monitor, log=print) -> int:
     """The validation batch, sized on its own after the training batch: no gradients and no
     optimizer state, so it starts at 2x the training batch and halves until one forward pass fits
     under the 90% ceiling. A validation OOM then never touches the training batch (transformers
-    #32215: one halved both). `predict(rows)` runs one no-grad forward of the competition's
-    predict; returns the batch (at least 1)."""
+    #32215: one halved both). `fetch(b)` takes a batch of b rows from the *validation* loader: its
+    shape is not the training batch's (audio's grid of windows per clip, segmentation's tiles,
+    detection's whole images, text's longest rows first), and the competition's predict expects
+    it. `predict(rows)` runs one no-grad forward of the competition's predict; returns the batch
+    (at least 1)."""
     b = max(1, 2 * batch)
     while True:
         free_gpu_memory()
@@ -240,8 +243,11 @@ def autoscale(comp, fold, n_train: int, model, optimizer, machine, batching, bas
     (probe_eval_batch). The result is written to `batching` (and the optimizer's LR). `clock`
     is the probe's timer (time.perf_counter; the tests' fake GPU passes its own)."""
 
-    def fetch(b: int):  # one batch from the project's own loader, on the device (outside the timer)
-        return to_device(next(iter(comp.loader(fold.train, b, train=True))), machine)
+    def fetch(b: int, rows=fold.train, train: bool = True):  # one batch of the project's own loader, on the device
+        return to_device(next(iter(comp.loader(rows, b, train=train))), machine)
+
+    def fetch_valid(b: int):  # validation's batches: predict's shape (a training batch crashed audio's, H100)
+        return fetch(b, fold.valid, train=False)
 
     def step(batch) -> None:
         model.train()
@@ -274,7 +280,7 @@ def autoscale(comp, fold, n_train: int, model, optimizer, machine, batching, bas
         clock=clock,
     )
     set_lr(optimizer, batching.lr)
-    batching.eval_size = probe_eval_batch(fetch, forward, batching.size, machine.monitor)
+    batching.eval_size = probe_eval_batch(fetch_valid, forward, batching.size, machine.monitor)
     model.train()
 
 
