@@ -21,7 +21,7 @@ import torch
 from fake_gpu import FakeGpu
 
 from conftest import import_project, render
-from kagtpl import new, shapes, table
+from kagtpl import new, shapes
 from kagtpl.sounds import write_sounds
 
 MODULES = ("train", "engine", "probe", "gpu", "hardware", "artifacts")
