@@ -14,12 +14,15 @@ Kaggle T4 can consume.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
-import albumentations as A
-import numpy as np
-from _project import rendered
-from albumentations.pytorch import ToTensorV2
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")  # before its import: no network call for its version
+
+import albumentations as A  # noqa: E402
+import numpy as np  # noqa: E402
+from _project import rendered  # noqa: E402
+from albumentations.pytorch import ToTensorV2  # noqa: E402
 
 TIMM_RTX3090_TRAIN = {"resnet50": 826.06, "efficientnet_b0": 1459.11}  # samples/s, see the docstring
 

@@ -8,6 +8,7 @@ DDP runs for real under torchrun with gloo."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -493,3 +494,77 @@ def test_image_normalize_builds_its_constants_once_per_device(project_modules):
         torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
     )
     torch.testing.assert_close(train.normalize(x), expected)
+
+
+# ----------------------------------------------------------------------------- issue 46: what the first H100 run found
+
+
+def test_cudnn_autotune_is_off_unless_asked_for(project_modules, monkeypatch, capsys):
+    """cudnn.benchmark cost up to a minute a process on the H100 (87 s vs 26 s first epoch) and no
+    steady speed: no machine turns it on; --cudnn-benchmark does."""
+    m = project_modules
+    FakeCuda("h100").install(monkeypatch)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    m.engine.make_machine(torch.device("cuda"), "auto", {}, channels_last=True)
+    m.engine.inference_machine(torch.device("cuda"), [("f", {"config": {"amp": "bf16"}})], {}, True)
+    assert torch.backends.cudnn.benchmark is False
+    args = m.train.get_args(["--no-pretrained"])
+    m.runflags.speed_settings(args, torch.device("cuda"))
+    assert torch.backends.cudnn.benchmark is False
+    m.runflags.speed_settings(m.train.get_args(["--no-pretrained", "--cudnn-benchmark"]), torch.device("cuda"))
+    assert torch.backends.cudnn.benchmark is True
+
+
+@pytest.mark.parametrize(
+    "card,flags,expected",
+    [
+        ("h100", ["--budget", "9h"], "on (auto: ~91.8 min of training a fold"),  # 5 folds: 9h x 0.85 / 5
+        ("h100", ["--budget", "10m"], "off (auto: 102s of training a fold, under 20x"),
+        ("h100", ["--budget", ""], "off (auto: no --budget to amortise it over"),
+        ("h100", ["--budget", "9h", "--dry-run"], "off (auto: a dry run or a tune.py trial"),
+        ("h100", ["--budget", "9h", "--train-folds", "1"], "off (auto: a dry run or a tune.py trial"),
+        ("p100", ["--budget", "9h"], "off (auto: --compile needs compute capability >= 7.0"),
+        ("cpu", ["--budget", "9h"], "off (auto: cpu: compiling costs"),
+        ("cpu", ["--compile"], "on (--compile on)"),  # the user's word is kept
+        ("h100", ["--budget", "9h", "--compile", "off"], "off (--compile off)"),
+    ],
+)
+def test_compile_auto_turns_on_where_the_plan_amortises_it(project_modules, monkeypatch, capsys, card, flags, expected):
+    m = project_modules
+    device = torch.device("cpu")
+    if card != "cpu":
+        FakeCuda(card).install(monkeypatch)
+        device = torch.device("cuda")
+    args = m.train.get_args(["--no-pretrained", "--folds", "5", *flags])
+    capsys.readouterr()
+    m.runflags.speed_settings(args, device)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"COMPILE: {expected}"), line
+    assert args.compile == expected.split()[0]
+
+
+def test_albumentations_is_imported_offline(project_modules):
+    """albumentations asks PyPI for its version at import unless NO_ALBUMENTATIONS_UPDATE is set:
+    every run on the H100 printed 'Error fetching version info <urlopen error ...>'. train.py
+    sets it before the import (predict.py, tune.py and serve.py import train)."""
+    from conftest import ROOT
+
+    project = Path(project_modules.train.__file__).parent
+    hook = (
+        "import os, sys\n"
+        "class Seen:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'albumentations':\n"
+        "            print('AT IMPORT:', os.environ.get('NO_ALBUMENTATIONS_UPDATE'))\n"
+        "sys.meta_path.insert(0, Seen())\n"
+        "import train\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NO_ALBUMENTATIONS_UPDATE"}
+    r = subprocess.run([sys.executable, "-c", hook], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[0] == "AT IMPORT: 1", r.stdout
+    for task in ("segmentation", "detection"):
+        source = (ROOT / "template" / f"{{% if task == '{task}' %}}train.py{{% endif %}}.jinja").read_text()
+        assert source.index('os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")') < source.index(
+            "import albumentations"
+        ), task

@@ -183,7 +183,7 @@ def build(comp, fold: Fold, n_train: int, args, machine: Machine, batching: Batc
     bare = model  # validation runs on the module itself: DDP's forward holds collectives
     model = parallel.wrap(model, machine.device)  # DDP: rank 0's weights broadcast to every rank
     grads = parallel.GradSync(model, machine.device)  # DDP: local backward, OOM agreed, one all-reduce
-    if args.compile:
+    if args.compile == "on":  # runflags.compile_choice: auto resolved, the card checked (a WARNING if it cannot)
         ok, why = can_compile(machine.device)
         if ok:
             model = torch.compile(model)

@@ -111,8 +111,6 @@ def inference_machine(device: torch.device, checkpoints: list, loader: dict, cha
 
 
 def machine_for(device: torch.device, mode: str, loader: dict, channels_last: bool) -> Machine:
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune the conv kernels once
     on_cuda = device.type == "cuda"
     return Machine(
         device, Amp(mode, device), loader, on_cuda and channels_last, GpuMonitor(device), hardware.usable_cpus()

@@ -17,6 +17,7 @@ from . import artifacts, hardware, logs, parallel, storage
 from . import planner as time_planner
 from .errors import DataError, RunError, one_line_errors
 from .gpu import resolve_device, seed_everything
+from .machine import can_compile
 
 
 def add_run_flags(p, gpu_profile: str, budget: str) -> None:
@@ -36,7 +37,20 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
         choices=["auto", "bf16", "fp16", "fp32", "off"],
         help="auto: bf16 on compute capability >= 8, fp16 + GradScaler on T4/V100, off on CPU",
     )
-    p.add_argument("--compile", action="store_true", help="torch.compile: ~20%% faster steps, ~1 min to compile")
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="torch.compile: 17%% more img/s (resnet50, H100) after ~90 s of compiling; auto: on where each fold "
+        "trains 20x that long (a 9h Kaggle budget), off for dry runs, short budgets, tune.py's trials and CPUs",
+    )
+    p.add_argument(
+        "--cudnn-benchmark",
+        action="store_true",
+        help="cuDNN autotunes every conv shape: up to 60 s per process on an H100 and no faster steps measured (off)",
+    )
     # time budget: folds and epochs are cut to fit, prediction keeps a reserve (docs/time-budget.md)
     p.add_argument("--budget", default=budget, help="wall time for train + predict: 9h, 45m, 600s; '' = none")
     p.add_argument("--start-time", type=float, default=time_planner.PROCESS_START, help="budget start (run.py sets it)")
@@ -168,6 +182,42 @@ def check_folds(folds: int, path, rows: int, class_counts: dict | None = None) -
             )
 
 
+COMPILE_COST_S = 90.0  # torch.compile's first epoch over an eager one: resnet50 224 px on an H100, 83 s (issue 46)
+COMPILE_AMORTISE = 20  # auto compiles where each fold trains at least 20x that cost: 30 min a fold
+
+
+def compile_choice(args, device: torch.device) -> tuple[str, str]:
+    """--compile auto -> on or off, with the reason: on CUDA (compute capability >= 7, Triton)
+    where the budget gives each fold COMPILE_AMORTISE x COMPILE_COST_S of training; off for dry
+    runs, tune.py's one-fold trials, no budget (nothing to amortise over: --compile on), CPUs."""
+    if args.compile != "auto":
+        return args.compile, "--compile " + args.compile
+    ok, why = can_compile(device)
+    budget = time_planner.parse_duration(args.budget)
+    folds = min(args.folds, args.train_folds or args.folds)
+    per_fold = (budget or 0) * (1 - time_planner.TimePlanner.RESERVE_FRACTION) / max(folds, 1)
+    cost = f"{COMPILE_COST_S:.0f}"
+    if device.type != "cuda":
+        return "off", f"auto: {device.type}: compiling costs ~40 s there and gains little"
+    if not ok:
+        return "off", f"auto: {why}"
+    if args.dry_run or args.train_folds:
+        return "off", "auto: a dry run or a tune.py trial is too short to pay for compiling"
+    if per_fold < COMPILE_AMORTISE * COMPILE_COST_S:
+        have = f"{time_planner.fmt_s(per_fold)} of training a fold" if budget else "no --budget to amortise it over"
+        return "off", f"auto: {have}, under {COMPILE_AMORTISE}x its ~{cost} s cost; --compile on forces it"
+    return "on", f"auto: ~{time_planner.fmt_s(per_fold)} of training a fold pays {COMPILE_AMORTISE}x+ for ~{cost} s"
+
+
+def speed_settings(args, device: torch.device) -> None:
+    """cuDNN's autotune (--cudnn-benchmark, off: on an H100 efficientnet_b3's first epoch took 87 s
+    with it and 26 s without, steady epochs alike, and every process pays it again) and
+    --compile resolved (compile_choice), said in one COMPILE line."""
+    torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
+    args.compile, why = compile_choice(args, device)
+    print(f"COMPILE: {args.compile} ({why})")
+
+
 def begin(args, ranges: dict | None = None) -> torch.device:
     """A run's first step: the flags checked (FLAG_RANGES plus the task's `ranges`), --dry-run's
     small plan, the output folder (locked against a second train.py, stale temp files of killed
@@ -181,6 +231,7 @@ def begin(args, ranges: dict | None = None) -> torch.device:
     if args.dry_run:
         args.epochs, args.folds = 1, 2
     device = resolve_device(args.device)  # a card this torch has no kernels for: ERROR before anything is written
+    speed_settings(args, device)
     out = Path(args.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
