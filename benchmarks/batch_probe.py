@@ -40,7 +40,7 @@ def main() -> None:
         max_batch = max(start, min(4096, rows // hardware.MIN_STEPS_PER_EPOCH))  # as probe.autoscale does
         with pytest.MonkeyPatch.context() as patch:  # torch.cuda's functions: the fake card's
             gpu.install(patch)
-            (batch, accum, _), lines, _ = ProbeBench(project, gpu).run(start, start_accum, max_batch)
+            (batch, accum, _, _), lines, _ = ProbeBench(project, gpu).run(start, start_accum, max_batch)
         rates = {int(b): float(r) for b, r in re.findall(r"PROBE: batch=(\d+) -> (\d+) samples/s", "\n".join(lines))}
         chosen = batch if accum == 1 else min(b for b in rates if b >= batch)
         fill = max(b for b in range(8, 65536, 8) if gpu.use(b) <= 0.9 * gpu.total)

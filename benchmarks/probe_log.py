@@ -23,7 +23,7 @@ def main() -> None:
         gpu = FakeGpu(gb_per_sample)
         with pytest.MonkeyPatch.context() as patch:  # torch.cuda's functions: the fake card's
             gpu.install(patch)
-            (batch, _, _), lines, monitor = ProbeBench(m, gpu).run()
+            (batch, _, _, _), lines, monitor = ProbeBench(m, gpu).run()
             print(*lines, sep="\n")
             m.probe.probe_eval_batch(lambda b: b, lambda b, gpu=gpu: gpu.forward(b, train=False), batch, monitor)
         print()

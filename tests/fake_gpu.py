@@ -329,7 +329,7 @@ class ProbeBench:
         self.amp.step(self.opt)
 
     def run(self, start: int = 128, accum: int = 1, max_batch: int = 4096, size_class: str = "large"):
-        """probe.probe_batch with the run's LR rule on --lr 1e-3: ((batch, accum, lr), log lines, monitor)."""
+        """probe.probe_batch with the run's LR rule on --lr 1e-3: ((batch, accum, lr, why), log lines, monitor)."""
         lines = []
         monitor = self.gpu.GpuMonitor(torch.device("cuda"))
         result = self.probe.probe_batch(

@@ -43,8 +43,11 @@ def test_probe_keeps_the_smallest_batch_within_5_percent_of_the_best_speed(
     project_modules, monkeypatch, gb_per_sample, start, accum, max_batch, expected, why
 ):
     gpu = FakeGpu(gb_per_sample)
-    (batch, new_accum, lr), lines = probe(project_modules, gpu, monkeypatch, start, accum, max_batch)
+    (batch, new_accum, lr, set_by), lines = probe(project_modules, gpu, monkeypatch, start, accum, max_batch)
     assert (batch, new_accum) == expected, lines
+    # why the batch is what it is (the VALIDATION line's key): the fastest, the OOM above it, the cap
+    assert set_by[0] == {"saturated": "probe", "oom": "oom", "halved": "oom", "max_batch": "probe"}[why], set_by
+    assert ("cap of 256" in set_by[1]) == (why == "max_batch"), set_by
     assert all(b % 8 == 0 for b in set(gpu.steps)), gpu.steps  # every candidate a multiple of 8
     # the one LR rule: --lr (1e-3) up to an effective batch of 128, x sqrt(effective / 128) above
     assert lr == pytest.approx(1e-3 * max(1.0, batch * new_accum / 128) ** 0.5)
@@ -152,8 +155,9 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
     assert sizes == [b for b in probed for _ in range(4)] and probed == [8 * 2**k for k in range(len(probed))]
     assert max(probed) <= 64
     final = re.match(r"BATCH PROBE: batch 8 x 4 -> (\d+) x (\d+) ", lines[-2])
-    # the validation batch, sized on its own: one no-grad forward at 2x the training batch (it fits)
-    assert eval_sizes == [min(64, 2 * batching.size)] and batching.eval_size == 2 * batching.size  # 64 rows
+    # the validation batch, sized on its own: one no-grad forward of a *validation* batch at 2x the
+    # training batch (it fits); the fold's validation holds 16 rows, so the forward saw at most 16
+    assert eval_sizes == [min(16, 2 * batching.size)] and batching.eval_size == 2 * batching.size
     eval_line = f"EVAL BATCH: {2 * batching.size} (2x the training batch {batching.size}, halved until"
     assert lines[-1].startswith(eval_line)
     assert final, lines

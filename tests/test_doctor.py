@@ -174,7 +174,8 @@ def test_a_cpu_log_is_read_and_said_to_have_no_gpu(tmp_path):
 
 
 def test_the_batch_is_the_one_the_run_ended_with(tmp_path):
-    """RESOURCES says what was asked; the probe's BATCH line and an OOM's halving say what ran."""
+    """RESOURCES says what was asked; the probe's BATCH line and an OOM's halving say what ran. An
+    OOM's batch is kept: doubling it again is what ran out of memory (issue 46)."""
     log = log_with(tmp_path, 40.0, batch=128)
     text = log.read_text().replace(
         "GPU Memory: 24.0 GB\n",
@@ -184,7 +185,8 @@ def test_the_batch_is_the_one_the_run_ended_with(tmp_path):
     )
     log.write_text(text)
     r = doctor(log)
-    assert "batch 32" in r.stdout and "DECISION: < 50%: double the batch: batch 32 -> 64" in r.stdout, r.stdout
+    assert "batch 32" in r.stdout and "DECISION: < 50%: keep batch 32: set by oom (" in r.stdout, r.stdout
+    assert r.returncode == 0, r.stdout
 
 
 def test_no_log_given_reads_the_projects_own_or_says_where_it_looked(tmp_path):

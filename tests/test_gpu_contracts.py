@@ -277,7 +277,7 @@ def test_item6_the_probe_reads_the_steady_need_with_the_warm_ups_workspace_retur
     steady 18.2 GB + context + the handles."""
     m = project_modules
     gpu = FakeGpu(0.035, spike_gb=3.0, handles_gb=0.8)
-    (batch, accum, _), lines, monitor = _probe(m, gpu, monkeypatch)
+    (batch, accum, _, _), lines, monitor = _probe(m, gpu, monkeypatch)
     line = next(x for x in lines if x.startswith("PROBE: batch=512 ->"))
     used = float(re.search(r"([\d.]+) GB \(", line).group(1))
     assert used == pytest.approx(gpu.use(512) + 0.8, abs=0.01), line  # steady need + context + handles
@@ -304,7 +304,7 @@ def test_item7_a_batch_under_8_is_accepted_with_a_warning(project_modules, monke
     of 8 fits' and the run ended; now 4 x 32 keeps the effective batch 128."""
     m = project_modules
     gpu = FakeGpu(4.0, spike_gb=2.0)
-    (batch, accum, lr), lines, _ = _probe(m, gpu, monkeypatch)
+    (batch, accum, lr, _), lines, _ = _probe(m, gpu, monkeypatch)
     assert (batch, accum) == (4, 32), lines
     assert "PROBE: batch=8 -> out of memory" in lines
     warning = next(x for x in lines if x.startswith("WARNING: only a batch of 4 fits"))
@@ -568,3 +568,93 @@ def test_albumentations_is_imported_offline(project_modules):
         assert source.index('os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")') < source.index(
             "import albumentations"
         ), task
+
+
+def _doctor(tmp_path, lines: list[str], pct: float) -> subprocess.CompletedProcess:
+    """kagtpl doctor on an 80 GB card's log made of the engine's own lines, at `pct` of memory."""
+    text = [
+        "RESOURCES: 16 CPU cores, batch=264, GPU=NVIDIA H100 80GB HBM3, Mixed Precision=ON",
+        "GPU Memory: 79.1 GB",
+        "DataLoader: num_workers=12, prefetch_factor=3, persistent_workers=True",
+        "Model: resnet50 (25.6M params, small model)",
+        *lines,
+        f"Epoch 1: Loss=0.5, ValLoss=0.4, Acc=0.9, LR=1e-3, Time=3.0s, Throughput=3300 samples/s, "
+        f"GPU={79.1 * pct / 100:.2f}GB ({pct:.1f}%)",
+    ]
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(text) + "\n")
+    return subprocess.run(
+        [sys.executable, "-m", "kagtpl", "doctor", str(path)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_item45_a_small_data_batch_is_kept_by_the_log_and_the_doctor(
+    project_modules, digits_dir, tmp_path, monkeypatch, capsys
+):
+    """The H100's 8,000 images: the small-data floor (30 steps an epoch) capped the batch at 264
+    (17% of 80 GB), the probe measured that one batch and called it '100% of the best', then
+    VALIDATION said 'TOO SMALL - should be 528+' and the doctor 'ACTION NEEDED ... x16'. Here the
+    digits (160 training rows: the cap is 5) on a fake H100 through the real engine: the probe
+    says it had one candidate and why, VALIDATION keeps it, and the doctor agrees (exit 0)."""
+    m = project_modules
+    gpu = FakeGpu(0.01, total_gb=79.1, spike_gb=0.1, card="h100").install(monkeypatch)
+    args = m.train.get_args(["--data-dir", str(digits_dir), "--out-dir", str(tmp_path), "--no-pretrained"])
+    args.signature = m.artifacts.run_signature(args)
+    machine = m.engine.make_machine(torch.device("cpu"), "off", m.hardware.loader_settings(1, False), False)
+    machine = dataclasses.replace(machine, monitor=m.gpu.GpuMonitor(torch.device("cuda")))
+    comp = m.train.Competition(args, machine)
+    fold = comp.fold(0, np.arange(160), np.arange(160, 240))
+    model = comp.build_model(fold)
+    model.register_forward_hook(lambda mod, inp, out: gpu.forward(inp[0].shape[0], mod.training))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batching = m.engine.Batching(64, 1, 1e-3)
+    m.engine.fit_steps(batching, 160 * 30 // 8, 1e-3)  # 600 rows: 64 -> 16, small data
+    assert batching.why[0] == "small-data" and batching.size < 64
+    capsys.readouterr()
+    m.probe.autoscale(comp, fold, batching.size * 30, model, opt, machine, batching, 1e-3, clock=gpu.clock)
+    m.fold.first_step_lines(machine, batching)
+    lines = capsys.readouterr().out.splitlines()
+    probe = next(x for x in lines if x.startswith("BATCH PROBE: batch "))
+    assert "the only candidate, nothing to choose from: " in probe and "optimizer steps an epoch" in probe, probe
+    assert "100% of the best" not in probe
+    validation = next(x for x in lines if x.startswith("VALIDATION: "))
+    assert re.match(rf"VALIDATION: batch_size={batching.size}, [\d.]+% of GPU memory, set by small-data \(", validation)
+    assert validation.endswith("keep it: a bigger batch leaves fewer optimizer steps an epoch, and trains worse")
+    assert "TOO SMALL" not in validation
+    r = _doctor(tmp_path, lines, 17.0)
+    assert r.returncode == 0, r.stdout
+    assert f"DECISION: < 50%: keep batch {batching.size}: set by small-data (" in r.stdout, r.stdout
+    assert "STATUS: OK" in r.stdout and "grow" not in r.stdout
+
+
+def test_item4_after_an_oom_the_batch_is_kept_by_the_log_and_the_doctor(project_modules, tmp_path, monkeypatch):
+    """PROBE: batch=8 -> out of memory, then the VALIDATION line said 'should be 8+' of the 4 that
+    fits: now it says the OOM set it, and the doctor keeps it."""
+    m = project_modules
+    (batch, accum, _, why), lines, _ = ProbeBench(m, FakeGpu(4.0, spike_gb=2.0).install(monkeypatch)).run()
+    assert (batch, why) == (4, ("oom", "batch 8 ran out of memory in the probe")), lines
+    line = m.logs.validation_line(batch, 20.0, why)
+    assert line == (
+        "VALIDATION: batch_size=4, 20.0% of GPU memory, set by oom (batch 8 ran out of memory in the probe): "
+        "keep it: a bigger batch does not fit"
+    )
+    r = _doctor(tmp_path, [*lines, line], 20.0)
+    assert r.returncode == 0 and "DECISION: < 50%: keep batch 4: set by oom (" in r.stdout, r.stdout
+    # an OOM mid-run halves the micro-batch: the doctor reads that too, not only the first VALIDATION
+    rule = m.logs.validation_line(128, 20.0, ("rule", "the GPU profile's rule"))
+    r = _doctor(
+        tmp_path,
+        [rule, "OOM: batch of 128 did not fit at step 40: micro-batch 128 -> 64, accumulation 1 -> 2, effective batch"],
+        20.0,
+    )
+    assert r.returncode == 0 and "keep batch 64: set by oom" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("key", ["rule", "user"])
+def test_item4_a_batch_from_the_rule_or_your_flag_under_half_the_memory_is_still_too_small(
+    project_modules, tmp_path, key
+):
+    line = project_modules.logs.validation_line(128, 20.0, (key, "why"))
+    assert line.endswith("If <50% memory, batch_size=128 is TOO SMALL - should be 256+"), line
+    r = _doctor(tmp_path, [line], 20.0)
+    assert r.returncode == 1 and "DECISION: < 50%: double the batch: batch 128 -> 256" in r.stdout, r.stdout

@@ -71,9 +71,9 @@ def test_gpu_lines_through_a_fake_memory_reader(project_modules):
     monitor = m.gpu.GpuMonitor(
         torch.device("cpu"), reader=lambda: (int(18.31 * GB), 24 * GB), reset=lambda: resets.append(1)
     )
-    assert m.logs.memory_used_lines(monitor.peak(), 128) == [
+    assert m.logs.memory_used_lines(monitor.peak(), 128, ("rule", "the GPU profile's rule")) == [
         "GPU Memory Used: 18.31 GB / 24.0 GB (76.3%)",
-        "VALIDATION: If <50% memory, batch_size=128 is TOO SMALL - should be 256+",
+        "VALIDATION: batch_size=128, 76.3% of GPU memory, set by rule (the GPU profile's rule): OK",
     ]
     assert monitor.field() == "18.31GB (76.3%)"
     monitor.reset()
@@ -91,7 +91,7 @@ def test_cpu_lines_are_honest(project_modules):
     m = project_modules
     monitor = m.gpu.GpuMonitor(torch.device("cpu"))
     assert monitor.peak() is None and monitor.field() == "none"
-    assert m.logs.memory_used_lines(monitor.peak(), 32)[0] == "GPU Memory Used: none (CPU run)"
+    assert m.logs.memory_used_lines(monitor.peak(), 32, ("rule", ""))[0] == "GPU Memory Used: none (CPU run)"
     amp = m.gpu.Amp("off", torch.device("cpu"))
     lines = m.logs.resource_lines(2, 32, "none", amp.enabled, 0.0, m.hardware.loader_settings(2, False))
     assert lines == [

@@ -26,6 +26,9 @@ METRIC = re.compile(r", ([A-Za-z]+)=([\d.]+), LR=")
 THROUGHPUT = re.compile(r"Throughput=([\d.]+) samples/s")
 BATCH = re.compile(r"^BATCH: (\d+) (?:per GPU x \d+ GPUs )?x \d+ accumulation")  # the probe's or the user's
 OOM = re.compile(r"^OOM: .* micro-batch \d+ -> (\d+)")  # a step that did not fit: the micro-batch halves
+# the batch judged with its reason (rule, user, small-data, probe, oom): the engine's own choices are kept
+VALIDATION = re.compile(r"^VALIDATION: batch_size=(\d+), [\d.]+% of GPU memory, set by ([\w-]+) \((.*)\): ")
+CHOSEN = ("small-data", "probe", "oom")  # set on purpose: a memory share under the target is headroom, not waste
 DEFAULT_LOGS = ("output/train.log", "output/train_log.jsonl")  # what a project's train.py writes
 TASK_SPEED = {"image": 100, "tabular": 500}  # batches per minute the field notes expect
 
@@ -48,6 +51,8 @@ class Log:
     epochs: list[dict] = field(default_factory=list)
     tabular: bool = False
     cpu_run: bool = False  # "GPU Memory Used: none (CPU run)"
+    set_by: str | None = None  # why the batch is what it is (the VALIDATION line's key), when the log says
+    set_why: str = ""
 
 
 def parse(text: str) -> Log:
@@ -56,7 +61,11 @@ def parse(text: str) -> Log:
         line = line.strip()
         if m := RESOURCES.search(line):
             log.cpus, log.batch, log.gpu, log.amp = int(m[1]), int(m[2]), m[3], m[4]
-        elif m := BATCH.match(line) or OOM.match(line):  # the batch the run ended with is the last one
+        elif m := VALIDATION.match(line):
+            log.batch, log.set_by, log.set_why = int(m[1]), m[2], m[3]
+        elif m := OOM.match(line):  # mid-run: the micro-batch halved, and stays so
+            log.batch, log.set_by, log.set_why = int(m[1]), "oom", "a step ran out of memory: the micro-batch halved"
+        elif m := BATCH.match(line):  # the batch the run ended with is the last one
             log.batch = int(m[1])
         elif m := TOTAL.search(line):
             log.total_gb = float(m[1])
@@ -99,6 +108,8 @@ def parse_records(text: str) -> Log:
     if not epochs:
         raise KagtplError("the JSON log has no epoch records")
     log = Log(batch=epochs[-1].get("batch_size"), epochs=[r for r in epochs if r.get("gpu_pct") is not None])
+    log.set_by = epochs[-1].get("batch_set_by")
+    log.set_why = "the JSON log's batch_set_by" if log.set_by else ""
     log.cpu_run = not log.epochs
     return log
 
@@ -161,10 +172,13 @@ def diagnose(log: Log, model: str | None = None) -> Report:
     if pct is None:
         raise KagtplError("the log has no GPU memory line (GPU Memory Used: ... or Epoch N: ... GPU=xGB (y%))")
     decision = profiles().memory_decision(pct, cls)
-    new_batch = None
-    if decision.factor > 1 and log.batch:
+    new_batch, needed, action = None, decision.needed, decision.action
+    if decision.factor > 1 and log.set_by in CHOSEN:  # the engine's choice: growing it is wrong, not missed
+        needed = False
+        action = f"keep batch {log.batch}: set by {log.set_by} ({log.set_why}); the memory left is headroom"
+    elif decision.factor > 1 and log.batch:
         new_batch = hw.round_batch(log.batch * decision.factor)
-    action = decision.action + (f": batch {log.batch} -> {new_batch}" if new_batch else "")
+        action += f": batch {log.batch} -> {new_batch}"
     warnings = [w for a, b in zip(points, points[1:], strict=False) if (w := profiles().memory_drop_warning(a, b))]
     return Report(
         name,
@@ -177,10 +191,10 @@ def diagnose(log: Log, model: str | None = None) -> Report:
         decision.row,
         action,
         new_batch,
-        decision.optional,
+        decision.optional and new_batch is not None,
         loader_advice(log),
         warnings,
-        "action" if decision.needed or loader_advice(log) else "ok",
+        "action" if needed or loader_advice(log) else "ok",
     )
 
 

@@ -176,6 +176,7 @@ def build(comp, fold: Fold, n_train: int, args, machine: Machine, batching: Batc
     optimizer = make_optimizer(comp, model, batching.lr, args.weight_decay)
     if first and getattr(args, "autoscale", False) and machine.device.type == "cuda":
         if batch_set_by_user(args):  # the user's numbers are kept as given
+            batching.why = ("user", f"--batch-size {args.batch_size} / --accum-steps {args.accum_steps}")
             print(f"BATCH PROBE: skipped: --batch-size {args.batch_size} / --accum-steps {args.accum_steps} set by you")
         else:  # per GPU, on the bare model (no all-reduce); under DDP every rank takes the smallest batch
             probe.autoscale(comp, fold, n_train // batching.world, model, optimizer, machine, batching, args.lr)
@@ -195,7 +196,10 @@ def build(comp, fold: Fold, n_train: int, args, machine: Machine, batching: Batc
 def first_step_lines(machine: Machine, batching: Batching) -> None:
     """After the first optimizer step: the GPU memory lines (cuBLAS/cuDNN handles exist by then)."""
     machine.monitor.measure_outside()
-    print(*logs.memory_used_lines(machine.monitor.peak(), batching.size), sep="\n")
+    if batching.parts > 1:  # the first step ran out of memory: OOM recovery split the batch
+        micro = -(-batching.size // batching.parts)
+        batching.why = ("oom", f"batch {batching.size} ran out of memory: micro-batches of {micro}")
+    print(*logs.memory_used_lines(machine.monitor.peak(), batching.size, batching.why), sep="\n")
 
 
 def validate(comp, fold: Fold, bare, valid_batches, machine: Machine, args, planner, epoch: int, timing) -> tuple:
@@ -241,6 +245,7 @@ def log_epoch(comp, at: tuple, stats: dict, machine, batching, planner, jlog, la
         epoch=epoch,
         **stats,
         batch_size=batching.size,
+        batch_set_by=batching.why[0],
         accum_steps=batching.accum_steps,
         gpu_used_gb=peak and peak[0],
         gpu_pct=peak and peak[2],

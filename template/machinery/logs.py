@@ -39,14 +39,31 @@ def model_line(name: str, params_m: float) -> str:
     return f"Model: {name} ({params_m:.1f}M params, {hardware.size_class(name, params_m)} model)"
 
 
-def memory_used_lines(peak: tuple[float, float, float] | None, batch: int) -> list[str]:
-    """After the first optimizer step: the peak memory and the seeds' VALIDATION line."""
+# Why a batch is what it is (machine.Batching.why's key): the engine chose it on purpose (keep it), or
+# a rule or your flag set it (the seeds' check applies: under 50% of memory, double it)
+KEEP = {
+    "small-data": "keep it: a bigger batch leaves fewer optimizer steps an epoch, and trains worse",
+    "probe": "keep it: the probe measured it",
+    "oom": "keep it: a bigger batch does not fit",
+}
+
+
+def memory_used_lines(peak: tuple[float, float, float] | None, batch: int, why: tuple) -> list[str]:
+    """After the first optimizer step: the peak memory and the VALIDATION line."""
     if peak is None:
         return ["GPU Memory Used: none (CPU run)", f"VALIDATION: CPU run, no GPU memory to check (batch_size={batch})"]
-    return [
-        f"GPU Memory Used: {peak[0]:.2f} GB / {peak[1]:.1f} GB ({peak[2]:.1f}%)",
-        f"VALIDATION: If <50% memory, batch_size={batch} is TOO SMALL - should be {2 * batch}+",
-    ]
+    return [f"GPU Memory Used: {peak[0]:.2f} GB / {peak[1]:.1f} GB ({peak[2]:.1f}%)", validation_line(batch, peak[2], why)]
+
+
+def validation_line(batch: int, pct: float, why: tuple) -> str:
+    """The batch judged with its reason, `why` = (key, detail): a batch the engine chose on purpose
+    (small data, the probe, an OOM) is kept whatever the memory says; one from the profile's rule
+    or your flag under 50% of memory is the seeds' TOO SMALL (kagtpl doctor reads the key)."""
+    key, detail = why
+    verdict = KEEP.get(key, "OK")
+    if key not in KEEP and pct < 50:
+        verdict = f"If <50% memory, batch_size={batch} is TOO SMALL - should be {2 * batch}+"
+    return f"VALIDATION: batch_size={batch}, {pct:.1f}% of GPU memory, set by {key} ({detail}): {verdict}"
 
 
 def memory_drop_line(before: tuple | None, after: tuple | None) -> str | None:

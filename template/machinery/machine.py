@@ -26,6 +26,8 @@ class Batching:
     parts: int = 1  # OOM recovery: each batch is split into this many micro-batches (doubles on OOM)
     world: int = field(default_factory=parallel.world_size)  # DDP ranks averaging their gradients
     eval_size: int = 0  # validation rows per forward, sized on its own by the probe; 0 = 2 x size
+    # why the batch is what it is, (key, detail): rule, user, small-data, probe or oom (logs.validation_line)
+    why: tuple = ("rule", "the GPU profile's rule")
 
     def __post_init__(self):
         # train.py's LR rule saw one process's batch; under DDP the gradient averages `world` of
@@ -153,4 +155,5 @@ def fit_steps(batching: Batching, rows: int, base_lr: float) -> None:
     batching.size, batching.accum_steps = batch, accum
     batching.lr = hardware.scaled_lr(base_lr, batching.effective)
     why = f"small data: {rows} training rows, at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch"
+    batching.why = ("small-data", why[len("small data: ") :])
     print(logs.batch_line(batch, accum, f"{why}; lr {batching.lr:.2e}", batching.world))

@@ -65,6 +65,7 @@ def probe_batch(
     log=print,
     clock=None,
     sync=None,
+    cap_why="",
 ):
     """Measure real training steps at growing batch sizes (multiples of 8, doubling) before the
     first fold, and keep the smallest batch within 5% of the best samples/s that stays under the
@@ -84,7 +85,10 @@ def probe_batch(
     (the flags that buy memory). Returns (batch, accum, lr): below the intended effective batch,
     accumulation rises and the micro-batch is the smallest that keeps the effective batch (96
     fits, effective 128 -> 64 x 2); at or above it, accumulation is 1. `lr_for(effective)` is the
-    run's LR rule (hardware.scaled_lr on --lr).
+    run's LR rule (hardware.scaled_lr on --lr). `cap_why` says where `max_batch` comes from (small
+    data: enough optimizer steps an epoch). Returns (batch, accum, lr, why): `why` is the batch's
+    reason as (key, detail) for the VALIDATION line and `kagtpl doctor`: `probe` (the fastest),
+    `oom` (the next candidate ran out of memory), `small-data` (the cap chose it).
     """
     clock = clock or time.perf_counter
     sync = sync or (torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None))
@@ -96,10 +100,11 @@ def probe_batch(
         f"{ceiling:.0f}% (the decision matrix's target >= {target:.0f}% is reported, not pursued)"
     )
     try:
-        measured = grow(trial, batch, max_batch)
+        measured, stop = grow(trial, batch, max_batch)
     finally:
         restore(saved, model, optimizer, amp)
-    return choose(measured, batch, accum, lr_for, trial.total_gb, log)
+    stops = {"cap": cap_why or ("probe", f"the probe's cap of {max_batch}"), **trial.misses}
+    return choose(measured, batch, accum, lr_for, trial.total_gb, log, stops.get(stop, stop))
 
 
 class Trial:
@@ -110,6 +115,8 @@ class Trial:
         self.fetch, self.step, self.optimizer, self.amp, self.monitor = fetch, step, optimizer, amp, monitor
         (self.clock, self.sync), self.log, self.ceiling, self.target = timers, log, ceiling, target
         self.total_gb, self.first = None, True
+        self.misses: dict[str, tuple[str, str]] = {}  # "oom" / "ceiling": the candidate that did not fit, as a why
+        self.missed = ""  # the last candidate's miss: "oom" or "ceiling"
 
     def __call__(self, b: int) -> tuple[float, float] | None:
         free_gpu_memory()
@@ -122,12 +129,17 @@ class Trial:
             self.amp.forget_step(self.optimizer)
             free_gpu_memory()
             self.log(f"PROBE: batch={b} -> out of memory")
+            self.misses["oom"], self.missed = ("oom", f"batch {b} ran out of memory in the probe"), "oom"
             return None
         used, self.total_gb, pct = self.monitor.peak()
         rate = b * PROBE_STEPS / max(seconds, 1e-9)
         verdict = "over the 90% ceiling" if pct > self.ceiling else "below target" if pct < self.target else "in band"
         self.log(f"PROBE: batch={b} -> {rate:.0f} samples/s, {used:.2f} GB ({pct:.1f}%) {verdict}")
-        return (rate, pct) if pct <= self.ceiling else None
+        if pct > self.ceiling:
+            self.misses["ceiling"] = ("probe", f"batch {b} needs {pct:.0f}% of memory, over the 90% ceiling")
+            self.missed = "ceiling"
+            return None
+        return rate, pct
 
     def timed(self, b: int) -> float:
         """Seconds for PROBE_STEPS steps on one fetched batch of b rows, after a warm-up step."""
@@ -150,9 +162,10 @@ def smaller(b: int) -> int:
     return max(SMALL_BATCH, hardware.round_to(b // 2, 8)) if b > SMALL_BATCH else b // 2
 
 
-def grow(trial: Trial, batch: int, max_batch: int) -> dict[int, tuple[float, float]]:
-    """The candidates measured: from the rule's batch (halved until one fits, down to 1),
-    doubling until an OOM, the ceiling, `max_batch` or a gain under 5%."""
+def grow(trial: Trial, batch: int, max_batch: int) -> tuple[dict[int, tuple[float, float]], str]:
+    """The candidates measured, from the rule's batch (halved until one fits, down to 1),
+    doubling until an OOM, the ceiling, `max_batch` or a gain under 5%; and why growing stopped:
+    "oom", "ceiling", "cap" (max_batch) or "saturated"."""
     b = max(SMALL_BATCH, hardware.round_to(batch, 8)) if batch >= SMALL_BATCH else max(1, batch)
     result = trial(b)
     while result is None and b > 1:  # the rule's batch does not fit: halve until one does
@@ -163,23 +176,29 @@ def grow(trial: Trial, batch: int, max_batch: int) -> dict[int, tuple[float, flo
             "not even a batch of 1 fits in GPU memory: use --grad-checkpointing (text), a smaller --image-size "
             "or --max-len, or a smaller model"
         )
-    measured = {b: result}
+    measured, stop = {b: result}, "cap"
     while b * 2 <= max_batch:
         best_rate = max(r for r, _ in measured.values())
         nxt = b * 2 if b * 2 <= SMALL_BATCH or b % 8 == 0 else hardware.round_to(b * 2, 8)
         result = trial(nxt)
         if result is None:
+            stop = trial.missed
             break
         b = nxt
         measured[b] = result
         if result[0] < best_rate / WITHIN:  # doubling gained < 5%: the GPU is saturated
+            stop = "saturated"
             break
-    return measured
+    if stop == "cap" and trial.missed:  # halved to b, and the cap stopped its growth: the miss is why
+        stop = trial.missed
+    return measured, stop
 
 
-def choose(measured: dict, start: int, accum: int, lr_for, total_gb, log) -> tuple[int, int, float]:
-    """The smallest batch within 5% of the best samples/s, as (batch, accum, lr) keeping the
-    intended effective batch; the BATCH PROBE line (and a WARNING under 8)."""
+def choose(measured: dict, start: int, accum: int, lr_for, total_gb, log, stop=None) -> tuple[int, int, float, tuple]:
+    """The smallest batch within 5% of the best samples/s, as (batch, accum, lr, why) keeping the
+    intended effective batch; the BATCH PROBE line (and a WARNING under 8). `stop` is why growing
+    stopped, as a (key, detail) why: it is the batch's why when the largest candidate won, and
+    the line says so when the probe had only one candidate (nothing to choose from)."""
     best_rate = max(r for r, _ in measured.values())
     chosen = min(c for c, (r, _) in measured.items() if r >= WITHIN * best_rate)
     rate, pct = measured[chosen]
@@ -197,13 +216,18 @@ def choose(measured: dict, start: int, accum: int, lr_for, total_gb, log) -> tup
         batch, new_accum = chosen, 1
     lr, new_lr = lr_for(effective), lr_for(batch * new_accum)
     fastest = max(measured, key=lambda c: measured[c][0])
+    why = ("probe", "the fastest within 5% of the best samples/s: a bigger batch was no faster")
+    if chosen == max(measured) and isinstance(stop, tuple):
+        why = stop
+    share = f"{rate / best_rate:.0%} of the best ({fastest}: {best_rate:.0f}/s)"
+    if len(measured) == 1:  # one measurement: nothing to choose from, and why
+        share = f"the only candidate, nothing to choose from: {why[1]}"
     log(
         f"BATCH PROBE: batch {start} x {accum} -> {batch} x {new_accum} ({chosen}: {rate:.0f} samples/s, "
-        f"{rate / best_rate:.0%} of the best ({fastest}: {best_rate:.0f}/s), {pct:.1f}% of {total_gb:.1f} GB), "
-        f"effective batch {effective} -> {batch * new_accum}, lr {lr:.2e} -> {new_lr:.2e}"
-        + (" (sqrt scaling)" if new_lr != lr else "")
+        f"{share}, {pct:.1f}% of {total_gb:.1f} GB), effective batch {effective} -> {batch * new_accum}, "
+        f"lr {lr:.2e} -> {new_lr:.2e}" + (" (sqrt scaling)" if new_lr != lr else "")
     )
-    return batch, new_accum, new_lr
+    return batch, new_accum, new_lr, why
 
 
 def probe_eval_batch(fetch, predict, batch, monitor, log=print) -> int:
@@ -264,8 +288,12 @@ def autoscale(comp, fold, n_train: int, model, optimizer, machine, batching, bas
             comp.predict(model, batch)
 
     size_class = hardware.size_class(comp.name, sum(p.numel() for p in model.parameters()) / 1e6)
-    max_batch = max(batching.size, min(4096, n_train // hardware.MIN_STEPS_PER_EPOCH))  # enough steps an epoch
-    batching.size, batching.accum_steps, batching.lr = probe_batch(
+    by_rows = n_train // hardware.MIN_STEPS_PER_EPOCH  # enough optimizer steps an epoch
+    max_batch = max(batching.size, min(4096, by_rows))
+    cap_why = ("probe", f"the probe's cap of {max_batch}")
+    if by_rows <= max(batching.size, 4096):
+        cap_why = ("small-data", f"{n_train} training rows: at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch")
+    batching.size, batching.accum_steps, batching.lr, batching.why = probe_batch(
         fetch,
         step,
         model,
@@ -278,6 +306,7 @@ def autoscale(comp, fold, n_train: int, model, optimizer, machine, batching, bas
         max_batch,
         lambda effective: hardware.scaled_lr(base_lr, effective),
         clock=clock,
+        cap_why=cap_why,
     )
     set_lr(optimizer, batching.lr)
     batching.eval_size = probe_eval_batch(fetch_valid, forward, batching.size, machine.monitor)
