@@ -52,7 +52,10 @@ def memory_used_lines(peak: tuple[float, float, float] | None, batch: int, why: 
     """After the first optimizer step: the peak memory and the VALIDATION line."""
     if peak is None:
         return ["GPU Memory Used: none (CPU run)", f"VALIDATION: CPU run, no GPU memory to check (batch_size={batch})"]
-    return [f"GPU Memory Used: {peak[0]:.2f} GB / {peak[1]:.1f} GB ({peak[2]:.1f}%)", validation_line(batch, peak[2], why)]
+    return [
+        f"GPU Memory Used: {peak[0]:.2f} GB / {peak[1]:.1f} GB ({peak[2]:.1f}%)",
+        validation_line(batch, peak[2], why),
+    ]
 
 
 def validation_line(batch: int, pct: float, why: tuple) -> str:

@@ -292,7 +292,10 @@ def autoscale(comp, fold, n_train: int, model, optimizer, machine, batching, bas
     max_batch = max(batching.size, min(4096, by_rows))
     cap_why = ("probe", f"the probe's cap of {max_batch}")
     if by_rows <= max(batching.size, 4096):
-        cap_why = ("small-data", f"{n_train} training rows: at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch")
+        cap_why = (
+            "small-data",
+            f"{n_train} training rows: at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch",
+        )
     batching.size, batching.accum_steps, batching.lr, batching.why = probe_batch(
         fetch,
         step,
