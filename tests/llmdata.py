@@ -67,3 +67,35 @@ def write_tiny_llm(folder: Path, texts: list[str], arch: str = "qwen2", layers: 
     model_class(config).save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
+
+
+def write_tiny_encoder(folder: Path, texts: list[str], layers: int = 2, hidden: int = 64) -> Path:
+    """A BERT encoder of `layers` blocks in `folder`, with a WordPiece tokenizer trained on `texts`
+    ([CLS] text [SEP], a [PAD] token, as BERT-style checkpoints ship): a real encoder architecture
+    for the text task where no downloaded model may be carried (a GPU machine's 64 MiB)."""
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder = Path(folder)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=600, special_tokens=specials))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    fast = BertTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]",
+    )  # fmt: skip
+    config = BertConfig(
+        vocab_size=len(fast), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+        intermediate_size=2 * hidden, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(str(folder))
+    fast.save_pretrained(str(folder))
+    return folder

@@ -1,0 +1,138 @@
+"""Every task under run.py --budget on one device: gpu_smoke.sh's task step (issue 46).
+
+For each task it writes data with kagtpl's own generators (digits, a table, texts, shapes, boxes,
+spoken words), renders a project with --gpu auto, runs `run.py --budget B --no-pretrained` (text:
+a tiny BERT-shaped encoder and a tiny Qwen2 decoder with LoRA, made here offline as
+tests/llmdata.py makes them), and checks its log:
+- the submission came from trained folds (`SUBMISSION: ... (N rows, K fold(s) ensembled)`), not
+  the fallback;
+- predict.py said its PRECISION line;
+- no traceback;
+- the first epoch against a steady one (fold 0's Epoch lines: the first's Time over the median of
+  the rest), reported.
+
+    python benchmarks/gpu_tasks.py WORKDIR [--device cuda] [--budget 2m] [--tasks image,audio]
+
+The last line is `GPU TASKS: all N passed on DEVICE` or `GPU TASKS: FAILED: ...`; exit 1 on a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # llmdata / textdata: the tests' offline model and text writers
+TASKS = ("image", "tabular", "text", "llm", "segmentation", "detection", "audio")
+EPOCH = re.compile(r"^(?:\[\w+\] )?Epoch (\d+): .*Time=([\d.]+)s", re.M)
+FOLD = re.compile(r"^(?:\[\w+\] )?FOLD (\d+) \(", re.M)
+
+
+def write_project(task: str, work: Path, gpu: str) -> tuple[Path, list[str]]:
+    """(project, run.py flags) for `task` on data kagtpl writes, rendered by `kagtpl new`'s own
+    code (it detects the layout); small plans that a budget cuts."""
+    from kagtpl import demo, new, shapes, table
+    from kagtpl.sounds import write_sounds
+
+    data, extra = work / f"{task}-data", {}
+    if task == "image":
+        data, extra = demo.write_digits(data, n_train=1200, n_test=297), {"model": "resnet18", "image_size": 64}
+    elif task == "tabular":
+        data = table.write_table(data, "binary")
+    elif task in ("text", "llm"):
+        data, extra = text_data(task, work, data)
+    elif task == "segmentation":
+        data, extra = shapes.write_shapes(data, "png", 96, 24, 128), {"image_size": 128}
+    elif task == "detection":
+        data = shapes.write_boxes(data, "wheat", 96, 24, 128)
+    else:
+        data = write_sounds(data, "folders", clips_per_word=12, test=4, windows=4)
+    kind = "text" if task == "llm" else task
+    answers = new.NewAnswers(
+        name=task, task=kind, gpu=gpu, data=data, folds=3, epochs=8, dest=work, force=True, **extra
+    )
+    flags = [] if kind in ("tabular", "text") else ["--no-pretrained"]
+    return new.new_project(answers), flags
+
+
+def text_data(task: str, work: Path, data: Path) -> tuple[Path, dict]:
+    """The authors' texts, and a model folder made here offline: a tiny BERT-shaped encoder (text)
+    or a tiny Qwen2 decoder that trains LoRA adapters (llm), as tests/llmdata.py makes them."""
+    import llmdata
+    import pandas as pd
+    import textdata
+
+    data = textdata.LAYOUTS["authors"](data)
+    texts = pd.read_csv(data / "train.csv")["text"].tolist()
+    if task == "llm":
+        return data, {"model": "tiny/qwen2", "model_dir": str(llmdata.write_tiny_llm(work / "qwen2-tiny", texts))}
+    return data, {"model": "tiny/bert", "model_dir": str(llmdata.write_tiny_encoder(work / "bert-tiny", texts))}
+
+
+def first_vs_steady(log: str) -> str:
+    """Fold 0's first epoch over the median of its later ones, e.g. '1.3x (4.1s vs 3.2s)'."""
+    fold0 = log.split("FOLD 1 (")[0]
+    times = [float(t) for _, t in EPOCH.findall(fold0)]
+    if len(times) < 2:
+        return "n/a (one epoch)"
+    steady = statistics.median(times[1:])
+    return f"{times[0] / max(steady, 1e-9):.1f}x ({times[0]:.1f}s vs {steady:.1f}s)"
+
+
+def check(log: str) -> list[str]:
+    """What a task's run.py log lacks: a submission from trained folds, PRECISION, no traceback."""
+    problems = []
+    if not re.search(r"^SUBMISSION: .* \(\d+ rows, [1-9]\d* fold\(s\) ensembled\)$", log, re.M):
+        problems.append("no submission from trained folds")
+    if not re.search(r"^PRECISION: \w+ \(", log, re.M):
+        problems.append("no PRECISION line")
+    if "Traceback (most recent call last)" in log:
+        problems.append("a traceback")
+    return problems
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("work", type=Path)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--budget", default="2m")
+    p.add_argument("--tasks", default=",".join(TASKS))
+    args = p.parse_args()
+    tasks = [t for t in args.tasks.split(",") if t]
+    unknown = sorted(set(tasks) - set(TASKS))
+    if unknown:
+        sys.exit(f"ERROR: --tasks: unknown {unknown}; choose from {','.join(TASKS)}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    gpu = "auto" if args.device == "cuda" else "cpu"
+    env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1"}
+    failed = []
+    print(f"{'task':14}{'result':8}{'wall':>8}  {'first epoch vs steady':28}submission / problems")
+    for task in tasks:
+        project, flags = write_project(task, args.work, gpu)
+        cmd = [sys.executable, "run.py", "--budget", args.budget, "--device", args.device, *flags]
+        t0 = time.time()
+        r = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
+        wall, log = time.time() - t0, r.stdout + r.stderr
+        (args.work / f"{task}.log").write_text(log)
+        problems = check(log) + ([f"run.py exited {r.returncode}"] if r.returncode else [])
+        sub = re.search(r"^SUBMISSION: .* \((\d+ rows, \d+ fold\(s\) ensembled)\)$", log, re.M)
+        said = "; ".join(problems) or (sub.group(1) if sub else "")
+        result = "FAILED" if problems else "ok"
+        print(f"{task:14}{result:8}{wall:>7.0f}s  {first_vs_steady(log):28}{said}", flush=True)
+        if problems:
+            failed.append(task)
+    if failed:
+        print(f"GPU TASKS: FAILED: {' '.join(failed)} (logs in {args.work})")
+        return 1
+    print(f"GPU TASKS: all {len(tasks)} passed on {args.device}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
