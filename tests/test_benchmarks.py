@@ -78,6 +78,8 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
             "SMOKE_TUNE_BUDGET": "60s",  # 2 trials of 1 epoch take ~20 s: the budget is room under load, not a cut
             "SMOKE_TUNE_TRIALS": "2",
             "SMOKE_TUNE_EPOCHS": "1",
+            "SMOKE_TASKS": "audio",  # step 9 on the task the H100 saw crash (all seven: benchmarks/gpu_tasks.py)
+            "SMOKE_TASK_BUDGET": "40s",
             "PYTHON": sys.executable,
         },
         capture_output=True,
@@ -87,7 +89,41 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "GPU SMOKE: all steps passed on cpu"
     assert "== dry-run-off:" in r.stdout and "== run-budget:" in r.stdout and "== tune:" in r.stdout
+    assert re.search(r"^   audio +ok .* \d+ rows, \d+ fold\(s\) ensembled$", r.stdout, re.M), r.stdout[-3000:]
     assert (tmp_path / "smoke" / "digits" / "output" / "submission.csv").is_file()
+
+
+def test_gpu_throughput_smoke():
+    """benchmarks/gpu_throughput.py at a tiny size on CPU: train.py and the hand loop each measured,
+    the table and the goals line printed (the card's figures are in docs/gpu-check.md's run)."""
+    out = bench("gpu_throughput.py", "--device", "cpu", "--model", "resnet18", "--size", "32", "--images", "384",
+                "--batch", "32", "--epochs", "3")  # fmt: skip
+    rows = dict(re.findall(rf"^(train.py|hand loop)\s+{NUMBER}\s+", out, re.M))
+    assert set(rows) == {"train.py", "hand loop"} and all(float(v) > 0 for v in rows.values()), out
+    ratio = re.search(rf"^train.py\s+{NUMBER}\s+{NUMBER}x\s+{NUMBER}s\s+{NUMBER}x", out, re.M)
+    assert ratio and float(ratio.group(2)) == pytest.approx(
+        float(rows["train.py"]) / float(rows["hand loop"]), abs=0.01
+    )
+    assert "goals: steady >= 0.98 of the hand loop: " in out and "GPU util >= 85%: n/a (no GPU)" in out, out
+    assert "train.py's own choice: COMPILE: off (--compile off)" in out, out
+
+
+def test_gpu_tasks_checks_each_tasks_log(tmp_path):
+    """benchmarks/gpu_tasks.py's check on logs: trained folds, PRECISION and no traceback pass; the
+    fallback or a traceback fail (its real runs: the gpu_smoke test below runs step 9 on CPU)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_tasks
+
+    good = "PRECISION: bf16 (trained in bf16)\nSUBMISSION: output/submission.csv (24 rows, 3 fold(s) ensembled)\n"
+    assert gpu_tasks.check(good) == []
+    kept = "PRECISION: bf16 (x)\nSUBMISSION: output/submission.csv kept: no fold finished before the deadline\n"
+    assert gpu_tasks.check(kept) == ["no submission from trained folds"]
+    assert gpu_tasks.check(good + "Traceback (most recent call last):\n") == ["a traceback"]
+    assert gpu_tasks.check(good.split("\n", 1)[1]) == ["no PRECISION line"]
+    log = "FOLD 0 (1 of 3)\n" + "".join(
+        f"Epoch {e}: Loss=1, Time={t}s, GPU=none\n" for e, t in ((1, 6.0), (2, 4.0), (3, 4.2))
+    )
+    assert gpu_tasks.first_vs_steady(log + "FOLD 1 (2 of 3)\nEpoch 1: Time=99.0s\n") == "1.5x (6.0s vs 4.1s)"
 
 
 def test_batch_probe_choice_meets_its_goals():
