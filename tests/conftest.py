@@ -118,6 +118,19 @@ def run_script(
     return proc
 
 
+def dry_run_into_output(project: Path, *args: str, out: str = "output") -> subprocess.CompletedProcess:
+    """train.py --dry-run (3 batches an epoch, 2 folds), its folder (<out>/dry-run: a dry run never
+    touches a trained run's files) then moved up into <out>: a project with checkpoints in seconds,
+    for the tests of what reads them (predict.py, serve.py, kagtpl kaggle)."""
+    import shutil
+
+    proc = run_script(project, "train.py", "--dry-run", *args, "--out-dir", out)
+    dry = project / out / "dry-run"
+    shutil.copytree(dry, project / out, dirs_exist_ok=True)
+    shutil.rmtree(dry)
+    return proc
+
+
 def hang_report(proc) -> str:
     """Where a script that did not end waits: every thread's stack (the fork server's runners dump
     them on SIGUSR2), the processes left on the machine, and the ends of its stdout and stderr."""

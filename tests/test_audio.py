@@ -18,7 +18,7 @@ import soundfile as sf
 import torch
 from sklearn.metrics import roc_auc_score
 
-from conftest import import_project, render, run_script
+from conftest import dry_run_into_output, import_project, render, run_script
 from kagtpl.sounds import write_sounds
 
 # Small spectrograms (64 mels, 157 frames a window): the words are plain at that size, and a CPU
@@ -91,6 +91,19 @@ def test_read_audio_resamples_and_names_what_it_cannot_read(tmp_path, audio_mod)
     for name, said in cases.items():
         with pytest.raises(errors.DataError, match=f"{re.escape(name)}: .*{said}"):
             audio.read_audio(str(tmp_path / name), 32_000)
+
+
+def test_nan_samples_are_silence_with_a_warning_naming_the_file(tmp_path, audio_mod, capsys):
+    """Issue 47: NaN samples silently became silence; the only sign was numpy's cast warning,
+    which names no file. A float WAV with NaN and inf samples: one WARNING naming it, finite audio."""
+    audio = audio_mod[0].audio
+    tone = np.sin(np.arange(32_000) / 10).astype(np.float32) * 0.5
+    tone[100:110], tone[5000] = np.nan, np.inf
+    sf.write(tmp_path / "holes.wav", tone, 32_000, subtype="FLOAT")
+    read = audio.read_audio(str(tmp_path / "holes.wav"), 32_000)
+    assert np.isfinite(read).all() and (read[100:110] == 0).all() and read[200] == pytest.approx(tone[200], abs=1e-6)
+    out = capsys.readouterr().out
+    assert f"WARNING: {tmp_path / 'holes.wav'}: 11 of 32000 samples are NaN or infinite: read as silence" in out, out
 
 
 def test_soundscape_rows_cover_every_window_and_warn_of_a_short_recording(tmp_path, audio_mod, capsys):
@@ -247,7 +260,7 @@ def test_csv_layout_reads_secondary_labels_as_soft_targets_under_fp16(tmp_path, 
     meta = pd.read_csv(data / "train_metadata.csv")
     assert (meta["secondary_labels"] != "[]").any()
     project = render(tmp_path / "meta", task="audio", data_dir=str(data), train_csv="train_metadata.csv")
-    log = run_script(project, "train.py", "--dry-run", *FAST, "--amp", "fp16").stdout
+    log = dry_run_into_output(project, *FAST, "--amp", "fp16").stdout
     assert re.search(r"^Epoch 1: Loss=\d+\.\d+, ValLoss=\d+\.\d+", log, re.M), log[-3000:]
     oof = pd.read_csv(project / "output" / "oof.csv")
     targets = oof[[c for c in oof.columns if c.startswith("target_")]].to_numpy()
@@ -262,7 +275,7 @@ def test_csv_layout_reads_secondary_labels_as_soft_targets_under_fp16(tmp_path, 
 def test_clips_layout_predicts_a_row_per_test_clip(tmp_path, sounds):
     data = sounds / "clips"
     project = render(tmp_path / "clips", task="audio", data_dir=str(data), test_dir="test_audio", test_layout="clips")
-    run_script(project, "train.py", "--dry-run", *FAST)
+    dry_run_into_output(project, *FAST)
     out = run_script(project, "predict.py", "--device", "cpu").stdout
     assert "PREDICT: 5 test rows from 5 recording(s)" in out
     sub = pd.read_csv(project / "output" / "submission.csv")
@@ -297,7 +310,7 @@ def test_preflight_names_the_bad_clip_before_training(tmp_path, sounds, case):
     project = render(tmp_path / "bad", task="audio", data_dir=str(data))
     proc = run_script(project, "train.py", "--dry-run", *FAST, check=False)
     assert proc.returncode == 1 and said in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "Epoch" not in proc.stdout and not list((project / "output").glob("model_fold*"))
+    assert "Epoch" not in proc.stdout and not list((project / "output").rglob("model_fold*"))
 
 
 @pytest.mark.parametrize("layout", ["folders", "csv"])
@@ -357,7 +370,7 @@ def test_kaggle_predict_notebook_predicts_a_hidden_test_on_cpu(tmp_path, sounds,
 
     data = sounds / "folders"
     project = render(tmp_path / "birds", task="audio", data_dir=str(data), folds=2, competition="birds-comp")
-    run_script(project, "train.py", "--dry-run", *FAST)
+    dry_run_into_output(project, *FAST)
     args = ["--user", "alice", "--predict", "--cpu", "--budget", "5m", "--no-wheels"]
     r = subprocess.run([sys.executable, "-m", "kagtpl", "kaggle", str(project), *args], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

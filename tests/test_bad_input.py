@@ -27,7 +27,7 @@ import pytest
 import timm
 import torch
 
-from conftest import ROOT, RUN_ENV, render, run_script, start_until
+from conftest import ROOT, RUN_ENV, dry_run_into_output, render, run_script, start_until
 from kagtpl import table
 
 CASES: Counter = Counter()  # category -> cases tried by the single tests below (the lists count themselves)
@@ -881,7 +881,7 @@ def test_a_hostile_table_gives_the_samples_ids_byte_for_byte_and_probabilities(t
     answers = (tmp_path / "churn" / ".copier-answers.yml").read_text()
     assert "id_col: row_id" in answers and "submission: probs" in answers and "metric: auc" in answers, answers
     project, out = tmp_path / "churn", tmp_path / "churn" / "output"
-    log = run_script(project, "train.py", "--dry-run", "--device", "cpu").stdout
+    log = dry_run_into_output(project, "--device", "cpu").stdout
     assert "WARNING: " in log and "header names with spaces around them, read without: ['row_id ', ' size ']" in log
     assert "DROP: column 'region'" not in log and "column 'size' is numbers except" not in log, log
     run_script(project, "predict.py", "--device", "cpu")
@@ -951,7 +951,7 @@ def test_a_class_train_never_holds_and_names_the_boosters_refuse_train_every_mod
     data = odd_table(tmp_path / "data")
     answers = {"task": "tabular", "id_col": "id", "target": "animal", "problem": "multiclass", "metric": "logloss"}
     project = render(tmp_path / "odd", data_dir=str(data), submission="probs", **answers)
-    log = run_script(project, "train.py", "--dry-run", "--device", "cpu", "--models", "lgbm,xgb,cat").stdout
+    log = dry_run_into_output(project, "--device", "cpu", "--models", "lgbm,xgb,cat").stdout
     assert "WARNING: class(es) ['wolf'] of sample_submission.csv never occur in " in log, log
     for name in ("lgbm", "xgb", "cat"):
         assert re.search(rf"^OOF: logloss=\d\.\d+ over 70 rows from folds \[0, 1\] \({name}\)$", log, re.M), log
@@ -1136,9 +1136,10 @@ def test_run_from_another_folder_writes_into_the_project(table_data, tmp_path):
     cmd = [sys.executable, str(project / "run.py"), "--device=cpu", "--dry-run", "--models=mlp"]
     r = subprocess.run(cmd, cwd=elsewhere, capture_output=True, text=True, timeout=300, env=RUN_ENV)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert (project / "output" / "submission.csv").is_file() and (project / "output" / "model_fold0.pth").is_file()
+    out = project / "output" / "dry-run"  # a dry run's own folder: predict.py was told it by run.py
+    assert (out / "submission.csv").is_file() and (out / "model_fold0.pth").is_file()
     assert not list(elsewhere.iterdir())
-    assert f"SUBMISSION: {project / 'output' / 'submission.csv'}" in r.stdout
+    assert f"SUBMISSION: {out / 'submission.csv'}" in r.stdout
 
 
 # ----------------------------------------------------------------------------- the counts in docs/

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,7 @@ from typer.testing import CliRunner
 from conftest import assert_plan_cut_to_budget, import_project, run_script, start_until
 from kagtpl import detect, new, shapes
 from kagtpl.cli import app
+from kagtpl.errors import KagtplError
 
 SIZE, TRAIN, TEST = 96, 24, 6
 FAST = ["--device", "cpu", "--workers", "0"]
@@ -263,6 +265,26 @@ def test_preflight_refuses_a_label_not_in_the_classes(tmp_path, box_data):
     proc = run_script(proj, "train.py", *FAST, "--dry-run", "--data-dir", data, check=False)
     said = proc.stdout + (proc.stderr or "")
     assert proc.returncode == 1 and "label 'triangle' is not one of" in said and "train.csv line 2" in said, said
+
+
+def test_a_label_with_a_space_is_refused_where_a_prediction_string_holds_labels(tmp_path, box_data):
+    """Issue 47: a label 'réct angle' passed every check, then predict.py's own check after
+    training failed (`695 values is not whole groups of 6`) and the empty fallback was handed in.
+    A prediction string separates its fields with spaces: kagtpl new and train.py's preflight
+    refuse such a label in one line naming the file, before any training."""
+
+    def rename(rows):
+        rows.loc[rows["class_name"] == "rectangle", "class_name"] = "réct angle"
+
+    data = spoil(box_data["voc"], tmp_path / "data", rename)
+    with pytest.raises(KagtplError, match="label 'réct angle' holds a space, and the prediction string"):
+        detect.detect_detection(Path(data), {})
+    proj = make_project(tmp_path, box_data["voc"], name="voc")
+    proc = run_script(proj, "train.py", *FAST, "--dry-run", "--data-dir", data, "--box-classes", "ellipse,réct angle",
+                      check=False)  # fmt: skip
+    said = proc.stdout + (proc.stderr or "")
+    assert proc.returncode == 1 and "train.csv: label 'réct angle' holds a space" in said, said
+    assert "Epoch" not in said
 
 
 # ----------------------------------------------------------------------------- render and run

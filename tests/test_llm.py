@@ -20,7 +20,7 @@ import torch
 from test_text import minilm_dir
 from typer.testing import CliRunner
 
-from conftest import RUN_ENV, import_project, render, run_script
+from conftest import RUN_ENV, dry_run_into_output, import_project, render, run_script
 from kagtpl.cli import app
 from kagtpl.template import adapters
 
@@ -239,7 +239,7 @@ def test_a_llama_without_a_pad_token_reads_the_last_real_token(llms, tmp_path, l
     out = (quant.stdout + quant.stderr).strip().splitlines()
     assert quant.returncode == 1 and out[-1].startswith("ERROR: --quant 4bit needs a CUDA GPU"), out
     assert not (project / "output").exists() or not list((project / "output").glob("*.pth"))
-    log = run_script(project, "train.py", "--dry-run", "--device", "cpu").stdout
+    log = dry_run_into_output(project, "--device", "cpu").stdout
     assert "pad none in the tokenizer: its EOS '</s>'; chat template off; LoRA on" in log, log[-2000:]
     assert "SUBMISSION:" in run_script(project, "predict.py").stdout
     sample = pd.read_csv(llms[layout] / "sample_submission.csv")
@@ -263,7 +263,7 @@ def test_a_llama_without_a_pad_token_reads_the_last_real_token(llms, tmp_path, l
 @pytest.mark.slow
 def test_lora_on_the_minilm_encoder_saves_megabytes_not_the_model(llms, tmp_path):
     project = llm_project(tmp_path / "p", llms, "authors", "minilm")
-    log = run_script(project, "train.py", "--dry-run", "--device", "cpu", "--lora", "on", "--lora-r", "8").stdout
+    log = dry_run_into_output(project, "--device", "cpu", "--lora", "on", "--lora-r", "8").stdout
     assert "TEXT MODEL: an encoder (bert)" in log and "LoRA on" in log and "LORA: r 8, alpha 32" in log, log[-2000:]
     ckpt_bytes = (project / "output" / "model_fold0.pth").stat().st_size
     full_bytes = (minilm_dir() / "model.safetensors").stat().st_size

@@ -141,6 +141,13 @@ def test_render_matrix(tmp_path, data):
     elif task != "image":
         assert f'PROBLEM = "{data["problem"]}"' in train and f'METRIC = "{answers["metric"]}"' in train
     assert f'GPU_PROFILE = "{data["gpu"]}"' in train
+    readme = (project / "README.md").read_text()  # the files table, one block (a blank line split it: issue 47)
+    table = readme.split("## Files\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert table[:2] == ["| file | whose | what |", "|---|---|---|"], table
+    assert all(x.startswith("| ") for x in table[2:]), table
+    assert {"| `train.py` | yours", "| `machinery/engine.py` | kagtpl"} <= {
+        " | ".join(x.split(" | ")[:2]) for x in table
+    }
     if "image_size" in data:
         assert f"IMAGE_SIZE = {data['image_size']}\n" in train
 

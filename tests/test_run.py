@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 CPU = ["--device", "cpu"]
 
 
-def assert_valid_submission(project, data_dir):
-    sub = pd.read_csv(project / "output" / "submission.csv", dtype={"id": str})
+def assert_valid_submission(project, data_dir, out: str = "output"):
+    sub = pd.read_csv(project / out / "submission.csv", dtype={"id": str})
     sample = pd.read_csv(data_dir / "sample_submission.csv", dtype={"id": str})
     assert list(sub.columns) == list(sample.columns) and list(sub["id"]) == list(sample["id"])
     probs = sub[sample.columns[1:]].to_numpy()
@@ -41,11 +41,18 @@ def test_dry_run_then_predict(project, digits_dir):
     log = run_script(project, "train.py", "--dry-run", *CPU).stdout
     lines = log.splitlines()
     assert lines[0] == "PARALLEL: none (one device (cpu))"  # the run's shape comes first
-    assert "RESOURCES: " in lines[1] and "batch=32, GPU=none, Mixed Precision=OFF" in lines[1]
-    assert lines[2] == "GPU Memory: none"
-    assert re.fullmatch(
-        r"DataLoader: num_workers=\d+, prefetch_factor=(\d+|None), persistent_workers=(True|False)", lines[3]
+    assert lines[1] == "COMPILE: off (auto: cpu: compiling costs ~40 s there and gains little)"
+    assert lines[2] == (  # a folder of its own (issue 47): a trained run's files are never touched
+        "DRY RUN: everything goes to output/dry-run, its own folder (a trained run's files are never touched); "
+        "python predict.py --out-dir output/dry-run predicts with it"
     )
+    assert "RESOURCES: " in lines[3] and "batch=32, GPU=none, Mixed Precision=OFF" in lines[3]
+    assert lines[4] == "GPU Memory: none"
+    assert re.fullmatch(
+        r"DataLoader: num_workers=\d+, prefetch_factor=(\d+|None), persistent_workers=(True|False)", lines[5]
+    )
+    out = project / "output" / "dry-run"
+    assert not (project / "output" / "model_fold0.pth").exists()
     assert re.search(r"^Model: resnet18 \(11\.2M params, small model\)$", log, re.M)
     assert "GPU Memory Used: none (CPU run)" in log
     epochs = re.findall(
@@ -56,43 +63,43 @@ def test_dry_run_then_predict(project, digits_dir):
     )
     assert len(epochs) == 2  # 2 folds x 1 epoch
     assert "FOLD 0 (1 of 2)" in log and "FOLD 1 (2 of 2)" in log and "OOF: Acc=" in log
-    records = [json.loads(x) for x in (project / "output" / "train_log.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert [(r["fold"], r["epoch"]) for r in records] == [(0, 1), (1, 1)]
     assert records[0]["gpu_used_gb"] is None and records[0]["samples_per_s"] > 0
-    ckpt = torch.load(project / "output" / "model_fold0.pth", weights_only=True)
+    ckpt = torch.load(out / "model_fold0.pth", weights_only=True)
     assert ckpt["classes"][:3] == ["zero", "one", "two"] and ckpt["complete"] is True
     assert ckpt["config"]["model"] == "resnet18" and ckpt["config"]["dry_run"] is True
-    assert not list((project / "output").glob("*.tmp")) and not list((project / "output").glob(".*.tmp"))
+    assert not list((project / "output").rglob("*.tmp")) and not list((project / "output").rglob(".*.tmp"))
 
     # the run's own log, output/train.log: every line of its stdout; kagtpl doctor reads it by
     # default, and the JSON log too, each with the batch the run ended with (RESOURCES said 32)
-    assert set(lines) <= set((project / "output" / "train.log").read_text().splitlines())
-    for given in ([], ["output/train_log.jsonl"]):
+    assert set(lines) <= set((out / "train.log").read_text().splitlines())
+    for given in (["output/dry-run/train.log"], ["output/dry-run/train_log.jsonl"]):
         doc = subprocess.run(
             [sys.executable, "-m", "kagtpl", "doctor", *given], cwd=project, capture_output=True, text=True
         )
         assert doc.returncode == 0, doc.stderr
         assert "GPU: none (CPU run), ? GB, batch 8" in doc.stdout and "STATUS: OK" in doc.stdout
 
-    assert "REPORT: output/train_report.png" in log
-    png = (project / "output" / "train_report.png").read_bytes()
+    assert "REPORT: output/dry-run/train_report.png" in log
+    png = (out / "train_report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
-    pred = run_script(project, "predict.py", *CPU).stdout
+    pred = run_script(project, "predict.py", *CPU, "--out-dir", "output/dry-run").stdout
     assert "ENSEMBLE: 2 checkpoint(s), folds [0, 1]" in pred
     assert "SUBMISSION: " in pred
-    assert_valid_submission(project, digits_dir)
+    assert_valid_submission(project, digits_dir, "output/dry-run")
 
     # a deadline already passed (a slowed machine): TTA off, then only the best fold, still a submission
-    losses = {k: torch.load(project / "output" / f"model_fold{k}.pth", weights_only=True)["val_loss"] for k in (0, 1)}
-    late = run_script(project, "predict.py", *CPU, f"--deadline={time.time()}").stdout
+    losses = {k: torch.load(out / f"model_fold{k}.pth", weights_only=True)["val_loss"] for k in (0, 1)}
+    late = run_script(project, "predict.py", *CPU, "--out-dir", "output/dry-run", f"--deadline={time.time()}").stdout
     assert "TTA off (one view per row)" in late and "PREDICT: deadline: 1 of 2 fold(s) used" in late
     assert f"PREDICT: model_fold{min(losses, key=losses.get)}.pth -> 40 rows" in late
-    assert "SUBMISSION: output/submission.csv (40 rows, 1 fold(s) ensembled)" in late
-    assert_valid_submission(project, digits_dir)
+    assert "SUBMISSION: output/dry-run/submission.csv (40 rows, 1 fold(s) ensembled)" in late
+    assert_valid_submission(project, digits_dir, "output/dry-run")
 
     # the run's row in the experiments table, with the commit it ran at
-    rows = pd.read_csv(project / "output" / "experiments.csv", dtype=str)
+    rows = pd.read_csv(out / "experiments.csv", dtype=str)
     assert len(rows) == 1
     row = rows.iloc[0]
     assert row["git"] == sha.strip() and row["task"] == "image" and row["model"] == "resnet18"
@@ -102,8 +109,28 @@ def test_dry_run_then_predict(project, digits_dir):
     assert abs(float(row["cv"]) - oof) < 1e-4 and row["metric"] == "logloss" and row["stop"] == "dry run"
     over = re.search(r"^OOF: .* over (\d+) rows from folds \[0, 1\]$", log, re.M).group(1)
     assert len(row["fold_scores"].split()) == 2 and row["oof_rows"] == over  # the dry run's validation batches
-    table = run_script(project, "-m", "machinery.experiments").stdout.splitlines()
+    table = run_script(project, "-m", "machinery.experiments", "--out-dir", "output/dry-run").stdout.splitlines()
     assert table[0].split()[:3] == ["time", "git", "model"] and len(table) == 2
+
+
+def test_a_dry_run_after_training_touches_nothing_the_run_made(project, digits_dir):
+    """Issue 47: both READMEs list the dry run first under "Use"; run in that order on a trained
+    project it overwrote model_fold0.pth and model_fold1.pth with 1-epoch models and moved the
+    good submission.csv aside, and predict.py then ensembled the dry run's folds. The dry run now
+    has a folder of its own."""
+    run_script(project, "train.py", *CPU, "--epochs", "1", "--folds", "2")
+    run_script(project, "predict.py", *CPU)
+    out = project / "output"
+    kept = [p for p in out.iterdir() if p.suffix == ".pth" or p.name.startswith("oof") or p.name == "submission.csv"]
+    before = {p.name: p.read_bytes() for p in kept}
+    assert {"model_fold0.pth", "model_fold1.pth", "submission.csv"} <= set(before)
+    log = run_script(project, "train.py", *CPU, "--dry-run").stdout
+    assert {p.name: p.read_bytes() for p in kept} == before
+    assert sorted(p.name for p in out.glob("submission*")) == ["submission.csv"]  # nothing moved aside
+    assert "moved to" not in log and (out / "dry-run" / "model_fold0.pth").is_file()
+    pred = run_script(project, "predict.py", *CPU).stdout
+    assert "ENSEMBLE: 2 checkpoint(s), folds [0, 1]" in pred and "dry-run" not in pred
+    assert "WARNING: dry-run checkpoints" not in pred
 
 
 def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(project, digits_dir):
@@ -184,7 +211,7 @@ def test_preflight_names_the_file_and_row_before_training(tmp_path, digits_dir, 
     r = run_script(project, "train.py", *CPU, "--dry-run", check=False)
     assert r.returncode == 1
     assert re.search("PREFLIGHT ERROR: .*" + message, r.stderr), r.stderr
-    assert "Epoch" not in r.stdout and not list((project / "output").glob("model_fold*.pth"))
+    assert "Epoch" not in r.stdout and not list((project / "output").rglob("model_fold*.pth"))
 
 
 @pytest.mark.parametrize("dry", [[], ["--dry-run"]], ids=["run", "dry-run"])
@@ -195,7 +222,7 @@ def test_pretrained_offline_fails_fast_with_the_way_out(project, dry):
     r = run_script(project, "train.py", *CPU, "--pretrained", *dry, check=False)
     assert r.returncode == 1 and time.time() - t0 < 40
     assert "--weights" in r.stderr and "--no-pretrained" in r.stderr and "unreachable" in r.stderr
-    assert "Epoch" not in r.stdout and not list((project / "output").glob("model_fold*.pth"))
+    assert "Epoch" not in r.stdout and not list((project / "output").rglob("model_fold*.pth"))
 
 
 def test_local_weights_file_is_loaded(project, tmp_path):
@@ -207,7 +234,7 @@ def test_local_weights_file_is_loaded(project, tmp_path):
     weights = tmp_path / "resnet18_imagenet.pth"
     torch.save(source.state_dict(), weights)
     run_script(project, "train.py", *CPU, "--dry-run", "--weights", str(weights), "--lr", "0")
-    ckpt = torch.load(project / "output" / "model_fold0.pth", weights_only=True)
+    ckpt = torch.load(project / "output" / "dry-run" / "model_fold0.pth", weights_only=True)
     assert torch.allclose(ckpt["model"]["conv1.weight"], torch.full_like(ckpt["model"]["conv1.weight"], 0.0123))
     assert ckpt["model"]["fc.weight"].shape[0] == 10  # ImageNet head replaced by the competition's
 
@@ -233,8 +260,8 @@ def test_label_column_submission(tmp_path, digits_dir):
     sample.to_csv(data / "sample_submission.csv", index=False)
     project = render(tmp_path / "proj", data_dir=str(data), labels_csv="train.csv")
     run_script(project, "train.py", *CPU, "--dry-run")
-    run_script(project, "predict.py", *CPU)
-    sub = pd.read_csv(project / "output" / "submission.csv", dtype={"id": str})
+    run_script(project, "predict.py", *CPU, "--out-dir", "output/dry-run")
+    sub = pd.read_csv(project / "output" / "dry-run" / "submission.csv", dtype={"id": str})
     assert list(sub.columns) == ["id", "breed"] and list(sub["id"]) == list(sample["id"])
     assert set(sub["breed"]) <= {"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"}
 

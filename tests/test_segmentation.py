@@ -209,6 +209,25 @@ def test_preflight_names_the_file_of_each_bad_mask(tmp_path, m, shapes_data):
     assert not m.train.training_mask(args, row, "binary").any()  # empty masks allowed: read as empty
 
 
+def test_a_sample_with_an_extra_column_is_one_line_naming_the_file(tmp_path, m, shapes_data):
+    """Issue 47: `id,rle,extra` passed kagtpl new, then crashed train.py with a pandas traceback
+    (`sequence item 1: expected str instance, float found`). An extra column cannot be filled from
+    masks: kagtpl new and train.py's preflight each say so in one line naming the file."""
+    data = spoil(tmp_path, shapes_data["png"], "extra")
+    sample = data / "sample_submission.csv"
+    lines = sample.read_text().splitlines()
+    sample.write_text("\n".join([lines[0] + ",extra", *(line + "," for line in lines[1:])]) + "\n")
+    with pytest.raises(KagtplError, match=r"sample_submission.csv: columns \['id', 'rle', 'extra'\], but the masks"):
+        detect.detect_segmentation(data, {})
+    message = r"sample_submission.csv: columns \['id', 'rle', 'extra'\], but a binary submission has 2 \(id, rle\)"
+    with pytest.raises(m.errors.DataError, match=message):
+        preflight(m, data)
+    rle = spoil(tmp_path, shapes_data["rle"], "extra-rle")  # the RLE layout: the same words from kagtpl new
+    (rle / "sample_submission.csv").write_text("id,rle,extra\nimg0100,,\n")
+    with pytest.raises(KagtplError, match="a third column cannot be filled from them"):
+        detect.detect_segmentation(rle, {})
+
+
 def test_preflight_names_the_line_of_a_bad_rle_row(tmp_path, m, shapes_data):
     data = spoil(tmp_path, shapes_data["rle-classes"], "rlec")
     rows = (data / "train.csv").read_text().splitlines()
@@ -346,3 +365,21 @@ def test_recommend_segmentation_explains_tile_batch_and_precision(shapes_data):
     ):
         r = recommend(*flags)
         assert r.exit_code == 1 and message in r.output
+
+
+@pytest.mark.parametrize("task", ["segmentation", "detection"])
+def test_kagtpl_shapes_refuses_a_folder_that_holds_files(tmp_path, task):
+    """Issue 47: kagtpl shapes wrote into an existing folder without a word, leaving stale images
+    a detection project then read as negatives. Like kagtpl sounds, it refuses: one red line,
+    exit 1, and the folder as it was."""
+    dest = tmp_path / "data"
+    (dest / "train").mkdir(parents=True)
+    (dest / "train" / "stale.png").write_bytes(b"an earlier run's image")
+    r = CliRunner().invoke(app, ["shapes", str(dest), "--task", task])
+    assert r.exit_code == 1 and r.output.strip().splitlines() == [
+        f"error: {dest} exists; kagtpl shapes never overwrites: pick another folder"
+    ], r.output
+    assert sorted(p.name for p in dest.rglob("*")) == ["stale.png", "train"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert CliRunner().invoke(app, ["shapes", str(empty), "--task", task, "--train", "4", "--test", "1"]).exit_code == 0

@@ -22,7 +22,7 @@ import pytest
 import textdata
 from test_text import text_project
 
-from conftest import ROOT, RUN_ENV, render, run_script
+from conftest import ROOT, RUN_ENV, dry_run_into_output, render, run_script
 from kagtpl import new, shapes, sounds, table
 
 pytestmark = pytest.mark.slow
@@ -244,7 +244,7 @@ def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]
         plan = {"folds": 2, "image_size": 64}
         project = new.new_project(new.NewAnswers(name="comp", task=task, gpu="cpu", data=data, dest=root, **plan))
     shutil.copytree(STANDIN, data / "kaggle_evaluation")
-    run_script(project, "train.py", "--device", "cpu", "--dry-run")
+    dry_run_into_output(project, "--device", "cpu")
     run_script(project, "predict.py", "--device", "cpu")
     sent = data / ("test.csv" if task == "text" else "sample_submission.csv")
     return project, sent, 10 if task in ("image", "text") else 2

@@ -75,6 +75,49 @@ def test_oof_files_of_another_signature_stay_out_of_oof_csv(project_modules, tmp
     assert "OOF: oof_fold2.csv left out: made with no run signature (an older kagtpl)" in out
 
 
+def test_a_changed_file_in_a_folder_changes_the_signature(project_modules, tmp_path):
+    """Issue 47: every mask emptied, with the same names and count, and the rerun said each fold
+    `is complete, skipping (resume)`, then predict.py wrote a byte-identical stale submission: a
+    folder counted its files. Now each file's size and time count (nested folders too, as
+    BirdCLEF's train_audio/<species>/); a copy that keeps the times signs alike."""
+    import os
+    import shutil
+
+    sign = project_modules.artifacts.run_signature
+    data = tmp_path / "data"
+    (data / "masks").mkdir(parents=True)
+    (data / "train_audio" / "word").mkdir(parents=True)
+    (data / "labels.csv").write_text("id,breed\na,x\n")
+    for name in ("a.png", "b.png"):
+        (data / "masks" / name).write_bytes(b"\x89PNG mask pixels")
+    (data / "train_audio" / "word" / "c.ogg").write_bytes(b"OggS sound")
+    base = sign(flags(data))
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy)  # copy2: the times kept
+    assert sign(flags(copy)) == base
+    (data / "masks" / "a.png").write_bytes(b"")  # emptied: the same name, the same count
+    emptied = sign(flags(data))
+    assert emptied != base
+    os.utime(copy / "train_audio" / "word" / "c.ogg", (1, 1))  # a nested clip re-recorded at the same size
+    assert sign(flags(copy)) != base
+    assert emptied != sign(flags(copy))
+
+
+def test_a_signature_that_reads_as_a_number_stays_text(project_modules, tmp_path, capsys):
+    """Issue 47: 3226e4661147 was read back as inf, so a text run threw away its own OOF file
+    ('made with run signature inf'). About 1 signature in 250 looks like a number."""
+    artifacts = project_modules.artifacts
+    frame = pd.DataFrame({"id": ["007", "NA"], "fold": 0, "target": [0, 1], "p": [0.2, 0.7]})
+    for signature in ("3226e4661147", "000000001234", "12345678e901"):
+        artifacts.signed(frame.copy(), signature).to_csv(tmp_path / "oof_fold0.csv", index=False)
+        kept = artifacts.read_signed(tmp_path / "oof_fold0.csv", signature)
+        assert kept is not None, capsys.readouterr().out
+        assert list(kept["id"]) == ["007", "NA"] and kept["signature"].iloc[0] == signature
+    # the boosters' OOF files carry it in their "run" column
+    pd.DataFrame({"id": ["a"], "run": ["3226e4661147"]}).to_csv(tmp_path / "oof_lgbm_fold0.csv", index=False)
+    assert project_modules.storage.read_ours(tmp_path / "oof_lgbm_fold0.csv")["run"].iloc[0] == "3226e4661147"
+
+
 @pytest.fixture(scope="module")
 def blend_module(tmp_path_factory):
     project = render(tmp_path_factory.mktemp("blend") / "p", task="tabular", gpu="cpu", problem="binary")

@@ -16,7 +16,7 @@ import textdata
 import torch
 from typer.testing import CliRunner
 
-from conftest import render, run_script, start_until
+from conftest import dry_run_into_output, render, run_script, start_until
 from kagtpl import detect, new
 from kagtpl.cli import app
 from kagtpl.template import hardware
@@ -116,7 +116,7 @@ def test_recommend_text_explains_each_setting():
 
 
 def no_checkpoints(project: Path) -> bool:
-    return not list((project / "output").glob("model_fold*.pth"))
+    return not list((project / "output").rglob("model_fold*.pth"))
 
 
 @pytest.mark.slow
@@ -126,7 +126,7 @@ def test_dry_run_then_predict_writes_the_sample_layout(text_data, tmp_path, layo
     if layout == "authors":  # an empty test text (issue 30): a WARNING and a prediction, never no submission
         _edit(data / "test.csv", lambda d: d.__setitem__("text", d["text"].where(d.index != 2, " ")))
     project = text_project(tmp_path / "p", data, layout)
-    log = run_script(project, "train.py", "--dry-run", "--device", "cpu").stdout
+    log = dry_run_into_output(project, "--device", "cpu").stdout
     assert "TOKENS: train" in log and "TOKENS: test" in log and "MAX_LEN: " in log and "DONE: 2 folds" in log
     empty = "WARNING: " + str(data / "test.csv") + " line 4: empty text in text (id "
     assert (empty in log) == (layout == "authors"), log[-3000:]

@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -230,6 +231,35 @@ def test_two_workers_share_one_journal_without_lock_errors(tmp_path):
     study = load_study(project, "w2")
     assert len({t.user_attrs["pid"] for t in study.trials}) == 2  # two processes did the trials
     assert all(t.state.name in ("COMPLETE", "PRUNED") for t in study.trials)
+
+
+@pytest.mark.slow
+def test_a_journal_lock_left_by_a_killed_search_is_released(project_modules, tmp_path):
+    """A resumed search hung in CI (240 s, in create_study's journal append): the killed tune.py
+    had held optuna's journal lock, a symlink to the journal, made with the relative path
+    output/tune/optuna.journal, which resolves beside the link and dangles, so optuna's 30 s grace
+    period (it reads the target's mtime) never ran. One process takes the lock through the
+    project's storage and dies holding it; a search opened after it must get in."""
+    project = Path(project_modules.tuning.__file__).resolve().parents[1]
+    search = (
+        "from pathlib import Path\n"
+        "from machinery import tuning\n"
+        "search = tuning.Search(Path('output'), 'comp', '', 4, None, 0.0, 1, 3, 'maximize', 'auc', 'none', 42, 1, 0,"
+        " [])\n"
+        "storage = tuning.open_storage(search)\n"
+    )
+    work = tmp_path / "work"
+    (work / "machinery").mkdir(parents=True)
+    for f in (project / "machinery").glob("*.py"):
+        shutil.copy(f, work / "machinery" / f.name)
+    killed = search + "import os\nstorage._backend._lock.acquire()\nos._exit(9)  # as SIGKILL: the lock stays\n"
+    assert subprocess.run([sys.executable, "-c", killed], cwd=work, timeout=120).returncode == 9
+    assert (work / "output/tune/optuna.journal.lock").is_symlink()
+    opened = search + "print('OPENED', tuning.open_study(search, storage).study_name)\n"
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", opened], cwd=work, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "OPENED comp" in r.stdout, r.stderr[-2000:]
+    assert time.time() - t0 < 90  # optuna's 30 s grace period, then the stale lock is released
 
 
 @pytest.mark.slow

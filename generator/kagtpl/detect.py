@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
@@ -373,6 +374,14 @@ def _rle_start(path: Path, column: str) -> str:
     return "1"
 
 
+def one_mask_extra_column(path: Path, columns: list[str]) -> KagtplError:
+    """A sample of 3 columns where the masks give one per image (id, rle): the third cannot be filled."""
+    return KagtplError(
+        f"{path}: columns {columns}, but the masks are one per image (id, rle): a third column cannot be filled "
+        "from them; remove it from the sample, or give the class masks (--mask-values, --class-col)"
+    )
+
+
 def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for the segmentation keys: the images, masks as files or as RLE in a CSV, and the
     submission's shape; `overrides` (flags) win over what is found."""
@@ -405,6 +414,8 @@ def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[st
         first = next((p for p in sorted((data / mask_dir).iterdir()) if p.is_file()), None)
         mask_ext = o["mask_ext"] or (first.suffix if first is not None else ".png")
         values = o["mask_values"] or mask_values(data / mask_dir)
+        if len(sample_cols) == 3 and len(str(values).split(",")) == 1:
+            raise one_mask_extra_column(data / sample, sample_cols)
         return {**found, "mask_dir": mask_dir, "mask_ext": mask_ext, "mask_values": values}
     csv = _pick(data, o["train_csv"], RLE_CSVS, "mask folder or RLE CSV", Path.is_file, "a segmentation")
     cols = _header(data / csv)
@@ -412,10 +423,13 @@ def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[st
     rle_col = o["rle_col"] or (sample_cols[-1] if sample_cols[-1] in cols else cols[-1])
     class_col = o["class_col"]
     if class_col is None:
-        class_col = sample_cols[1] if len(sample_cols) == 3 and sample_cols[1] in cols else ""
+        middle = sample_cols[1] if len(sample_cols) == 3 else ""  # id, class, rle: never the RLE column itself
+        class_col = middle if middle in cols and middle != rle_col else ""
     for what, col in (("id", id_col), ("RLE", rle_col), ("class", class_col)):
         if col and col not in cols:
             raise KagtplError(f"{data / csv}: no {what} column {col!r} (columns: {cols})")
+    if len(sample_cols) == 3 and not class_col:
+        raise one_mask_extra_column(data / sample, sample_cols)
     start = o["rle_start"] or _rle_start(data / csv, rle_col)
     return {
         **found, "mask_dir": "", "train_csv": csv, "id_col": id_col, "rle_col": rle_col, "class_col": class_col,
@@ -553,6 +567,12 @@ def detect_detection(data: Path, overrides: dict[str, str | None]) -> dict[str, 
     }  # fmt: skip
     if label_col:
         found["box_classes"] = classes or ""
+    spaced = [c for c in (classes or "").split(",") if c != "".join(c.split())]
+    if style != "rows" and "label" in re.findall(r"\w+", found["pred_fields"]) and spaced:
+        raise KagtplError(
+            f"{data / csv}: label {spaced[0]!r} holds a space, and the prediction string separates its fields with "
+            "spaces, so it could not be written there; rename the label"
+        )
     found.update({k: o[k] for k in ("missing_boxes", "metric", "arch") if o[k] is not None})
     return found
 

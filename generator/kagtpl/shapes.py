@@ -90,7 +90,7 @@ def write_shapes(
     dest: Path, layout: str = "png", n_train: int = 120, n_test: int = 30, size: int = 96, seed: int = 0
 ) -> Path:
     """The competition in `layout` under `dest`; returns `dest`."""
-    rng = start(layout, LAYOUTS, "layouts", size, n_train, n_test, seed)
+    rng = start(dest, layout, LAYOUTS, "layouts", size, n_train, n_test, seed)
     import numpy as np
     from PIL import Image
 
@@ -124,12 +124,19 @@ def write_shapes(
     return dest
 
 
-def start(layout: str, layouts: tuple, what: str, size: int, n_train: int, n_test: int, seed: int):
-    """The checks every generated competition makes before writing; its random generator."""
+def start(dest: Path, layout: str, layouts: tuple, what: str, size: int, n_train: int, n_test: int, seed: int):
+    """The checks every generated competition makes before writing; its random generator. An
+    existing non-empty folder (or solution file) is refused, as kagtpl sounds refuses it: images
+    left in it from another run would be read as part of this competition (a detection project
+    took stale images for negatives)."""
     if layout not in layouts:
         raise KagtplError(f"unknown layout {layout!r}; valid {what}: {', '.join(layouts)}")
     if size < 32 or n_train < 4 or n_test < 1:
         raise KagtplError(f"--size {size}, --train {n_train}, --test {n_test}: at least 32 px, 4 and 1 images")
+    dest = Path(dest)
+    for path in (dest, dest.parent / f"{dest.name}_solution.csv"):
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise KagtplError(f"{path} exists; kagtpl shapes never overwrites: pick another folder")
     try:
         import numpy as np
         import PIL  # noqa: F401  (draw_image's)
@@ -228,7 +235,7 @@ def write_boxes(
     - `rows`: train.csv a row per box: left, top, width, height in pixels; the submission a row per
       box too, columns image_id, left, width, top, height, score, one example row (NFL helmets)
     """
-    rng = start(layout, BOX_LAYOUTS, "detection layouts", size, n_train, n_test, seed)
+    rng = start(dest, layout, BOX_LAYOUTS, "detection layouts", size, n_train, n_test, seed)
     for folder in ("train", "test"):
         (dest / folder).mkdir(parents=True, exist_ok=True)
     id_col = BOX_HEADERS[layout][0]

@@ -36,10 +36,12 @@ TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".parquet")  # read whole into the fi
 
 
 def data_fingerprint(folder) -> list:
-    """The data folder's top level: a content hash per table (train.csv, labels.csv,
+    """The data folder: a content hash per top-level table (train.csv, labels.csv,
     sample_submission.csv: a relabelled row or a class column added to the sample changes it,
-    even at the same size), size per other file, entry count per folder. Images are not read;
-    the same on Kaggle's /kaggle/input and on a copy elsewhere."""
+    even at the same size), size per other file, and per folder a hash of every file in it
+    (nested too) by name, size and modification time: an emptied mask, a re-recorded clip or an
+    edited image changes it, as it changes the image cache's key, with no image read. A copy
+    elsewhere that keeps the times (cp -p, rsync -t, Kaggle's /kaggle/input) signs alike."""
     found = []
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -47,13 +49,25 @@ def data_fingerprint(folder) -> list:
         return found
     for entry in entries:
         if entry.is_dir():
-            found.append((entry.name, sum(1 for _ in os.scandir(entry.path))))
+            found.append((entry.name, folder_digest(entry.path)))
         elif entry.is_file() and entry.name.lower().endswith(TABLE_SUFFIXES):
             with open(entry.path, "rb") as f:
                 found.append((entry.name, hashlib.file_digest(f, "sha1").hexdigest()))
         elif entry.is_file():
             found.append((entry.name, entry.stat().st_size))
     return found
+
+
+def folder_digest(path: str) -> str:
+    """Every file under `path` as (relative name, size, whole seconds of its modification time),
+    in name order, hashed: stat calls only (~0.1 s for 10,000 files)."""
+    rows = []
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            st = os.stat(os.path.join(root, name))
+            rows.append(f"{os.path.relpath(os.path.join(root, name), path)}\t{st.st_size}\t{int(st.st_mtime)}")
+    return hashlib.sha1("\n".join(rows).encode()).hexdigest()
 
 
 def run_signature(args) -> str:

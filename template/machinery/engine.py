@@ -17,8 +17,9 @@ The competition is a plain object (train.py's `Competition`) with:
     higher_is_better: bool  for that metric (the experiments table ranks by it)
     resume_keys: tuple      config keys a finished fold's checkpoint must share to be skipped
     describe: dict          task and input for the experiments table ({"task": "image", "input": "224px"})
-    test_rows, test_views, decode_s: int, int, float
-                            prediction's work (rows x views, seconds per row to prepare) for the reserve
+    test_rows, test_views, decode_s: float, int, float
+                            prediction's work for the reserve: test rows in validation rows (audio: a
+                            window is a third of a 3-window clip), views, seconds per row to prepare
     fold(k, trn_idx, val_idx) -> Fold        the fold's rows, with anything fitted on the training part
     loader(rows, batch, train) -> batches    a sized iterable of batches (tuples of tensors)
     build_model(fold) -> torch.nn.Module

@@ -14,14 +14,9 @@ from pathlib import Path
 
 # The profile table and the precision rule live in profiles.py; scripts and kagtpl's generator
 # read them here too (hardware.PROFILES), beside the rules that use them.
-from .profiles import DEFAULT_PROFILE as DEFAULT_PROFILE
-from .profiles import KAGGLE_PROFILES as KAGGLE_PROFILES
-from .profiles import PROFILES as PROFILES
-from .profiles import Profile as Profile
-from .profiles import amp_mode as amp_mode
+from .profiles import DEFAULT_PROFILE, KAGGLE_PROFILES, PROFILES, Profile, amp_mode  # noqa: F401 (re-exported)
 
-# The valid range of each numeric setting, stated once: copier.yml's validators, `kagtpl new`
-# and the generated scripts' flags check against these (a test keeps copier.yml in step).
+# Each numeric setting's valid range, once: copier.yml's validators, `kagtpl new` and the flags check them
 RANGES = {
     "image_size": (16, 2048),
     "work_size": (32, 8192),
@@ -69,6 +64,11 @@ def data_and_output_dirs(competition: str, data_dir: str) -> tuple[str, str]:
     if on_kaggle():
         return competition_dir(competition), os.path.join(kaggle_root(), "working")
     return data_dir, in_project("output")
+
+
+def dry_run_dir(out_dir: str) -> str:
+    """--dry-run's own folder when --out-dir is not given: output/dry-run (once, whoever asks)."""
+    return out_dir if Path(out_dir).name == "dry-run" else str(Path(out_dir) / "dry-run")
 
 
 # Batch anchors from the field notes: A10 (24 GB), 224 px, AMP on, EfficientNet-B4/B5 or a

@@ -84,6 +84,9 @@ def parse_args(p, argv=None):
     line is read again, so a flag you give still wins over the file. --params auto (run.py's) is
     <out-dir>/best_params.json when tune.py searched this run signature (params_file)."""
     args = p.parse_args(argv)
+    if getattr(args, "dry_run", False) and args.out_dir == p.get_default("out_dir"):
+        # a folder of its own: README's order (dry run, train, dry run again) overwrote a trained run's folds
+        args.out_dir = hardware.dry_run_dir(args.out_dir)
     if args.params:
         path = params_file(args)
         if path is not None:
@@ -231,7 +234,6 @@ def begin(args, ranges: dict | None = None) -> torch.device:
     if args.dry_run:
         args.epochs, args.folds = 1, 2
     device = resolve_device(args.device)  # a card this torch has no kernels for: ERROR before anything is written
-    speed_settings(args, device)
     out = Path(args.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -252,5 +254,9 @@ def begin(args, ranges: dict | None = None) -> torch.device:
         storage.sweep_stale_tmp(out)
         logs.log_to(out / "train.log")  # a fold worker's lines reach it through this process's relay
     print(f"PARALLEL: {args.parallel} ({why})")
+    speed_settings(args, device)  # on the device this process trains on (a DDP rank's own card)
+    if args.dry_run and not worker:
+        where = "its own folder (a trained run's files are never touched)" if out.name == "dry-run" else "--out-dir"
+        print(f"DRY RUN: everything goes to {out}, {where}; python predict.py --out-dir {out} predicts with it")
     seed_everything(args.seed)
     return device

@@ -192,12 +192,17 @@ def as_numbers(column):
     return values
 
 
+TEXT_COLUMNS = {0: str, "signature": str, "run": str}  # ids and run signatures: never numbers
+
+
 def read_ours(path: Path, **kwargs):
-    """A CSV this project wrote (folds, OOF and test predictions): its first column, the id, as
-    text ("00200", "NA" and "null" are ids), and only empty cells missing."""
+    """A CSV this project wrote (folds, OOF and test predictions): its first column, the id, and
+    the columns that carry run signatures as text ("00200", "NA" and "null" are ids; a signature
+    of hex digits such as 3226e4661147, about 1 in 250, read as a number was `inf`), and only
+    empty cells missing."""
     import pandas as pd
 
-    return pd.read_csv(path, dtype={0: str}, keep_default_na=False, na_values=[""], **kwargs)
+    return pd.read_csv(path, dtype=TEXT_COLUMNS, keep_default_na=False, na_values=[""], **kwargs)
 
 
 def write_csv_atomic(df, path: Path) -> None:

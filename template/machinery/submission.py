@@ -360,7 +360,3 @@ def wait_for_train(after_train: bool) -> None:
         print("PREDICT: run.py ended before train.py did: nothing predicted, the submission there is stays")
         raise SystemExit(0)
     print(f"PREDICT: started beside train.py: ready in {ready:.1f}s, then waited {time.time() - t0:.1f}s for it")
-    try:  # run.py started it at nice 10 so train.py's start came first; train.py has ended (root may undo it)
-        os.setpriority(os.PRIO_PROCESS, 0, 0)
-    except (OSError, AttributeError):
-        pass

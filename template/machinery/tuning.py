@@ -97,14 +97,14 @@ def describe_storage(search: Search) -> str:
 
 
 def open_storage(search: Search):
-    """The default journal file (several processes append to it under a file lock; optuna's FAQ:
-    SQLite under parallel writers gives "database is locked"), or an RDB URL."""
+    """The journal file (processes append under a file lock: SQLite said "database is locked"), or an RDB URL."""
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
     if not search.storage_url:
         search.folder.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(search.folder / "optuna.journal")))
+        # absolute: optuna's lock symlinks to the journal; a relative target dangled, a killed holder's lock lived on
+        return optuna.storages.JournalStorage(JournalFileBackend(str((search.folder / "optuna.journal").resolve())))
     if "://" not in search.storage_url:
         raise RunError(
             f"--storage {search.storage_url!r}: give an optuna RDB URL (sqlite:///tune.db for one process, "
