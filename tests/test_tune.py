@@ -115,6 +115,10 @@ def test_params_file_sets_defaults_and_a_flag_given_still_wins(project_modules, 
     path.write_text("{not json")
     with pytest.raises(errors.RunError, match="cannot read it"):
         train.get_args(["--params", str(path)])
+    # a dry run keeps its own folder when --params reads the flags again (the second parse had reset it)
+    path.write_text(json.dumps({"params": {"lr": 0.0042}, "trial": 3}))
+    args = train.get_args(["--params", str(path), "--dry-run"])
+    assert args.lr == 0.0042 and Path(args.out_dir).name == "dry-run", args.out_dir
 
 
 def test_a_search_whose_trials_keep_failing_stops(project_modules, tmp_path, capsys):

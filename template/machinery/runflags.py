@@ -84,15 +84,15 @@ def parse_args(p, argv=None):
     line is read again, so a flag you give still wins over the file. --params auto (run.py's) is
     <out-dir>/best_params.json when tune.py searched this run signature (params_file)."""
     args = p.parse_args(argv)
-    if getattr(args, "dry_run", False) and args.out_dir == p.get_default("out_dir"):
-        # a folder of its own: README's order (dry run, train, dry run again) overwrote a trained run's folds
-        args.out_dir = hardware.dry_run_dir(args.out_dir)
-    if args.params:
+    if args.params:  # read from the run's own --out-dir (auto), before a dry run's folder is chosen
         path = params_file(args)
         if path is not None:
             p.set_defaults(**read_params(path, p))
             args = p.parse_args(argv)
         args.params = "" if path is None else str(path)
+    if getattr(args, "dry_run", False) and args.out_dir == p.get_default("out_dir"):
+        # a folder of its own: README's order (dry run, train, dry run again) overwrote a trained run's folds
+        args.out_dir = hardware.dry_run_dir(args.out_dir)
     return args
 
 
