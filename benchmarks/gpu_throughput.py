@@ -26,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -169,7 +170,7 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=None, help="where the project goes (default: a temporary folder)")
     args = p.parse_args()
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-    work = args.work or Path(__import__("tempfile").mkdtemp(prefix="kagtpl-gpu-throughput-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="kagtpl-gpu-throughput-"))
     data = write_images(work / "data", args.images)
     project = render(work / "proj", "image", data_dir=str(data), model=args.model, image_size=args.size)
     runs = {"train.py": run_train(project, args, "out-eager", "--compile", "off")}

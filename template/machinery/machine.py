@@ -154,6 +154,8 @@ def fit_steps(batching: Batching, rows: int, base_lr: float) -> None:
         return
     batching.size, batching.accum_steps = batch, accum
     batching.lr = hardware.scaled_lr(base_lr, batching.effective)
-    why = f"small data: {rows} training rows, at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch"
-    batching.why = ("small-data", why[len("small data: ") :])
-    print(logs.batch_line(batch, accum, f"{why}; lr {batching.lr:.2e}", batching.world))
+    batching.why = (
+        "small-data",
+        f"{rows} training rows, at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch",
+    )
+    print(logs.batch_line(batch, accum, f"small data: {batching.why[1]}; lr {batching.lr:.2e}", batching.world))

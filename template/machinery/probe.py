@@ -100,11 +100,10 @@ def probe_batch(
         f"{ceiling:.0f}% (the decision matrix's target >= {target:.0f}% is reported, not pursued)"
     )
     try:
-        measured, stop = grow(trial, batch, max_batch)
+        measured, stop = grow(trial, batch, max_batch, cap_why or ("probe", f"the probe's cap of {max_batch}"))
     finally:
         restore(saved, model, optimizer, amp)
-    stops = {"cap": cap_why or ("probe", f"the probe's cap of {max_batch}"), **trial.misses}
-    return choose(measured, batch, accum, lr_for, trial.total_gb, log, stops.get(stop, stop))
+    return choose(measured, batch, accum, lr_for, trial.total_gb, log, stop)
 
 
 class Trial:
@@ -115,8 +114,7 @@ class Trial:
         self.fetch, self.step, self.optimizer, self.amp, self.monitor = fetch, step, optimizer, amp, monitor
         (self.clock, self.sync), self.log, self.ceiling, self.target = timers, log, ceiling, target
         self.total_gb, self.first = None, True
-        self.misses: dict[str, tuple[str, str]] = {}  # "oom" / "ceiling": the candidate that did not fit, as a why
-        self.missed = ""  # the last candidate's miss: "oom" or "ceiling"
+        self.missed: tuple[str, str] | None = None  # the last candidate that did not fit, as a (key, detail) why
 
     def __call__(self, b: int) -> tuple[float, float] | None:
         free_gpu_memory()
@@ -129,15 +127,14 @@ class Trial:
             self.amp.forget_step(self.optimizer)
             free_gpu_memory()
             self.log(f"PROBE: batch={b} -> out of memory")
-            self.misses["oom"], self.missed = ("oom", f"batch {b} ran out of memory in the probe"), "oom"
+            self.missed = ("oom", f"batch {b} ran out of memory in the probe")
             return None
         used, self.total_gb, pct = self.monitor.peak()
         rate = b * PROBE_STEPS / max(seconds, 1e-9)
         verdict = "over the 90% ceiling" if pct > self.ceiling else "below target" if pct < self.target else "in band"
         self.log(f"PROBE: batch={b} -> {rate:.0f} samples/s, {used:.2f} GB ({pct:.1f}%) {verdict}")
         if pct > self.ceiling:
-            self.misses["ceiling"] = ("probe", f"batch {b} needs {pct:.0f}% of memory, over the 90% ceiling")
-            self.missed = "ceiling"
+            self.missed = ("probe", f"batch {b} needs {pct:.0f}% of memory, over the 90% ceiling")
             return None
         return rate, pct
 
@@ -162,10 +159,13 @@ def smaller(b: int) -> int:
     return max(SMALL_BATCH, hardware.round_to(b // 2, 8)) if b > SMALL_BATCH else b // 2
 
 
-def grow(trial: Trial, batch: int, max_batch: int) -> tuple[dict[int, tuple[float, float]], str]:
+def grow(
+    trial: Trial, batch: int, max_batch: int, cap_why: tuple
+) -> tuple[dict[int, tuple[float, float]], tuple | None]:
     """The candidates measured, from the rule's batch (halved until one fits, down to 1),
-    doubling until an OOM, the ceiling, `max_batch` or a gain under 5%; and why growing stopped:
-    "oom", "ceiling", "cap" (max_batch) or "saturated"."""
+    doubling until an OOM, the ceiling, `max_batch` or a gain under 5%; and why growing stopped,
+    as a (key, detail) why: the candidate that did not fit, `cap_why` (max_batch), or None (a
+    gain under 5%: the GPU is saturated)."""
     b = max(SMALL_BATCH, hardware.round_to(batch, 8)) if batch >= SMALL_BATCH else max(1, batch)
     result = trial(b)
     while result is None and b > 1:  # the rule's batch does not fit: halve until one does
@@ -176,7 +176,7 @@ def grow(trial: Trial, batch: int, max_batch: int) -> tuple[dict[int, tuple[floa
             "not even a batch of 1 fits in GPU memory: use --grad-checkpointing (text), a smaller --image-size "
             "or --max-len, or a smaller model"
         )
-    measured, stop = {b: result}, "cap"
+    measured, stop = {b: result}, trial.missed or cap_why  # halved to b: the miss above it is why
     while b * 2 <= max_batch:
         best_rate = max(r for r, _ in measured.values())
         nxt = b * 2 if b * 2 <= SMALL_BATCH or b % 8 == 0 else hardware.round_to(b * 2, 8)
@@ -187,10 +187,8 @@ def grow(trial: Trial, batch: int, max_batch: int) -> tuple[dict[int, tuple[floa
         b = nxt
         measured[b] = result
         if result[0] < best_rate / WITHIN:  # doubling gained < 5%: the GPU is saturated
-            stop = "saturated"
+            stop = None
             break
-    if stop == "cap" and trial.missed:  # halved to b, and the cap stopped its growth: the miss is why
-        stop = trial.missed
     return measured, stop
 
 
@@ -217,7 +215,7 @@ def choose(measured: dict, start: int, accum: int, lr_for, total_gb, log, stop=N
     lr, new_lr = lr_for(effective), lr_for(batch * new_accum)
     fastest = max(measured, key=lambda c: measured[c][0])
     why = ("probe", "the fastest within 5% of the best samples/s: a bigger batch was no faster")
-    if chosen == max(measured) and isinstance(stop, tuple):
+    if chosen == max(measured) and stop:
         why = stop
     share = f"{rate / best_rate:.0%} of the best ({fastest}: {best_rate:.0f}/s)"
     if len(measured) == 1:  # one measurement: nothing to choose from, and why
@@ -290,12 +288,8 @@ def autoscale(comp, fold, n_train: int, model, optimizer, machine, batching, bas
     size_class = hardware.size_class(comp.name, sum(p.numel() for p in model.parameters()) / 1e6)
     by_rows = n_train // hardware.MIN_STEPS_PER_EPOCH  # enough optimizer steps an epoch
     max_batch = max(batching.size, min(4096, by_rows))
-    cap_why = ("probe", f"the probe's cap of {max_batch}")
-    if by_rows <= max(batching.size, 4096):
-        cap_why = (
-            "small-data",
-            f"{n_train} training rows: at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch",
-        )
+    steps = f"{n_train} training rows: at least {hardware.MIN_STEPS_PER_EPOCH} optimizer steps an epoch"
+    cap_why = ("small-data", steps) if by_rows <= max(batching.size, 4096) else None
     batching.size, batching.accum_steps, batching.lr, batching.why = probe_batch(
         fetch,
         step,
