@@ -174,9 +174,10 @@ def build(comp, fold: Fold, n_train: int, args, machine: Machine, batching: Batc
     if first:
         print(logs.model_line(comp.name, sum(p.numel() for p in model.parameters()) / 1e6))
     optimizer = make_optimizer(comp, model, batching.lr, args.weight_decay)
+    if first and batch_set_by_user(args):  # the VALIDATION line's reason, with the probe or without
+        batching.why = ("user", f"--batch-size {args.batch_size} / --accum-steps {args.accum_steps}")
     if first and getattr(args, "autoscale", False) and machine.device.type == "cuda":
         if batch_set_by_user(args):  # the user's numbers are kept as given
-            batching.why = ("user", f"--batch-size {args.batch_size} / --accum-steps {args.accum_steps}")
             print(f"BATCH PROBE: skipped: --batch-size {args.batch_size} / --accum-steps {args.accum_steps} set by you")
         else:  # per GPU, on the bare model (no all-reduce); under DDP every rank takes the smallest batch
             probe.autoscale(comp, fold, n_train // batching.world, model, optimizer, machine, batching, args.lr)
