@@ -133,6 +133,18 @@ def test_a_dry_run_after_training_touches_nothing_the_run_made(project, digits_d
     assert "WARNING: dry-run checkpoints" not in pred
 
 
+def test_the_json_log_says_who_set_the_batch(project):
+    """batch_set_by, the VALIDATION line's key (kagtpl doctor reads it): your --batch-size is
+    `user` with or without the probe (it read `rule` where no probe ran), the small-data shrink's
+    batch `small-data`."""
+    run_script(project, "train.py", *CPU, "--dry-run", "--batch-size", "16")
+    records = [json.loads(x) for x in (project / "output" / "dry-run" / "train_log.jsonl").read_text().splitlines()]
+    assert {r["batch_set_by"] for r in records} == {"user"} and records[0]["batch_size"] == 16
+    run_script(project, "train.py", *CPU, "--dry-run", "--out-dir", "output/shrunk")
+    records = [json.loads(x) for x in (project / "output" / "shrunk" / "train_log.jsonl").read_text().splitlines()]
+    assert {r["batch_set_by"] for r in records} == {"small-data"}, records  # 160 rows: 32 -> 8
+
+
 def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(project, digits_dir):
     proc, seen = start_until(project, ["train.py", *CPU, "--epochs", "2"], "FOLD 1 (")
     os.killpg(proc.pid, signal.SIGKILL)  # the container's time limit, mid-run
