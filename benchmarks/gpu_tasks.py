@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # llmdata / textdata: the tests' offline model and text writers
 TASKS = ("image", "tabular", "text", "llm", "segmentation", "detection", "audio")
 EPOCH = re.compile(r"^(?:\[\w+\] )?Epoch (\d+): .*Time=([\d.]+)s", re.M)
-FOLD = re.compile(r"^(?:\[\w+\] )?FOLD (\d+) \(", re.M)
 
 
 def write_project(task: str, work: Path, gpu: str) -> tuple[Path, list[str]]:
