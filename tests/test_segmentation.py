@@ -222,6 +222,9 @@ def test_a_sample_with_an_extra_column_is_one_line_naming_the_file(tmp_path, m, 
     message = r"sample_submission.csv: columns \['id', 'rle', 'extra'\], but a binary submission has 2 \(id, rle\)"
     with pytest.raises(m.errors.DataError, match=message):
         preflight(m, data)
+    # a column too few is not "an extra column": class masks with a row per image say what they need
+    with pytest.raises(m.errors.DataError, match="one row per image holds one mask: class masks need a row per"):
+        preflight(m, spoil(tmp_path, shapes_data["png"], "too-few"), "--mask-values", "0,255")
     rle = spoil(tmp_path, shapes_data["rle"], "extra-rle")  # the RLE layout: the same words from kagtpl new
     (rle / "sample_submission.csv").write_text("id,rle,extra\nimg0100,,\n")
     with pytest.raises(KagtplError, match="a third column cannot be filled from them"):
