@@ -77,11 +77,11 @@ def held_out_auc(train, solution, sub, labels: list) -> float:
     return train.macro_auc(solution[labels].to_numpy(), sub[labels].to_numpy())
 
 
-def run_budget(project: Path, budget: str) -> tuple[str, float]:
-    """`python run.py --budget BUDGET --device cpu` in `project`, as a user runs it: prints the log's
-    plan, fold and score lines and returns (stdout, wall seconds); exits on a failed run."""
+def run_budget(project: Path, budget: str, flags: tuple = ()) -> tuple[str, float]:
+    """`python run.py --budget BUDGET --device cpu [FLAGS]` in `project`, as a user runs it: prints
+    the log's plan, fold and score lines and returns (stdout, wall seconds); exits on a failed run."""
     t0 = time.time()
-    command = [sys.executable, "run.py", "--budget", budget, "--device", "cpu"]
+    command = [sys.executable, "run.py", "--budget", budget, "--device", "cpu", *flags]
     run = subprocess.run(command, cwd=project, capture_output=True, text=True)
     wall = time.time() - t0
     print("\n".join(line for line in run.stdout.splitlines() if line.startswith(SCORE_LINES)))

@@ -145,6 +145,16 @@ def test_the_json_log_says_who_set_the_batch(project):
     assert {r["batch_set_by"] for r in records} == {"small-data"}, records  # 160 rows: 32 -> 8
 
 
+def test_early_stopping_waits_for_the_first_third_of_the_plan(project):
+    """A flat val loss early in the schedule is the peak LR's noise, not overfitting: --lr 0 keeps
+    the val loss flat from epoch 1, and with --patience 1 over 9 epochs each fold stops at epoch 3
+    (the first third), not at epoch 2."""
+    out = ["--out-dir", "output/flat", "--folds", "2", "--epochs", "9", "--patience", "1", "--lr", "0"]
+    log = run_script(project, "train.py", *CPU, *out).stdout
+    stops = re.findall(r"^EARLY STOP: fold (\d) epoch (\d+), no better val loss for 1 epochs$", log, re.M)
+    assert stops == [("0", "3"), ("1", "3")], log[-3000:]
+
+
 def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(project, digits_dir):
     proc, seen = start_until(project, ["train.py", *CPU, "--epochs", "2"], "FOLD 1 (")
     os.killpg(proc.pid, signal.SIGKILL)  # the container's time limit, mid-run

@@ -90,6 +90,64 @@ def test_bad_flags_are_one_red_line_and_nothing_written(written, tmp_path):
     assert bad.exit_code == 1 and bad.output.strip().splitlines() == [
         "error: --layout 'midi': one of folders, csv, clips"
     ], bad.output
+    style = runner.invoke(app, ["sounds", str(tmp_path / "x"), "--style", "birds"])
+    assert style.exit_code == 1 and style.output.strip().splitlines() == [
+        "error: --style 'birds': one of kagtpl, unheard"
+    ], style.output
     again = runner.invoke(app, ["sounds", str(written["clips"]), "--layout", "clips"])
     assert again.exit_code == 1 and "never overwrites" in again.output, again.output
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_unheard_style_has_other_words_and_up_to_three_in_a_window(tmp_path):
+    """`--style unheard` (the audio benchmark's second set): its own eight words, disjoint from the
+    default's; a test window holds 0-3 of them, and the truth is the sample's rows."""
+    result = CliRunner().invoke(app, ["sounds", str(tmp_path / "u"), "--style", "unheard", "--clips", "2",
+                                      "--test", "2", "--windows", "12", "--seed", "3"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    words = sounds.STYLES["unheard"].words
+    assert len(words) == 8 and not set(words) & set(sounds.WORDS)
+    data = tmp_path / "u"
+    sample, truth = rows(data / "sample_submission.csv"), rows(tmp_path / "u_solution.csv")
+    assert list(sample[0]) == ["row_id", *words] == list(truth[0])
+    assert [r["row_id"] for r in sample] == [r["row_id"] for r in truth] and len(truth) == 24
+    heard = [sum(int(r[w]) for w in words) for r in truth]
+    assert max(heard) == 3 and min(heard) == 0, heard
+    assert sorted(p.name for p in (data / "train_audio").iterdir()) == sorted(words)
+    audio, rate = sf.read(data / "test_soundscapes" / "soundscape_000.ogg", dtype="float32")
+    assert rate == 32_000 and len(audio) == 12 * 5 * rate
+
+
+def test_the_unheard_style_speaks_two_voices_only_in_the_test():
+    """Its test soundscapes draw each word from the training clips' 6 utterances and 2 more in voices
+    no training clip has (BirdCLEF's soundscapes are recorded elsewhere); the default's test draws
+    from the training ones alone."""
+    style = sounds.STYLES["unheard"]
+    assert not set(style.test_voices) & set(style.voices) and not set(style.voices) & set(sounds.VOICES)
+    trimmed = sounds.Style(style.words[:2], style.voices, style.test_voices, distractors=style.distractors[:1])
+    spoken, in_test = sounds.voiced(np.random.default_rng(0), trimmed)
+    assert sorted(spoken) == sorted([*trimmed.words, *trimmed.distractors])
+    for word in trimmed.words:
+        assert len(spoken[word]) == 6 and len(in_test[word]) == 8
+        assert all(a is b for a, b in zip(spoken[word], in_test[word][:6], strict=True))
+    plain = sounds.Style(sounds.WORDS[:2], sounds.VOICES)
+    spoken, in_test = sounds.voiced(np.random.default_rng(0), plain)
+    assert in_test is spoken and all(len(v) == 6 for v in spoken.values())
+
+
+def test_tones_put_hum_and_insect_power_where_they_say():
+    """The unheard style's background: over many draws, the hum's 50 or 60 Hz and a 2-6 kHz tone
+    stand out of the spectrum; brown noise keeps no drift (its mean over a second stays near 0)."""
+    rng = np.random.default_rng(1)
+    found = {"hum": 0, "insect": 0}
+    for _ in range(12):
+        noise = sounds.tones(rng, sounds.RATE, 0.05)
+        if not noise.any():
+            continue
+        power = np.abs(np.fft.rfft(noise)) ** 2
+        freqs = np.fft.rfftfreq(len(noise), 1 / sounds.RATE)
+        top = freqs[np.argmax(power)]
+        found["hum"] += top in (50.0, 60.0)
+        found["insect"] += 2000 <= top <= 6000
+        assert abs(noise.mean()) < 0.05
+    assert found["hum"] and found["insect"], found

@@ -423,9 +423,18 @@ def sounds_cmd(
     clips: Annotated[int, typer.Option(metavar="N", help="Training clips per word (label).")] = 8,
     test: Annotated[int, typer.Option(metavar="N", help="Test soundscapes (clips: test clips).")] = 3,
     windows: Annotated[int, typer.Option(metavar="N", help="5-second windows per soundscape.")] = 4,
+    seed: Annotated[int, typer.Option(metavar="N", help="The random seed: the same seed writes the same set.")] = 0,
+    style: Annotated[
+        str,
+        typer.Option(
+            metavar="STYLE",
+            help="kagtpl (5 words, 6 voices, pink noise: the set the audio defaults were chosen on) or unheard "
+            "(8 other words, other voices, hum, tones and unlabelled words behind them): check a recipe on both.",
+        ),
+    ] = "kagtpl",
 ) -> None:
     """Write a small audio competition (words spoken by espeak-ng over noise, BirdCLEF's layout) to try kagtpl on."""
-    print(f"Wrote {sounds.write_sounds(dest.resolve(), layout, clips, test, windows)}")
+    print(f"Wrote {sounds.write_sounds(dest.resolve(), layout, clips, test, windows, seed, style)}")
 
 
 @app.command("demo")

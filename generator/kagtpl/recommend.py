@@ -191,8 +191,10 @@ def detection_table(
 
 
 # An audio project's defaults, which its batch follows: copier.yml's sample_rate and window_seconds,
-# train.py's --n-mels and --hop (tests/test_audio.py keeps them in step with the rendered project)
+# train.py's --n-mels and --hop, smaller on CPU (tests/test_audio.py keeps them in step with the
+# rendered project)
 AUDIO_FRONT = {"sample_rate": 32000, "window_seconds": 5, "n_mels": 128, "hop": 512}
+AUDIO_FRONT_CPU = {**AUDIO_FRONT, "n_mels": 64, "hop": 1024}
 
 
 def audio_table(gpu: str, model: str | None, budget: str | None = None) -> Table:
@@ -201,7 +203,7 @@ def audio_table(gpu: str, model: str | None, budget: str | None = None) -> Table
     hw = hardware()
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
-    profile, a = hw.PROFILES[gpu], AUDIO_FRONT
+    profile, a = hw.PROFILES[gpu], AUDIO_FRONT_CPU if gpu == "cpu" else AUDIO_FRONT
     model = model or ("resnet18" if gpu == "cpu" else "efficientnet_b0")
     samples = a["sample_rate"] * a["window_seconds"]
     side = hw.spectrogram_side(a["n_mels"], samples, a["hop"])

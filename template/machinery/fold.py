@@ -123,7 +123,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
                 artifacts.write_oof(comp, fold, y, pred, out / f"oof_fold{k}.csv", args)
         else:
             bad_epochs += 1
-            if bad_epochs >= args.patience:
+            if stops_early(bad_epochs, epoch, args.patience, planner.epochs):
                 lines.flush()
                 print(f"EARLY STOP: fold {k} epoch {epoch}, no better val loss for {args.patience} epochs")
                 break
@@ -131,6 +131,13 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
     print(planner.status_line())  # one per fold
     finish_fold(model, k, out / f"model_fold{k}.pth", machine, planner)
     return best
+
+
+def stops_early(bad_epochs: int, epoch: int, patience: int, planned: int) -> bool:
+    """`patience` epochs without a better val loss, but never in the first third of the `planned`
+    epochs: the LR is still near its peak there, and a flat val loss is its noise (with patience 3,
+    audio on unheard voices and detection lost whole folds at epoch 4, their val loss near the prior)."""
+    return bad_epochs >= patience and epoch >= math.ceil(planned / 3)
 
 
 def finish_fold(model, k: int, path: Path, machine, planner) -> None:
