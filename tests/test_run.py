@@ -146,13 +146,17 @@ def test_the_json_log_says_who_set_the_batch(project):
 
 
 def test_early_stopping_waits_for_the_first_third_of_the_plan(project):
-    """A flat val loss early in the schedule is the peak LR's noise, not overfitting: --lr 0 keeps
-    the val loss flat from epoch 1, and with --patience 1 over 9 epochs each fold stops at epoch 3
-    (the first third), not at epoch 2."""
+    """A flat val loss early in the schedule is the peak LR's noise, not overfitting. With --lr 0
+    the weights stay (only BatchNorm's statistics move the val loss a little): with --patience 1
+    over 9 epochs, a fold whose epoch 2 was no better stopped there before; now no fold stops
+    before epoch 3, the first third of the plan."""
     out = ["--out-dir", "output/flat", "--folds", "2", "--epochs", "9", "--patience", "1", "--lr", "0"]
     log = run_script(project, "train.py", *CPU, *out).stdout
-    stops = re.findall(r"^EARLY STOP: fold (\d) epoch (\d+), no better val loss for 1 epochs$", log, re.M)
-    assert stops == [("0", "3"), ("1", "3")], log[-3000:]
+    stops = re.findall(r"^EARLY STOP: fold \d epoch (\d+), no better val loss for 1 epochs$", log, re.M)
+    assert stops and min(int(e) for e in stops) >= 3, log[-3000:]
+    folds = [re.findall(r"^Epoch \d+: Loss=[\d.]+, ValLoss=([\d.]+)", part, re.M) for part in log.split("FOLD ")[1:]]
+    old_rule = [k for k, losses in enumerate(f for f in folds if f) if float(losses[1]) >= float(losses[0])]
+    assert old_rule, "no fold's epoch 2 was worse than its epoch 1: this run cannot tell the rules apart"
 
 
 def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(project, digits_dir):
