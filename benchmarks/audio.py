@@ -14,8 +14,8 @@ the default model and plan for the CPU, and run on its own:
   other words, other voices and variants (two of them heard only in the test), wider speeds and
   pitches, mains hum, insect-like tones, brown noise and unlabelled words in the background, and
   up to three words, which may overlap, in a test window.
-The
-baseline: each clip's MFCCs (20 coefficients of the log-mel spectrum, the project's own decoder
+
+The baseline: each clip's MFCCs (20 coefficients of the log-mel spectrum, the project's own decoder
 and filterbank), their mean and standard deviation over time, and a logistic regression per
 word. It is fitted on the training clips of each fold the run finished and scored on the same
 validation clips (macro ROC-AUC), then fitted on every clip to score the held-out windows, as
@@ -143,9 +143,9 @@ def baseline(project: Path, m, data: Path, labels: list, solution: pd.DataFrame)
     return oof_auc, held_out, time.time() - t0
 
 
-def score(work: Path, style: str, args: argparse.Namespace) -> tuple[Path, object, list]:
+def score(work: Path, style: str, args: argparse.Namespace) -> tuple[Path, list]:
     """One style's set: written, rendered, run under the budget and scored beside the baseline.
-    Returns the project, its modules and the table's rows."""
+    Returns the project and the table's rows."""
     data = sounds.write_sounds(work / style, "folders", args.clips, args.test, args.windows, seed=7, style=style)
     solution = pd.read_csv(work / f"{style}_solution.csv")
     labels = list(solution.columns[1:])
@@ -163,26 +163,32 @@ def score(work: Path, style: str, args: argparse.Namespace) -> tuple[Path, objec
     folds = sorted(int(k) for k in pd.read_csv(project / "output" / "oof.csv")["fold"].unique())
     clips, words = len(list((data / "train_audio").glob("*/*.ogg"))), len(labels)
     rows.append((f"  ({clips} training clips of {words} words, {len(solution)} windows; folds {folds})",))
-    return project, m, rows
+    return project, rows
 
 
 def main() -> None:
     args = get_args()
     work = Path(tempfile.mkdtemp(prefix="kagtpl-audio-bench-"))
-    table, speed, said, folds = [], {"none": [], "onnx": []}, "", 0
-    for k, style in enumerate(args.styles.split(",")):
-        project, m, rows = score(work, style, args)
+    projects, table = [], []
+    for style in args.styles.split(","):
+        project, rows = score(work, style, args)
+        projects.append(project)
         table += rows
-        for _ in range(args.rounds if k == 0 else 0):
-            for export in speed:
-                rate, said = windows_per_s(project, export)
-                speed[export].append(rate)
-        folds = folds or len(list((project / "output").glob("model_fold*.pth")))
     print(f"\n{'':46s} {'OOF AUC':>8s} {'held-out AUC':>13s} {'wall s':>7s}")
     for name, *numbers in table:
         print(f"{name:46s} {numbers[0]:8.4f} {numbers[1]:13.4f} {numbers[2]:7.0f}" if numbers else name)
-    if not said:
-        return
+    if args.rounds:
+        print_speed(projects[0], args.rounds)
+
+
+def print_speed(project: Path, rounds: int) -> None:
+    """predict.py --no-tta on `project`'s folds, `rounds` times with each --export, alternating."""
+    speed, said = {"none": [], "onnx": []}, ""
+    for _ in range(rounds):
+        for export in speed:
+            rate, said = windows_per_s(project, export)
+            speed[export].append(rate)
+    folds = len(list((project / "output").glob("model_fold*.pth")))
     print("\n" + next(line for line in said.splitlines() if line.startswith("EXPORT:")))
     runs = {k: " ".join(f"{r:.1f}" for r in v) for k, v in speed.items()}
     torch_rate, onnx_rate = max(speed["none"]), max(speed["onnx"])
