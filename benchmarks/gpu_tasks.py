@@ -13,6 +13,11 @@ tests/llmdata.py makes them), and checks its log:
 
     python benchmarks/gpu_tasks.py WORKDIR [--device cuda] [--budget 2m] [--tasks image,audio]
 
+espeak-ng speaks the audio task's words; on a machine without it (the lent GPU machines have none)
+make that data beforehand, where it is, and carry WORKDIR/audio-data along (the same call's data):
+
+    python benchmarks/gpu_tasks.py WORKDIR --write-audio-only
+
 The last line is `GPU TASKS: all N passed on DEVICE` or `GPU TASKS: FAILED: ...`; exit 1 on a failure.
 """
 
@@ -30,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # llmdata / textdata: the tests' offline model and text writers
 TASKS = ("image", "tabular", "text", "llm", "segmentation", "detection", "audio")
+AUDIO = {"layout": "folders", "clips_per_word": 12, "test": 4, "windows": 4}  # the audio task's spoken words
 EPOCH = re.compile(r"^(?:\[\w+\] )?Epoch (\d+): .*Time=([\d.]+)s", re.M)
 
 
@@ -50,8 +56,8 @@ def write_project(task: str, work: Path, gpu: str) -> tuple[Path, list[str]]:
         data, extra = shapes.write_shapes(data, "png", 96, 24, 128), {"image_size": 128}
     elif task == "detection":
         data = shapes.write_boxes(data, "wheat", 96, 24, 128)
-    else:
-        data = write_sounds(data, "folders", clips_per_word=12, test=4, windows=4)
+    elif not (data / "train_audio").is_dir():  # else made beforehand: --write-audio-only
+        data = write_sounds(data, **AUDIO)
     kind = "text" if task == "llm" else task
     answers = new.NewAnswers(
         name=task, task=kind, gpu=gpu, data=data, folds=3, epochs=8, dest=work, force=True, **extra
@@ -104,7 +110,15 @@ def main() -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--budget", default="2m")
     p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument(
+        "--write-audio-only", action="store_true", help="write WORKDIR/audio-data (needs espeak-ng), then stop"
+    )
     args = p.parse_args()
+    if args.write_audio_only:
+        from kagtpl.sounds import write_sounds
+
+        print(write_sounds(args.work / "audio-data", **AUDIO))
+        return 0
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = sorted(set(tasks) - set(TASKS))
     if unknown:

@@ -204,7 +204,7 @@ FLAG_CASES = [
     (["--model", "resnet_eighteen"], "--model 'resnet_eighteen' is not a timm model"),
 ]
 TABULAR_FLAG_CASES = [
-    (["--accum-steps", "0"], "--accum-steps 0: must be from 1 to 4096"),
+    (["--accum-steps", "5000"], "--accum-steps 5000: must be from 0 to 4096"),
     (["--dropout", "1.5"], "--dropout 1.5: must be from 0.0 to 0.95"),
     (["--hidden", "512,abc"], "--hidden '512,abc': give layer widths like 512,256"),
     (["--drop", "no_such_column"], "--drop no_such_column: not a feature column"),

@@ -126,6 +126,24 @@ def test_gpu_tasks_checks_each_tasks_log(tmp_path):
     assert gpu_tasks.first_vs_steady(log + "FOLD 1 (2 of 3)\nEpoch 1: Time=99.0s\n") == "1.5x (6.0s vs 4.1s)"
 
 
+def test_gpu_tasks_takes_audio_data_made_beforehand(tmp_path):
+    """The lent GPU machines have no espeak-ng: the audio data is written here (--write-audio-only)
+    and carried; write_project then renders on it instead of refusing the existing folder."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_tasks.py"), str(tmp_path), "--write-audio-only"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "audio-data"), r.stderr
+    made = sorted(p.name for p in (tmp_path / "audio-data" / "train_audio").iterdir())
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_tasks
+
+    project, flags = gpu_tasks.write_project("audio", tmp_path, "cpu")
+    answers = (project / ".copier-answers.yml").read_text()
+    assert f"data_dir: {tmp_path / 'audio-data'}" in answers and flags == ["--no-pretrained"]
+    assert sorted(p.name for p in (tmp_path / "audio-data" / "train_audio").iterdir()) == made
+
+
 def test_batch_probe_choice_meets_its_goals():
     """Simulated GPUs and a fake clock: deterministic, so the goals themselves are asserted."""
     out = bench("batch_probe.py")

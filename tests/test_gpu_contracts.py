@@ -650,6 +650,33 @@ def test_item4_after_an_oom_the_batch_is_kept_by_the_log_and_the_doctor(project_
     assert r.returncode == 0 and "keep batch 64: set by oom" in r.stdout, r.stdout
 
 
+def test_item4_a_small_tables_batch_is_kept_by_the_log_and_the_doctor(price_table, tmp_path):
+    """The second H100 run: a 456-row table's MLP took batch 32 (4096 cut to a power of two that
+    leaves an epoch 8 steps), and VALIDATION said 'set by user (--batch-size 0 / --accum-steps 1):
+    ... TOO SMALL - should be 64+': --accum-steps defaulted to 1, which read as your flag. Now the
+    cut is the engine's (small-data, kept); a big table keeps the rule's 4096, and your flag is yours."""
+    r = in_project(
+        price_table,
+        """
+        from machinery import hardware, logs, machine
+        from train import batching_for, get_args
+        h100 = hardware.PROFILES["h100"]
+        for flags, rows in (([], 456), ([], 10**6), (["--batch-size", "64"], 456)):
+            args = get_args(flags)
+            b = batching_for(args, h100, rows)
+            print("CASE:", rows, b.size, b.accum_steps, machine.batch_set_by_user(args), b.why[0])
+            print(logs.validation_line(b.size, 1.0, b.why))
+        """,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    cases = [x for x in r.stdout.splitlines() if x.startswith("CASE:")]
+    assert cases == ["CASE: 456 32 1 False small-data", "CASE: 1000000 4096 1 False rule", "CASE: 456 64 1 True rule"]
+    small = next(x for x in r.stdout.splitlines() if x.startswith("VALIDATION: batch_size=32,"))
+    assert "set by small-data (GPU: 4096, capped at the power of two <= 456 rows / 8 steps -> 32): keep it" in small
+    d = _doctor(tmp_path, [small], 1.0)
+    assert d.returncode == 0 and "DECISION: < 50%: keep batch 32: set by small-data (" in d.stdout, d.stdout
+
+
 @pytest.mark.parametrize("key", ["rule", "user"])
 def test_item4_a_batch_from_the_rule_or_your_flag_under_half_the_memory_is_still_too_small(
     project_modules, tmp_path, key

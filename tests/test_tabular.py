@@ -74,7 +74,7 @@ def test_tabular_layout_trains_and_submits(tmp_path, kind):
     assert "DataLoader: num_workers=0, prefetch_factor=None, persistent_workers=False (in-memory batching" in log
     assert re.search(r"^Model: mlp \([\d.]+M params, small model\)$", log, re.M)
     assert re.search(rf"^Epoch 1: Loss=[\d.]+, ValLoss=[\d.]+, {metric.upper()}=[\d.]+, .* GPU=none$", log, re.M)
-    assert re.search(rf"^OOF: {metric}=[\d.]+ over \d+ rows from folds \[0, 1, 2\]$", log, re.M), log[-2000:]
+    assert re.search(rf"^OOF: {metric}=[\d.]+ over \d+ rows from folds \[0, 1, 2\] \(mlp\)$", log, re.M), log[-2000:]
     pred = run_script(project, "predict.py", "--device", "cpu").stdout
     assert "ENSEMBLE: 3 checkpoint(s), folds [0, 1, 2]" in pred
 
@@ -135,8 +135,8 @@ def test_oof_score_is_competitive_with_a_sklearn_baseline(tmp_path, kind, metric
     project, data = new_tabular(tmp_path, kind, "--folds", "5")
     log = run_script(project, "train.py", "--device", "cpu").stdout
     ours = float(
-        re.search(rf"^OOF: {metric}=([\d.]+) over \d+ rows from folds \[[\d, ]+\]$", log, re.M).group(1)
-    )  # the MLP's
+        re.search(rf"^OOF: {metric}=([\d.]+) over \d+ rows from folds \[[\d, ]+\] \(mlp\)$", log, re.M).group(1)
+    )
     oof = pd.read_csv(project / "output" / "oof.csv")
     train = pd.read_csv(data / "train.csv")
     train["row_id"] = train["row_id"].astype(str)

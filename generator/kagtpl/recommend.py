@@ -242,7 +242,7 @@ def tabular_table(profile, gpu: str, budget: str | None) -> Table:
         (
             "batch_size",
             hw.tabular_batch(profile, 10**7),
-            f"{hw.tabular_batch_why(profile, 10**7)}; a table of 5,000 rows: {hw.tabular_batch(profile, 5000)}",
+            f"{hw.tabular_batch_why(profile, 10**7)[1]}; a table of 5,000 rows: {hw.tabular_batch(profile, 5000)}",
         ),
         (
             "models",

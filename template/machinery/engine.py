@@ -29,6 +29,8 @@ The competition is a plain object (train.py's `Competition`) with:
     score(y, pred) -> dict[str, float]       the figures the OOF line prints; the last is the metric
     param_groups(model) -> list[dict]        optional: parameter groups, each with an `lr_scale`
                                              (text: layer-wise LR decay and a head LR)
+    oof_names_model: bool                    optional: the OOF line ends with ({name}) (a table's
+                                             MLP, beside its boosters' lines)
 """
 
 from __future__ import annotations

@@ -382,12 +382,11 @@ def tabular_batch(profile: Profile, n_rows: int) -> int:
     return max(MIN_TABULAR_BATCH, min(cap, 1 << (fit.bit_length() - 1)))
 
 
-def tabular_batch_why(profile: Profile, n_rows: int) -> str:
-    cap = TABULAR_GPU_BATCH if profile.is_gpu else TABULAR_CPU_BATCH
-    return (
-        f"{'GPU' if profile.is_gpu else 'CPU'}: {cap}, capped at the power of two <= {n_rows} rows / "
-        f"{MIN_TABULAR_STEPS} steps -> {tabular_batch(profile, n_rows)}"
-    )
+def tabular_batch_why(profile: Profile, n_rows: int) -> tuple[str, str]:
+    """(VALIDATION's key, the detail): 'small-data' when the rows capped the batch (kept whatever the memory)."""
+    cap, batch = TABULAR_GPU_BATCH if profile.is_gpu else TABULAR_CPU_BATCH, tabular_batch(profile, n_rows)
+    detail = f"{'GPU' if profile.is_gpu else 'CPU'}: {cap}, capped at the power of two <= {n_rows} rows / "
+    return ("small-data" if batch < cap else "rule"), f"{detail}{MIN_TABULAR_STEPS} steps -> {batch}"
 
 
 # Text: a transformer's memory is its weights and optimizer (fixed) plus activations, which grow
