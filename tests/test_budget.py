@@ -145,10 +145,12 @@ def test_a_large_model_on_a_slowed_machine_with_a_test_set_ten_times_larger_ends
     m = re.search(r"^RUN: train [\d.]+s, predict [\d.]+s, total [\d.]+s = ([\d.]+) of the 60s budget$", log, re.M)
     assert m and float(m.group(1)) <= 1.0, log[-3000:]
     assert "SUBMISSION: output/submission.csv is a fallback (class priors for every row)" in log
-    # predict.py either made it with the folds there was time for, or kept the fallback and said so
+    # predict.py either made it with the folds there was time for, or kept the fallback and said so,
+    # or (its start slowed by the hogs past the deadline) run.py stopped it and said which file stays
     made = re.search(r"^SUBMISSION: output/submission.csv \(400 rows, \d fold\(s\) ensembled\)$", log, re.M)
     kept = "SUBMISSION: output/submission.csv kept: no fold finished before the deadline" in log
-    assert made or kept, log[-3000:]
+    stopped = "RUN: predict.py stopped at the budget: output/submission.csv is the last submission this run wrote"
+    assert made or kept or stopped in log, log[-3000:]
     assert "killed" not in log
     assert_valid_submission(project, data)
 
