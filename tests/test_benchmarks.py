@@ -79,7 +79,7 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
             "SMOKE_TUNE_TRIALS": "2",
             "SMOKE_TUNE_EPOCHS": "1",
             "SMOKE_TASKS": "audio",  # step 9 on the task the H100 saw crash (all seven: benchmarks/gpu_tasks.py)
-            "SMOKE_TASK_BUDGET": "40s",
+            "SMOKE_TASK_BUDGET": "60s",  # at 40 s audio's predict.py (ONNX export included) outran its 7 s reserve once
             "PYTHON": sys.executable,
         },
         capture_output=True,
