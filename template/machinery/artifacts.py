@@ -182,8 +182,8 @@ def oof_scores(comp, out: Path, folds: list[int], signature: str) -> tuple[dict,
     oof = pd.concat(oofs, ignore_index=True)
     storage.write_csv_atomic(oof, out / "oof.csv")
     scores = comp.score(read_targets(oof), oof[comp.oof_columns].to_numpy())
-    named = f" ({comp.name})" if getattr(comp, "oof_names_model", False) else ""  # a table's MLP beside its boosters
-    print(logs.oof_line(scores, len(oof), sorted(set(oof["fold"]))) + named)
+    named = comp.name if getattr(comp, "oof_names_model", False) else None  # a table's MLP beside its boosters
+    print(logs.oof_line(scores, len(oof), sorted(set(oof["fold"])), named))
     per_fold = [list(comp.score(read_targets(f), f[comp.oof_columns].to_numpy()).values())[-1] for f in oofs]
     return scores, per_fold, len(oof)
 

@@ -151,9 +151,10 @@ class EpochLines:
             self.last, self.held = self.clock(), None
 
 
-def oof_line(scores: dict[str, float], rows: int, folds: list[int]) -> str:
+def oof_line(scores: dict[str, float], rows: int, folds: list[int], model: str | None = None) -> str:
+    """The OOF line; `model` named at its end where several models of one run print theirs (tables)."""
     figures = ", ".join(f"{name}={value:.4f}" for name, value in scores.items())
-    return f"OOF: {figures} over {rows} rows from folds {folds}"
+    return f"OOF: {figures} over {rows} rows from folds {folds}" + (f" ({model})" if model else "")
 
 
 class Tee:
