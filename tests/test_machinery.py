@@ -6,9 +6,12 @@ passed in."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -220,6 +223,54 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(project_modules, tmp
     with pytest.raises(OSError):
         storage.atomic_write(target, broken)
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["submission.csv"]
+
+
+ENDS_NOW = """
+import atexit
+from torch.utils.data import DataLoader
+from machinery import errors
+
+def main(argv):
+    global loader  # alive to the end, as train.py's last fold's loaders are
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True)
+    next(iter(loader))
+    atexit.register(print, "TEARDOWN")
+    print("WORKER", loader._iterator._workers[0].pid)
+    print("DONE")
+
+errors.main(main)
+"""
+
+
+def gone(pid: int, within: float) -> bool:
+    """The process has ended (or is a zombie) within `within` seconds."""
+    end = time.time() + within
+    while time.time() < end:
+        try:
+            if open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_script_that_finishes_skips_the_teardown_and_ends_its_loader_workers(project_modules, tmp_path):
+    """train.py's teardown took 4-6 s after DONE on a loaded machine and ran past run.py's safety
+    net (exit -15 from finished work): errors.main ends a finished script at once, its output
+    flushed and its DataLoader workers ended (left alone, one outlived it by seconds, holding a
+    caller's pipe open until its own watchdog noticed)."""
+    script, out = tmp_path / "finish.py", tmp_path / "out.txt"
+    script.write_text(ENDS_NOW)
+    root = Path(project_modules.errors.__file__).parents[1]
+    with open(out, "w") as f:
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        r = subprocess.run([sys.executable, str(script)], env=env, stdout=f, stderr=subprocess.STDOUT, timeout=60)
+    lines = out.read_text().splitlines()
+    assert r.returncode == 0 and lines[-1] == "DONE", lines
+    assert "TEARDOWN" not in lines  # atexit handlers are the teardown's: not run
+    worker = int(lines[0].split()[1])
+    assert gone(worker, within=1.0), "the loader's worker outlived its script (its watchdog ends it within 5 s)"
 
 
 def test_ensemble_and_corrupt_checkpoint(project_modules, tmp_path, capsys):
