@@ -2,7 +2,7 @@
 run.py --budget twice on the same folds, with growth (the default) and with --no-grow. For each
 run it reports the share of the budget used, the held-out score and the difference between the two.
 
-    python benchmarks/budget_growth.py [--image-budget 4m] [--table-budget 2m] [--images 600]
+    python benchmarks/budget_growth.py [--image-budget 10m] [--table-budget 2m] [--images 600]
 
 The image project is `kagtpl new --task image --gpu cpu` with every default on the digits (held-out
 log loss, lower is better); the table is `kagtpl table binary` with every default (held-out
@@ -57,7 +57,7 @@ def run_pair(work: Path, task: str, data: Path, budget: str, flags: tuple, score
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--image-budget", default="4m")
+    p.add_argument("--image-budget", default="10m")
     p.add_argument("--table-budget", default="2m")
     p.add_argument("--images", type=int, default=600, help="digit images to train on (the issue's 600)")
     args = p.parse_args()
