@@ -285,7 +285,5 @@ def save_fold(path: Path, model, comp, fold: Fold, config: dict, **meta) -> None
     if not parallel.writes():
         return
     run = {key: config.get(key) for key in artifacts.run_keys(comp)}  # what makes folds of one ensemble
-    storage.save_checkpoint(
-        path, model, config, comp.classes, fold=fold.index, seed_no=fold.seed_no, run=run, saved_at=time.time(),
-        **meta, **fold.extras,
-    )
+    saved = {"fold": fold.index, "seed_no": fold.seed_no, "run": run, "saved_at": time.time()}
+    storage.save_checkpoint(path, model, config, comp.classes, **saved, **meta, **fold.extras)
