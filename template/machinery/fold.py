@@ -82,8 +82,7 @@ def watchers_stopped(reason: str | None) -> None:
 
 
 def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog, first: bool) -> float:
-    """Train one fold and keep its best epoch in model_fold{k}.pth (growth's seeds: fold.checkpoint);
-    returns its best val loss."""
+    """Train one fold, its best epoch kept in fold.checkpoint; returns its best val loss."""
     model, bare, optimizer, grads, model_s = build(comp, fold, n_train, args, machine, batching, first)
     train_sampler = parallel.sampler(fold.train, train=True, seed=args.seed)  # None without DDP
     train_batches = loader(comp, fold.train, batching.size, True, train_sampler)
