@@ -67,7 +67,10 @@ def rendered(task: str, extra_modules: tuple = (), **answers):
     return import_project(dest, (*MODULES, *EXTRA.get(task, ()), *extra_modules))
 
 
-SCORE_LINES = ("TIME PLAN", "BATCH", "ANCHORS", "OOF", "POSTPROCESS", "SUBMISSION", "RUN:", "FOLD", "DONE", "STOPPED")
+SCORE_LINES = (
+    *("TIME PLAN", "GROW", "BATCH", "ANCHORS", "OOF", "POSTPROCESS"),
+    *("SUBMISSION", "RUN:", "FOLD", "DONE", "STOPPED"),
+)
 
 
 def held_out_auc(train, solution, sub, labels: list) -> float:

@@ -1,4 +1,4 @@
-"""Run every benchmark, one after the other (about 30 minutes on a 2-core machine):
+"""Run every benchmark, one after the other (about 70 minutes on a 2-core machine):
 
 python benchmarks/run_all.py
 """
@@ -28,6 +28,7 @@ SCRIPTS = [
     "tabular_models.py",
     "tune_storage.py",
     "tune_pruners.py",
+    "budget_growth.py",
 ]
 
 if __name__ == "__main__":

@@ -201,6 +201,7 @@ PROJECT_MODULES = (
     "errors",
     "experiments",
     "gpu",
+    "growth",
     "hardware",
     "images",
     "logs",

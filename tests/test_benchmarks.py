@@ -66,6 +66,24 @@ def test_time_budget_smoke():
     assert "total wall / budget" in out and "valid submission: True" in out
 
 
+@pytest.mark.slow
+def test_budget_growth_smoke():
+    """benchmarks/budget_growth.py end to end at a small size: four runs, their table, the verdicts."""
+    out = bench("budget_growth.py", "--image-budget", "30s", "--table-budget", "25s", "--images", "120")
+    rows = re.findall(
+        r"^(image|table) \((\S+), held-out [^)]+\)\s+(growth|--no-grow)\s+([\d.]+)\s+(\d+)\s+([\d.]+)$", out, re.M
+    )
+    assert [(r[0], r[2]) for r in rows] == [
+        ("image", "growth"),
+        ("image", "--no-grow"),
+        ("table", "growth"),
+        ("table", "--no-grow"),
+    ]
+    assert all(float(r[3]) <= 1.0 for r in rows) and rows[1][4] == rows[3][4] == "0", out[-2000:]
+    assert len(re.findall(r"growth - no-grow: [+-][\d.]+ \((better|not better)\)", out)) == 2
+    assert "runs over their budget: none" in out
+
+
 def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
     """benchmarks/gpu_smoke.sh is for a GPU machine; SMOKE_DEVICE=cpu runs its CPU-safe steps, so
     the script itself (rendering, flags, the checks on its logs) cannot rot between GPU days."""

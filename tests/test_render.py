@@ -24,6 +24,7 @@ MACHINERY = {
     "experiments.py",
     "fold.py",
     "gpu.py",
+    "growth.py",
     "hardware.py",
     "logs.py",
     "machine.py",

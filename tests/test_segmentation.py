@@ -299,7 +299,7 @@ def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_
 @pytest.mark.parametrize(("layout", "mode"), [("classes", "multiclass"), ("rle-classes", "multilabel")])
 def test_class_layouts_render_train_and_predict_a_row_per_image_and_class(tmp_path, shapes_data, layout, mode):
     project = make_project(tmp_path, shapes_data[layout])
-    out = run_script(project, "run.py", "--budget", "10m", *FAST[2:]).stdout
+    out = run_script(project, "run.py", "--budget", "10m", "--no-grow", *FAST[2:]).stdout
     assert f"{mode}, classes ['ellipse', 'rectangle']" in out and "POSTPROCESS: ellipse > " in out
     check_submission(project, shapes_data[layout], 2)
 

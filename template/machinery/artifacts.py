@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from . import logs, parallel, serving, storage, submission
+from . import growth, logs, parallel, serving, storage, submission
 from .errors import DataError
 
 # The flags that decide what a run's artifacts mean: which rows, which target, which features,
@@ -152,9 +153,11 @@ def write_oof(comp, fold, y: np.ndarray, pred: np.ndarray, path: Path, args) -> 
 
 
 def signed_oof(out: Path, signature: str) -> pd.DataFrame | None:
-    """Every oof_fold*.csv in `out` of this run signature, as one frame (None when there is none):
-    what a task's postprocess.json is chosen on."""
-    frames = [f for f in (read_signed(p, signature) for p in sorted(Path(out).glob("oof_fold*.csv"))) if f is not None]
+    """Every first seed's oof_fold{k}.csv in `out` of this run signature, as one frame (None when
+    there is none): what a task's postprocess.json is chosen on (masks' and boxes' OOF files hold
+    statistics and boxes, which grown seeds cannot be averaged into)."""
+    paths = sorted(p for p in Path(out).glob("oof_fold*.csv") if re.fullmatch(r"oof_fold\d+\.csv", p.name))
+    frames = [f for f in (read_signed(p, signature) for p in paths) if f is not None]
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
@@ -173,12 +176,31 @@ def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
     return frame
 
 
+def seeds_averaged(comp, out: Path, k: int, signature: str) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """Fold k's OOF frame (the first seed's), and the same rows with their predictions averaged over
+    every grown seed's whole fold (growth.py), as predict.py averages the checkpoints; None when no
+    seed was grown or the competition's OOF cannot be averaged (`oof_averages = False`: boxes, masks)."""
+    first = read_signed(out / growth.oof_name(k), signature)
+    paths = [out / growth.oof_name(k, s) for s in range(2, growth.MAX_SEEDS + 1)]
+    grown = [read_signed(p, signature) for p in paths if p.exists()] if getattr(comp, "oof_averages", True) else []
+    ids = None if first is None else first[comp.id_col].astype(str).to_numpy()
+    grown = [f for f in grown if f is not None and np.array_equal(f[comp.id_col].astype(str).to_numpy(), ids)]
+    if first is None or not grown:
+        return first, None
+    averaged = first.copy()
+    cols = comp.oof_columns
+    averaged[cols] = np.mean([f[cols].to_numpy(float) for f in (first, *grown)], axis=0)
+    return first, averaged
+
+
 def oof_scores(comp, out: Path, folds: list[int], signature: str) -> tuple[dict, list[float], int]:
-    """oof.csv from the folds' OOF files of this run signature, the OOF line, the metric per
-    fold, and the rows the scores are over."""
-    oofs = [f for f in (read_signed(out / f"oof_fold{k}.csv", signature) for k in folds) if f is not None]
+    """oof.csv from the folds' OOF files of this run signature (grown seeds averaged in), the OOF
+    line, the metric per fold, and the rows the scores are over."""
+    pairs = [seeds_averaged(comp, out, k, signature) for k in folds]
+    oofs = [averaged if averaged is not None else first for first, averaged in pairs if first is not None]
     if not oofs:
         return {}, [], 0
+    grown_gain_line(comp, pairs)
     oof = pd.concat(oofs, ignore_index=True)
     storage.write_csv_atomic(oof, out / "oof.csv")
     scores = comp.score(read_targets(oof), oof[comp.oof_columns].to_numpy())
@@ -186,6 +208,19 @@ def oof_scores(comp, out: Path, folds: list[int], signature: str) -> tuple[dict,
     print(logs.oof_line(scores, len(oof), sorted(set(oof["fold"])), named))
     per_fold = [list(comp.score(read_targets(f), f[comp.oof_columns].to_numpy()).values())[-1] for f in oofs]
     return scores, per_fold, len(oof)
+
+
+def grown_gain_line(comp, pairs: list) -> None:
+    """GROW's proof, on the same OOF rows: the metric of the first seed alone against the grown
+    seeds averaged in (the folds that have grown seeds only)."""
+    both = [(first, averaged) for first, averaged in pairs if averaged is not None]
+    if not both:
+        return
+    first, averaged = (pd.concat(frames, ignore_index=True) for frames in zip(*both, strict=True))
+    name, one = list(comp.score(read_targets(first), first[comp.oof_columns].to_numpy()).items())[-1]
+    grown = list(comp.score(read_targets(averaged), averaged[comp.oof_columns].to_numpy()).values())[-1]
+    folds = sorted(set(first["fold"]))
+    print(f"GROW: OOF {name} {one:.4f} with one seed -> {grown:.4f} with the grown seeds averaged in (folds {folds})")
 
 
 def target_columns(y: np.ndarray) -> dict:

@@ -31,6 +31,8 @@ The competition is a plain object (train.py's `Competition`) with:
                                              (text: layer-wise LR decay and a head LR)
     oof_names_model: bool                    optional: the OOF line ends with ({name}) (a table's
                                              MLP, beside its boosters' lines)
+    oof_averages: bool                       optional, True: grown seeds' OOF predictions average
+                                             into oof.csv (False: boxes, mask statistics)
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ import signal
 import time
 from pathlib import Path
 
-from . import artifacts, experiments, logs, parallel, storage, workers
+from . import artifacts, experiments, growth, logs, parallel, storage, workers
 from .artifacts import copy_oof, fallback_submission, fixed_folds, read_targets, target_columns
 from .errors import RunError
 from .fold import Fold, train_fold, watchers_started, watchers_stopped, watching
-from .gpu import describe_gpu
+from .gpu import describe_gpu, seed_everything
 from .machine import (
     Batching,
     Machine,
@@ -56,7 +58,7 @@ from .machine import (
     print_start,
     profile,
 )
-from .planner import TimePlanner
+from .planner import TimePlanner, fmt_s
 from .runflags import FLAG_RANGES, add_run_flags, begin, check_flags, check_folds, parse_args
 from .steps import TensorBatches, predict
 
@@ -102,7 +104,7 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
     With --parallel folds this process starts one worker per device (parallel.py), which train
     the folds; it then scores them and writes the report, as a sequential run does.
     """
-    out = Path(args.out_dir)
+    out, splits = Path(args.out_dir), list(splits)  # growth.py's seeds go over the same splits again
     run_id = os.environ.get(parallel.RUN_ID_ENV) or experiments.run_id()
     # rank 0 alone writes the JSON log (the other ranks keep their records in memory)
     jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
@@ -116,6 +118,8 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
             jlog.records = logs.read_records(jlog.path, run_id)
         else:
             trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
+            if worker is None and parallel.writes():
+                grow_seeds(comp, list(splits)[: len(trained)], args, (machine, batching, planner, jlog))
     if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
         if worker and planner.stop_reason:
             print(logs.stopped_line(planner.stop_reason))
@@ -163,6 +167,61 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
     return trained
 
 
+def grow_seeds(comp, splits: list, args, run: tuple) -> None:
+    """The plan's folds are trained with time to spare: the same folds again from other seeds
+    (growth.py's rules), each fold added only when it and its prediction fit; a GROW line says each
+    step and why. A fold cut by the deadline or SIGTERM is never ensembled (growth.partial_oof_name)."""
+    machine, batching, planner, jlog = run
+    why = growth.why_not(args, planner) or (None if len(splits) == planner.folds else "a planned fold is missing")
+    if why:
+        print(f"GROW: none ({why})")
+        return
+    training_s = planner.budget - planner.reserve() - planner.FINISH_S
+    ok, said = growth.start(planner.training_left(), training_s, growth_fold_s(planner), planner.predict_fold_s)
+    print(f"GROW: {'more seeds' if ok else 'none'}: {said}")
+    planner.growing = ok
+    for seed_no in range(2, growth.MAX_SEEDS + 1 if ok else 2):
+        for k, (trn_idx, val_idx) in enumerate(splits):
+            if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, args, run):
+                return
+
+
+def growth_fold_s(planner) -> float:
+    """A fold's time for growth's rules: the slowest measured fold after the first (which carries the
+    probe and the warm-up), else the first; 0 when this process trained none (all resumed)."""
+    return max(planner.fold_s[1:] or planner.fold_s or [0.0])
+
+
+def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple) -> bool:
+    """One grown seed's fold: skipped when complete (resume), else trained if it fits. Returns
+    whether growth goes on."""
+    (k, trn_idx, val_idx), (machine, batching, planner, jlog) = split, run
+    out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
+    name = growth.checkpoint_name(k, seed_no)
+    if storage.fold_is_done(out / name, config, artifacts.run_keys(comp)):
+        print(f"GROW: seed {seed_no} fold {k}: {name} is complete, skipping (resume)")
+        return True
+    fold_s, left = growth_fold_s(planner), planner.training_left()
+    if planner.stop_reason or not growth.fold_fits(left, fold_s, planner.predict_fold_s):
+        why = planner.stop_reason or f"a fold takes ~{fmt_s(fold_s)}, {fmt_s(max(0.0, left))} training time left"
+        print(f"GROW: stop before seed {seed_no} fold {k} ({why})")
+        return False
+    seed = growth.seed_value(args.seed, seed_no)
+    print(f"GROW: seed {seed_no} fold {k} (seed {seed}): ~{fmt_s(fold_s)} of {fmt_s(left)} training time left")
+    seed_everything(seed)
+    planner.begin_fold(k)
+    fold = comp.fold(k, trn_idx, val_idx)
+    fold.seed_no = seed_no
+    best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, False)
+    planner.end_fold(k, False)
+    if planner.stop_reason:
+        print(f"GROW: seed {seed_no} fold {k} cut ({planner.stop_reason}): not ensembled")
+        return False
+    planner.add_model()
+    print(f"GROW: seed {seed_no} fold {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
+    return True
+
+
 def train_on_workers(comp, args, machine, batching, planner, run_id: str) -> tuple[list[int], list[str]]:
     """--parallel folds: one worker per device trains folds from a shared queue; returns the
     folds to score (taken by a worker this run, or complete from an earlier one) and a line for
@@ -201,6 +260,13 @@ def experiment_row(comp, args, batching: Batching, run_id: str) -> dict:
     }
 
 
+def seeds_column(out: Path, folds: list[int]) -> str:
+    """The experiments table's seeds: '1', or '2 (+3 folds)' when growth.py trained 3 grown folds
+    whole (their OOF files are in place) of seeds up to 2."""
+    grown = [(s, k) for s in range(2, growth.MAX_SEEDS + 1) for k in folds if (out / growth.oof_name(k, s)).exists()]
+    return f"{max(s for s, _ in grown)} (+{len(grown)} folds)" if grown else "1"
+
+
 def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trained: list[int], row: dict) -> dict:
     """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
     out = Path(args.out_dir)
@@ -214,6 +280,7 @@ def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trai
             "batch": f"{batching.size}x{batching.accum_steps}",  # the probe or an OOM may have changed it
             "lr": f"{batching.lr:.2e}",
             "folds_done": len(fold_scores),
+            "seeds": seeds_column(out, trained),
             "epochs_done": " ".join(str(sum(r["fold"] == k for r in jlog.records)) for k in trained),
             "cv": f"{list(scores.values())[-1]:.5f}" if scores else "",
             "fold_scores": " ".join(f"{s:.4f}" for s in fold_scores),

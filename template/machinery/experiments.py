@@ -41,6 +41,7 @@ COLUMNS = [
     "lr",
     "folds_planned",
     "folds_done",
+    "seeds",
     "epochs_planned",
     "epochs_done",
     "metric",
@@ -164,7 +165,8 @@ def ranked(rows: list[dict]) -> list[dict]:
 
 
 SHOWN = (
-    "time", "git", "model", "input", "batch", "lr", "folds_done", "epochs_done", "oof_rows", "metric", "cv", "fold_scores",
+    "time", "git", "model", "input", "batch", "lr", "folds_done", "seeds", "epochs_done", "oof_rows", "metric", "cv",
+    "fold_scores",
     "members",
 )  # fmt: skip
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import artifacts, logs, parallel, probe, storage
+from . import artifacts, growth, logs, parallel, probe, storage
 from .machine import Batching, Machine, batch_set_by_user, can_compile
 from .steps import loader, make_optimizer, predict, run_epoch, to_device, warmup_cosine
 
@@ -32,6 +32,16 @@ class Fold:
     y_valid: np.ndarray  # targets of the validation rows, in order (scored, written to the OOF file)
     ids_valid: np.ndarray
     extras: dict = field(default_factory=dict)  # saved beside the weights (a fitted preprocessor's state)
+    seed_no: int = 1  # growth.py: 2, 3, ... for the same fold trained again from another seed
+
+    @property
+    def checkpoint(self) -> str:
+        return growth.checkpoint_name(self.index, self.seed_no)
+
+    @property
+    def oof(self) -> str:
+        """The OOF file this fold writes while it trains: a grown seed's is partial until the fold ends."""
+        return growth.oof_name(self.index) if self.seed_no == 1 else growth.partial_oof_name(self.index, self.seed_no)
 
 
 # ----------------------------------------------------------------------------- the epoch watcher
@@ -72,7 +82,7 @@ def watchers_stopped(reason: str | None) -> None:
 
 
 def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog, first: bool) -> float:
-    """Train one fold and keep its best epoch in model_fold{k}.pth; returns its best val loss."""
+    """Train one fold, its best epoch kept in fold.checkpoint; returns its best val loss."""
     model, bare, optimizer, grads, model_s = build(comp, fold, n_train, args, machine, batching, first)
     train_sampler = parallel.sampler(fold.train, train=True, seed=args.seed)  # None without DDP
     train_batches = loader(comp, fold.train, batching.size, True, train_sampler)
@@ -91,7 +101,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
 
     def save(epoch: int, **meta) -> None:
         config = artifacts.checkpoint_config(args, machine, batching)
-        save_fold(out / f"model_fold{k}.pth", model, comp, fold, config, epoch=epoch, **meta)
+        save_fold(out / fold.checkpoint, model, comp, fold, config, epoch=epoch, **meta)
 
     best, bad_epochs, saved, last_peak, lines = math.inf, 0, False, None, logs.EpochLines()
     on_first_step = (lambda: first_step_lines(machine, batching)) if first else None
@@ -120,7 +130,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             best, bad_epochs, saved = val_loss, 0, True
             save(epoch, val_loss=best, complete=False)
             if parallel.writes():
-                artifacts.write_oof(comp, fold, y, pred, out / f"oof_fold{k}.csv", args)
+                artifacts.write_oof(comp, fold, y, pred, out / fold.oof, args)
         else:
             bad_epochs += 1
             if stops_early(bad_epochs, epoch, args.patience, planner.epochs):
@@ -129,7 +139,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
                 break
     lines.flush()
     print(planner.status_line())  # one per fold
-    finish_fold(model, k, out / f"model_fold{k}.pth", machine, planner)
+    finish_fold(model, fold, out, machine, planner)
     return best
 
 
@@ -140,12 +150,17 @@ def stops_early(bad_epochs: int, epoch: int, patience: int, planned: int) -> boo
     return bad_epochs >= patience and epoch >= math.ceil(planned / 3)
 
 
-def finish_fold(model, k: int, path: Path, machine, planner) -> None:
+def finish_fold(model, fold: Fold, out: Path, machine, planner) -> None:
     """DDP: every rank's weights checked equal; the fold's checkpoint marked complete (a run
-    stopped by the deadline or SIGTERM leaves it incomplete: a rerun trains the fold again)."""
+    stopped by the deadline or SIGTERM leaves it incomplete: a rerun trains the fold again), and a
+    grown seed's OOF file put in place (a cut one never counts)."""
     parallel.check_in_sync(model, machine.device)
-    if planner.stop_reason is None and parallel.writes() and not storage.mark_complete(path):
-        print(f"WARNING: fold {k} never produced a finite val loss; no checkpoint written")
+    if planner.stop_reason is not None or not parallel.writes():
+        return
+    if not storage.mark_complete(out / fold.checkpoint):
+        print(f"WARNING: fold {fold.index} never produced a finite val loss; no checkpoint written")
+    elif fold.seed_no > 1 and (out / fold.oof).exists():
+        (out / fold.oof).replace(out / growth.oof_name(fold.index, fold.seed_no))
 
 
 def train_epoch(
@@ -269,6 +284,5 @@ def save_fold(path: Path, model, comp, fold: Fold, config: dict, **meta) -> None
     if not parallel.writes():
         return
     run = {key: config.get(key) for key in artifacts.run_keys(comp)}  # what makes folds of one ensemble
-    storage.save_checkpoint(
-        path, model, config, comp.classes, fold=fold.index, run=run, saved_at=time.time(), **meta, **fold.extras
-    )
+    saved = {"fold": fold.index, "seed_no": fold.seed_no, "run": run, "saved_at": time.time()}
+    storage.save_checkpoint(path, model, config, comp.classes, **saved, **meta, **fold.extras)

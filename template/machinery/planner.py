@@ -217,6 +217,10 @@ class TimePlanner:
         self._steady_epoch_s = 0.0  # epoch time from the timed steps after warm-up
         self._epoch_t0 = self._measure_t0 = self._fold_t0 = None
         self._said_too_small = False  # the too-small-budget line, said once
+        self.fold_s: list[float] = []  # each fold's wall time, as trained by this process (growth.py reads it)
+        self.extra_models = 0  # grown seeds' whole folds: predict.py ensembles them too (the reserve counts them)
+        self.predict_fold_s = 0.0  # one more checkpoint's share of prediction, measured
+        self.growing = False  # growth.py's folds: no re-plan (each added fold is checked to fit before it starts)
 
     # --- where we stand
     def elapsed(self) -> float:
@@ -290,12 +294,13 @@ class TimePlanner:
         self.epoch_s.append(self.clock() - self._epoch_t0)
         if self.budget and not self.planned:  # too few batches to time steps: plan from the epoch
             self._first_plan(None)
-        elif self.budget:
+        elif self.budget and not self.growing:
             self._replan(self._epoch_estimate(), f"re-plan at {fmt_s(self._epoch_estimate())}/epoch")
 
     def end_fold(self, fold: int, first: bool) -> None:
         took = self.clock() - self._fold_t0
         self._fold_finished = True
+        self.fold_s.append(took)
         if self.budget and first and took > self.FIRST_FOLD_FRACTION * self.budget:
             why = f"fold {fold} took {fmt_s(took)} = {100 * took / self.budget:.0f}% of the budget (> 20%)"
             if not self._replan(max(self._epoch_estimate(), took / max(1, self._epoch)), why):
@@ -319,8 +324,14 @@ class TimePlanner:
         """Measured validation speed -> the prediction estimate (and so the reserve): process start
         and imports, then per fold a model build and the test set's views, plus decoding the test set."""
         per_sample = seconds / max(samples, 1)
-        folds_s = self.folds * (model_s + per_sample * test_rows * views)
+        self.predict_fold_s = self.PREDICT_MARGIN * (model_s + per_sample * test_rows * views)
+        folds_s = (self.folds + self.extra_models) * (model_s + per_sample * test_rows * views)
         self.predict_s = self.PREDICT_MARGIN * (self.startup_s + folds_s + decode_s_per_image * test_rows)
+
+    def add_model(self) -> None:
+        """A grown seed's fold is whole: predict.py ensembles one more checkpoint (the reserve grows)."""
+        self.extra_models += 1
+        self.predict_s += self.predict_fold_s
 
     def note_startup(self) -> None:
         """Models that measure no validation pass (the trees): the reserve still covers predict.py's

@@ -381,6 +381,10 @@ def ensemble_checkpoints(out_dir: Path, required: bool = True) -> list[tuple[Pat
     if not found:
         raise RunError(f"no loadable model_fold*.pth in {out_dir}: run train.py first (nothing was written)")
     found = same_run(found)
+    cut = [p.name for p, c in found if c.get("seed_no", 1) > 1 and not c.get("complete")]
+    if cut:  # growth.py's seeds count only for whole folds
+        print(f"ENSEMBLE: left out {', '.join(cut)}: a grown seed's fold cut before its end")
+        found = [(p, c) for p, c in found if p.name not in cut]
     names = ", ".join(p.name for p, _ in found)
     print(f"ENSEMBLE: {len(found)} checkpoint(s), folds {[c.get('fold') for _, c in found]}: {names}")
     if any(c["config"].get("dry_run") for _, c in found):

@@ -1,0 +1,90 @@
+"""Budget growth (issue 48): the default image project and the default table project, each under
+run.py --budget twice on the same folds, with growth (the default) and with --no-grow. For each
+run it reports the share of the budget used, the held-out score and the difference between the two.
+
+    python benchmarks/budget_growth.py [--image-budget 10m] [--table-budget 2m] [--images 600]
+
+The image project is `kagtpl new --task image --gpu cpu` with every default on the digits (held-out
+log loss, lower is better); the table is `kagtpl table binary` with every default (held-out
+ROC-AUC, the competition's metric). Both copies of a project are rendered from the same data and
+seed, so their folds file is the same. Goals on a CPU: >= 0.85 of the budget used, the held-out
+score better with growth, no run over its budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+from _project import cpu_project, run_budget  # first: it puts kagtpl's generator on the path
+
+from kagtpl import demo, table
+
+
+def held_out_table(project: Path, solution: Path) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    sub = pd.read_csv(project / "output" / "submission.csv").set_index("row_id")
+    truth = pd.read_csv(solution)
+    return roc_auc_score(truth["target"], sub.loc[truth["row_id"], "target"])
+
+
+def held_out_image(project: Path, solution: Path) -> float:
+    return demo.score(project / "output" / "submission.csv", solution)["logloss"]
+
+
+def run_pair(work: Path, task: str, data: Path, budget: str, flags: tuple, score) -> list[dict]:
+    """The same project twice (growth, --no-grow): each run's share of the budget, seeds grown and score."""
+    rows = []
+    for label, extra in (("growth", ()), ("--no-grow", ("--no-grow",))):
+        project = cpu_project(work / label.strip("-"), task, task, data)
+        log, wall = run_budget(project, budget, (*flags, *extra))
+        share = float(re.search(r"^RUN: .* = ([\d.]+) of the ", log, re.M).group(1))
+        grown = len(re.findall(r"^GROW: seed \d fold \d+ DONE", log, re.M))
+        oof = pd.read_csv(project / "output" / "oof.csv", dtype=str)  # each row's fold, as scored
+        folds = oof[[oof.columns[0], "fold"]].sort_values(oof.columns[0], ignore_index=True)
+        rows.append(
+            {"run": label, "share": share, "wall": wall, "grown": grown, "score": score(project), "folds": folds}
+        )
+    # the plan may cut folds in one run and not the other: the folds both have must hold the same rows
+    same = rows[0]["folds"].merge(rows[1]["folds"], on=list(rows[0]["folds"].columns[:1]))
+    assert (same["fold_x"] == same["fold_y"]).all(), "the two runs were not on the same folds"
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--image-budget", default="10m")
+    p.add_argument("--table-budget", default="2m")
+    p.add_argument("--images", type=int, default=600, help="digit images to train on (the issue's 600)")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kagtpl-bench-growth-"))
+    digits = demo.write_digits(work / "digits", n_train=args.images, n_test=200)
+    tab = table.write_table(work / "table", "binary")
+    results = {
+        f"image ({args.image_budget}, held-out log loss)": run_pair(
+            work / "image", "image", digits, args.image_budget, ("--no-pretrained",),
+            lambda proj: held_out_image(proj, work / "digits_solution.csv"),
+        ),
+        f"table ({args.table_budget}, held-out AUC)": run_pair(
+            work / "table-runs", "tabular", tab, args.table_budget, (),
+            lambda proj: held_out_table(proj, work / "table_solution.csv"),
+        ),
+    }  # fmt: skip
+    print(f"\n{'project':36}{'run':12}{'budget used':>12}{'grown folds':>13}{'held-out':>10}")
+    for name, (grown, plain) in results.items():
+        for r in (grown, plain):
+            print(f"{name:36}{r['run']:12}{r['share']:>12.2f}{r['grown']:>13}{r['score']:>10.4f}")
+        better = grown["score"] < plain["score"] if "log loss" in name else grown["score"] > plain["score"]
+        print(
+            f"{'':36}growth - no-grow: {grown['score'] - plain['score']:+.4f} ({'better' if better else 'not better'})"
+        )
+    over = [f"{n} {r['run']}" for n, rs in results.items() for r in rs if r["share"] > 1.0]
+    print(f"runs over their budget: {', '.join(over) or 'none'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Issue 48: a plan that fits with time to spare grows (machinery/growth.py): more seeds of the
+same folds, each added only when it fits, ensembled by predict.py, never costing the submission."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+from test_planner import Clock
+from test_run import assert_valid_submission
+
+from conftest import RUN_ENV, render, run_script, start_until
+
+
+def flags(**kw) -> SimpleNamespace:
+    base = {"no_grow": False, "dry_run": False, "train_folds": 0, "predict_reserve": -1, "parallel": "none"}
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_growth_rules_with_a_fake_clock(project_modules):
+    growth, planner_module = project_modules.growth, project_modules.planner
+    clock = Clock()
+    plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
+    assert growth.why_not(flags(), plan) is None
+    cases = {
+        "--no-grow": flags(no_grow=True),
+        "--dry-run": flags(dry_run=True),
+        "--train-folds or --predict-reserve 0 (tune.py's trials)": flags(predict_reserve=0),
+        "--parallel folds": flags(parallel="folds"),
+    }
+    for why, args in cases.items():
+        assert growth.why_not(args, plan) == why
+    assert growth.why_not(flags(), planner_module.TimePlanner(None, 3, 10, clock=clock)) == "no --budget"
+    plan.epochs = 7  # the plan was cut: no time to spare
+    assert growth.why_not(flags(), plan) == "the plan was cut to folds=3 epochs=7"
+    plan.epochs = 10
+    plan.share = 1 / 2  # a table's MLP with a booster still to train after it
+    assert growth.why_not(flags(), plan) == "models still to train after this one"
+    plan.share = 1.0
+    plan.request_stop("SIGTERM")
+    assert growth.why_not(flags(), plan) == "SIGTERM"
+
+    # 600 s: 90 s reserve, 5 s to finish -> 505 s of training; more than 25% left, and one more fold fits
+    ok, said = growth.start(300.0, 505.0, 60.0, 5.0)
+    assert ok and said == "5.0 min of 8.4 min training time left (59%), a fold takes ~60s (+5.0s to predict)"
+    said = "2.0 min of 8.4 min training time left (24%), not more than 25%"
+    assert growth.start(120.0, 505.0, 10.0, 1.0) == (False, said)
+    assert not growth.start(200.0, 505.0, 190.0, 5.0)[0]  # 195 s > 95% of 200 s
+    assert growth.fold_fits(100.0, 90.0, 5.0) and not growth.fold_fits(100.0, 91.0, 5.0)
+    assert [growth.checkpoint_name(2, s) for s in (1, 2)] == ["model_fold2.pth", "model_fold2_seed2.pth"]
+    assert growth.partial_oof_name(0, 3) == "oof_fold0_seed3.csv.part" and growth.seed_value(42, 3) == 2042
+
+    # each grown fold is one more checkpoint for predict.py: the reserve grows by its measured share
+    plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
+    plan.note_inference(2.0, 100, 400, 1, 0.0, model_s=1.0)  # 8 s of test rows a fold, 1 s to build
+    one = plan.predict_fold_s
+    assert one == pytest.approx(1.25 * 9.0)
+    before = plan.reserve()
+    plan.predict_s = 200.0  # above 15%: the measured need is the reserve
+    plan.add_model()
+    assert plan.reserve() == pytest.approx(200.0 + one) and plan.extra_models == 1 and before == 90.0
+    # while growing, a slow epoch never re-plans (each grown fold was checked to fit before it began)
+    lines = []
+    plan = planner_module.TimePlanner(100, 3, 10, clock=clock, log=lines.append)
+    plan.planned, plan.growing = True, True
+    for epoch in range(1, 4):
+        plan.begin_epoch(10, 2)
+        clock.t += 30.0
+        plan.end_epoch(epoch)
+    assert not [line for line in lines if line.startswith("TIME PLAN")] and plan.epochs == 10
+
+
+def grown_run_log(project, budget: str, *extra: str) -> tuple[str, float]:
+    t0 = time.time()
+    r = run_script(project, "run.py", "--budget", budget, "--device", "cpu", "--no-pretrained", *extra)
+    return r.stdout, time.time() - t0
+
+
+@pytest.mark.slow
+def test_a_plan_that_fits_grows_a_second_seed_and_hands_in_inside_the_budget(tmp_path, digits_dir):
+    project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=2, epochs=3)
+    log, wall = grown_run_log(project, "60s")
+    assert "TIME PLAN: fits, kept folds=2 epochs=3" in log, log[-3000:]
+    assert re.search(r"^GROW: more seeds: .* training time left \(\d+%\), a fold takes ~", log, re.M), log[-3000:]
+    grown = re.findall(r"^GROW: seed (\d) fold (\d) DONE: ", log, re.M)
+    assert ("2", "0") in grown, log[-3000:]  # a second seed (under load, its fold 0 alone)
+    assert re.search(r"^GROW: OOF logloss [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in", log, re.M)
+    n = 2 + len(grown)
+    assert re.search(rf"^ENSEMBLE: {n} checkpoint\(s\), .*model_fold0_seed2\.pth", log, re.M), log[-2000:]
+    assert f"SUBMISSION: output/submission.csv (40 rows, {n} fold(s) ensembled)" in log
+    share = float(re.search(r"^RUN: .* = ([\d.]+) of the 60s budget$", log, re.M).group(1))
+    assert share <= 1.0 and wall <= 60, (share, wall)
+    assert_valid_submission(project, digits_dir)
+    assert (project / "output" / "oof_fold0_seed2.csv").exists()
+    # --no-grow keeps the old behaviour: every fold is complete, so nothing trains and nothing grows
+    again = run_script(project, "train.py", "--budget", "60s", "--device", "cpu", "--no-grow").stdout
+    assert "GROW: none (--no-grow)" in again and "GROW: seed" not in again, again[-2000:]
+
+
+def after_grown_epoch(n: int):
+    """For start_until: an Epoch line of epoch n or later, once the second seed's first fold began."""
+    state = {"grown": False}
+
+    def seen(line: str) -> bool:
+        state["grown"] = state["grown"] or line.startswith("GROW: seed 2 fold 0 (")
+        m = re.match(r"^Epoch (\d+): ", line)
+        return state["grown"] and bool(m) and int(m.group(1)) >= n
+
+    return seen
+
+
+@pytest.mark.slow
+def test_a_kill_during_the_second_seed_hands_in_the_whole_folds_and_resumes_there(tmp_path, digits_dir):
+    project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=2, epochs=4)
+    args = ["train.py", "--budget", "90s", "--device", "cpu", "--no-pretrained"]
+    proc, seen = start_until(project, args, after_grown_epoch(2))
+    os.killpg(proc.pid, signal.SIGKILL)  # no handler runs: the second seed's fold 0 is cut mid-way
+    proc.wait(timeout=30)
+    assert any(line.startswith("GROW: seed 2 fold 0 (") for line in seen), "".join(seen)[-2000:]
+    out = project / "output"
+    assert (out / "model_fold0_seed2.pth").exists() and not (out / "oof_fold0_seed2.csv").exists()
+    pred = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "ENSEMBLE: left out model_fold0_seed2.pth: a grown seed's fold cut before its end" in pred, pred
+    assert "ENSEMBLE: 2 checkpoint(s), folds [0, 1]" in pred
+    assert_valid_submission(project, digits_dir)
+    # resumed: the first seed's folds are skipped, growth starts again at the fold it was on
+    resume = [*args[:2], "60s", *args[3:]]  # a second seed's fold takes ~10 s here, ~25 s under load
+    r = subprocess.run([sys.executable, *resume], cwd=project, env=RUN_ENV, capture_output=True, text=True, timeout=300)
+    log = r.stdout
+    assert r.returncode == 0, log[-3000:] + r.stderr[-2000:]
+    assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in log
+    assert "FOLD 1: model_fold1.pth is complete, skipping (resume)" in log
+    assert re.search(r"^GROW: seed 2 fold 0 \(seed 1042\): ", log, re.M), log[-3000:]
+    assert "GROW: seed 2 fold 0 DONE: " in log and (out / "oof_fold0_seed2.csv").exists()
