@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import os
 import re
@@ -97,6 +98,26 @@ def pytest_collection_modifyitems(session, config, items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: a module's tests keep their order
+
+
+# The machine, shared by the pytest workers: each test holds it shared, and a test marked
+# `alone` (its CPU hogs slow everything on the machine) holds it alone. Two hog tests on the two
+# workers at once (4 busy loops on 2 cores) stalled one's preflight for 36 s of a 40 s budget.
+# A turnstile keeps tests from taking the machine shared while an `alone` test waits for it.
+RUN_UID = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+MACHINE_LOCK, TURNSTILE = (Path(f"/tmp/kagtpl-tests-{RUN_UID}.{name}") for name in ("machine", "turnstile"))
+
+
+@pytest.fixture(autouse=True)
+def machine_share(request):
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(MACHINE_LOCK, "a") as machine, open(TURNSTILE, "a") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)  # alone: held until the machine is ours; shared: passed through
+        try:
+            fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # the files' close releases the lock
 
 
 def pytest_sessionfinish(session, exitstatus):

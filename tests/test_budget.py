@@ -130,6 +130,7 @@ def run_in_budget(project, budget: int, *args):
     return r, time.time() - t0
 
 
+@pytest.mark.alone
 def test_a_large_model_on_a_slowed_machine_with_a_test_set_ten_times_larger_ends_inside_the_budget(
     tmp_path, slowed_machine
 ):
@@ -155,6 +156,7 @@ def test_a_large_model_on_a_slowed_machine_with_a_test_set_ten_times_larger_ends
     assert_valid_submission(project, data)
 
 
+@pytest.mark.alone
 def test_a_budget_too_small_for_one_epoch_still_ends_inside_it_with_a_valid_submission(tmp_path, slowed_machine):
     """No fold can finish well: train.py stops inside its first epoch (or run.py stops it), and
     predict.py has a checkpoint of an unfinished epoch or none, and seconds. Whichever way it

@@ -322,6 +322,7 @@ def test_sigterm_to_train_py_reaches_every_fold_worker(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # two fold workers on 2 cores, 30 s: beside another test, no epoch past the first (twice)
 def test_fold_workers_reach_their_deadline_after_the_log_reader_goes_away(tmp_path):
     """`python train.py ... | head`: the reader closes the pipe mid-run. train.py goes on draining
     its workers' lines (into /dev/null), so they still stop at the deadline and save their folds,
