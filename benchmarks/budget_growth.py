@@ -2,7 +2,7 @@
 run.py --budget twice on the same folds, with growth (the default) and with --no-grow. For each
 run it reports the share of the budget used, the held-out score and the difference between the two.
 
-    python benchmarks/budget_growth.py [--image-budget 10m] [--table-budget 2m] [--images 600]
+    python benchmarks/budget_growth.py [--image-budget 10m] [--table-budget 2m] [--images 600] [--tasks image,table]
 
 The image project is `kagtpl new --task image --gpu cpu` with every default on the digits (held-out
 log loss, lower is better); the table is `kagtpl table binary` with every default (held-out
@@ -43,7 +43,8 @@ def run_pair(work: Path, task: str, data: Path, budget: str, flags: tuple, score
         project = cpu_project(work / label.strip("-"), task, task, data)
         log, wall = run_budget(project, budget, (*flags, *extra))
         share = float(re.search(r"^RUN: .* = ([\d.]+) of the ", log, re.M).group(1))
-        grown = len(re.findall(r"^GROW: seed \d fold \d+ DONE", log, re.M))
+        # the MLP's grown folds, and the boosters' (tree_seeds.py: "FOLD 0 lgbm (seed 2): ...")
+        grown = len(re.findall(r"^GROW: seed \d fold \d+ DONE|^FOLD \d+ \w+ \(seed \d\): ", log, re.M))
         oof = pd.read_csv(project / "output" / "oof.csv", dtype=str)  # each row's fold, as scored
         folds = oof[[oof.columns[0], "fold"]].sort_values(oof.columns[0], ignore_index=True)
         rows.append(
@@ -60,20 +61,22 @@ def main() -> None:
     p.add_argument("--image-budget", default="10m")
     p.add_argument("--table-budget", default="2m")
     p.add_argument("--images", type=int, default=600, help="digit images to train on (the issue's 600)")
+    p.add_argument("--tasks", default="image,table", help="which projects to run: image, table or both")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kagtpl-bench-growth-"))
     digits = demo.write_digits(work / "digits", n_train=args.images, n_test=200)
     tab = table.write_table(work / "table", "binary")
-    results = {
-        f"image ({args.image_budget}, held-out log loss)": run_pair(
+    tasks, results = args.tasks.split(","), {}
+    if "image" in tasks:
+        results[f"image ({args.image_budget}, held-out log loss)"] = run_pair(
             work / "image", "image", digits, args.image_budget, ("--no-pretrained",),
             lambda proj: held_out_image(proj, work / "digits_solution.csv"),
-        ),
-        f"table ({args.table_budget}, held-out AUC)": run_pair(
+        )  # fmt: skip
+    if "table" in tasks:
+        results[f"table ({args.table_budget}, held-out AUC)"] = run_pair(
             work / "table-runs", "tabular", tab, args.table_budget, (),
             lambda proj: held_out_table(proj, work / "table_solution.csv"),
-        ),
-    }  # fmt: skip
+        )  # fmt: skip
     print(f"\n{'project':36}{'run':12}{'budget used':>12}{'grown folds':>13}{'held-out':>10}")
     for name, (grown, plain) in results.items():
         for r in (grown, plain):

@@ -11,7 +11,9 @@ import sys
 import time
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
+from test_boosters import project_for
 from test_planner import Clock
 from test_run import assert_valid_submission
 
@@ -138,3 +140,32 @@ def test_a_kill_during_the_second_seed_hands_in_the_whole_folds_and_resumes_ther
     assert "FOLD 1: model_fold1.pth is complete, skipping (resume)" in log
     assert re.search(r"^GROW: seed 2 fold 0 \(seed 1042\): ", log, re.M), log[-3000:]
     assert "GROW: seed 2 fold 0 DONE: " in log and (out / "oof_fold0_seed2.csv").exists()
+
+
+@pytest.mark.slow
+def test_a_tables_boosters_grow_seeds_that_predict_and_the_blend_take_in_and_a_rerun_resumes(tmp_path):
+    """tree_seeds.py: after the boosters' planned folds, more seeds of their folds while each fits;
+    predict.py averages their test files with the first seed's, the blend is weighted on the
+    seeds-averaged OOF, and a rerun skips the grown folds that are complete."""
+    project, data = project_for(tmp_path, "binary")
+    budget = 45
+    t0 = time.time()
+    r = run_script(project, "run.py", "--budget", f"{budget}s", "--models", "lgbm")
+    wall, log = time.time() - t0, r.stdout
+    assert re.search(r"^GROW: more tree seeds: .* training time left \(\d+%\), a fold takes ~", log, re.M), log[-3000:]
+    grown = re.findall(r"^FOLD (\d) lgbm \(seed (\d)\): \d+ trees, auc=", log, re.M)
+    assert ("0", "2") in grown, log[-3000:]
+    out = project / "output"
+    assert (out / "test_lgbm_fold0_seed2.csv").is_file() and (out / "tree_lgbm_fold0_seed2.json").is_file()
+    gain = r"^GROW: OOF auc [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in \(folds \[.*\]\) \(lgbm\)$"
+    assert re.search(gain, log, re.M), log[-3000:]
+    # every first-seed fold and every whole grown fold is a member: nothing cut is ever averaged in
+    members = int(re.search(r"^PREDICT: lgbm: (\d+) fold\(s\) from test_lgbm_fold\*\.csv$", log, re.M).group(1))
+    assert members == 3 + len(grown) == len(list(out.glob("test_lgbm_fold*.csv"))), log[-3000:]
+    assert wall <= budget + 2, f"{wall:.1f}s of a {budget}s budget"
+    sub = pd.read_csv(out / "submission.csv")
+    assert len(sub) == len(pd.read_csv(data / "sample_submission.csv")) and sub.iloc[:, 1:].notna().all().all()
+
+    rerun = run_script(project, "train.py", "--budget", f"{budget}s", "--models", "lgbm").stdout
+    assert "GROW: lgbm seed 2 fold 0: complete, skipping (resume)" in rerun, rerun[-3000:]
+    assert not re.search(r"^FOLD 0 lgbm \(seed 2\):", rerun, re.M)

@@ -48,7 +48,7 @@ IMAGE_ONLY = {"machinery/images.py"}  # the decode cache and timm weights: tabul
 SEGMENTATION_ONLY = {"machinery/images.py", "machinery/masks.py"}  # and RLE, tiles, Dice statistics
 TEXT_ONLY = {"machinery/texts.py", "machinery/adapters.py"}  # the model folder and tokens; LoRA and its memory
 # the trees, their fold files (serve.py's) and predict.py's hill-climbing blend
-TABULAR_ONLY = {"machinery/boosters.py", "machinery/blend.py", "machinery/trees.py"}
+TABULAR_ONLY = {"machinery/boosters.py", "machinery/blend.py", "machinery/trees.py", "machinery/tree_seeds.py"}
 AUDIO_ONLY = {"machinery/images.py", "machinery/audio.py", "machinery/onnx_export.py"}  # + predict.py --export
 TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY, "segmentation": SEGMENTATION_ONLY}
 TASK_FILES["audio"] = AUDIO_ONLY

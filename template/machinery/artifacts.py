@@ -210,9 +210,9 @@ def oof_scores(comp, out: Path, folds: list[int], signature: str) -> tuple[dict,
     return scores, per_fold, len(oof)
 
 
-def grown_gain_line(comp, pairs: list) -> None:
+def grown_gain_line(comp, pairs: list, model: str | None = None) -> None:
     """GROW's proof, on the same OOF rows: the metric of the first seed alone against the grown
-    seeds averaged in (the folds that have grown seeds only)."""
+    seeds averaged in (the folds that have grown seeds only); `model` names a table's booster."""
     both = [(first, averaged) for first, averaged in pairs if averaged is not None]
     if not both:
         return
@@ -220,7 +220,9 @@ def grown_gain_line(comp, pairs: list) -> None:
     name, one = list(comp.score(read_targets(first), first[comp.oof_columns].to_numpy()).items())[-1]
     grown = list(comp.score(read_targets(averaged), averaged[comp.oof_columns].to_numpy()).values())[-1]
     folds = sorted(set(first["fold"]))
-    print(f"GROW: OOF {name} {one:.4f} with one seed -> {grown:.4f} with the grown seeds averaged in (folds {folds})")
+    named = f" ({model})" if model else ""
+    gain = f"{one:.4f} with one seed -> {grown:.4f} with the grown seeds averaged in"
+    print(f"GROW: OOF {name} {gain} (folds {folds}){named}")
 
 
 def target_columns(y: np.ndarray) -> dict:
