@@ -45,13 +45,17 @@ def run_pair(work: Path, task: str, data: Path, budget: str, flags: tuple, score
         share = float(re.search(r"^RUN: .* = ([\d.]+) of the ", log, re.M).group(1))
         # the MLP's grown folds, and the boosters' (tree_seeds.py: "FOLD 0 lgbm (seed 2): ...")
         grown = len(re.findall(r"^GROW: seed \d fold \d+ DONE|^FOLD \d+ \w+ \(seed \d\): ", log, re.M))
-        oof = pd.read_csv(project / "output" / "oof.csv", dtype=str)  # each row's fold, as scored
+        # each row's fold, as scored; none when no fold was validated (a budget under one epoch)
+        path = project / "output" / "oof.csv"
+        oof = pd.read_csv(path, dtype=str) if path.is_file() else pd.DataFrame({"id": [], "fold": []})
         folds = oof[[oof.columns[0], "fold"]].sort_values(oof.columns[0], ignore_index=True)
         rows.append(
             {"run": label, "share": share, "wall": wall, "grown": grown, "score": score(project), "folds": folds}
         )
     # the plan may cut folds in one run and not the other: the folds both have must hold the same rows
-    same = rows[0]["folds"].merge(rows[1]["folds"], on=list(rows[0]["folds"].columns[:1]))
+    same = rows[0]["folds"].merge(
+        rows[1]["folds"], left_on=rows[0]["folds"].columns[0], right_on=rows[1]["folds"].columns[0]
+    )
     assert (same["fold_x"] == same["fold_y"]).all(), "the two runs were not on the same folds"
     return rows
 
