@@ -183,14 +183,20 @@ def seeds_averaged(comp, out: Path, k: int, signature: str) -> tuple[pd.DataFram
     first = read_signed(out / growth.oof_name(k), signature)
     paths = [out / growth.oof_name(k, s) for s in range(2, growth.MAX_SEEDS + 1)]
     grown = [read_signed(p, signature) for p in paths if p.exists()] if getattr(comp, "oof_averages", True) else []
-    ids = None if first is None else first[comp.id_col].astype(str).to_numpy()
-    grown = [f for f in grown if f is not None and np.array_equal(f[comp.id_col].astype(str).to_numpy(), ids)]
-    if first is None or not grown:
-        return first, None
+    return first, None if first is None else average_seeds(comp, first, [f for f in grown if f is not None])
+
+
+def average_seeds(comp, first: pd.DataFrame, grown: list[pd.DataFrame]) -> pd.DataFrame | None:
+    """`first`'s rows with their predictions averaged over the `grown` seeds' frames of the same
+    rows (a table's boosters' too: boosters.seeds_oof); None when none holds them."""
+    ids = first[comp.id_col].astype(str).to_numpy()
+    grown = [f for f in grown if np.array_equal(f[comp.id_col].astype(str).to_numpy(), ids)]
+    if not grown:
+        return None
     averaged = first.copy()
     cols = comp.oof_columns
     averaged[cols] = np.mean([f[cols].to_numpy(float) for f in (first, *grown)], axis=0)
-    return first, averaged
+    return averaged
 
 
 def oof_scores(comp, out: Path, folds: list[int], signature: str) -> tuple[dict, list[float], int]:

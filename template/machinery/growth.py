@@ -20,14 +20,20 @@ def seed_value(base: int, seed_no: int) -> int:
     return base + SEED_STEP * (seed_no - 1)
 
 
+def seed_tail(seed_no: int) -> str:
+    """What a grown seed's file names add after `fold{k}`: nothing for the first seed (its names are
+    as before growth), `_seed{s}` after it."""
+    return "" if seed_no == 1 else f"_seed{seed_no}"
+
+
 def checkpoint_name(k: int, seed_no: int = 1) -> str:
-    """model_fold{k}.pth for the first seed (as before growth), model_fold{k}_seed{s}.pth after it."""
-    return f"model_fold{k}.pth" if seed_no == 1 else f"model_fold{k}_seed{seed_no}.pth"
+    """model_fold{k}.pth for the first seed, model_fold{k}_seed{s}.pth after it."""
+    return f"model_fold{k}{seed_tail(seed_no)}.pth"
 
 
 def oof_name(k: int, seed_no: int = 1) -> str:
     """oof_fold{k}.csv; a grown seed's OOF file is oof_fold{k}_seed{s}.csv once its fold is whole."""
-    return f"oof_fold{k}.csv" if seed_no == 1 else f"oof_fold{k}_seed{seed_no}.csv"
+    return f"oof_fold{k}{seed_tail(seed_no)}.csv"
 
 
 def partial_oof_name(k: int, seed_no: int) -> str:
