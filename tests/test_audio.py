@@ -158,6 +158,30 @@ def test_tta_averages_the_window_and_its_shifted_views_while_the_clock_allows(tm
     assert torch.allclose(m.predict.predict_windows(0, None, model, (span,)), whole)  # no context, no clock: one view
 
 
+def test_mixup_sums_two_clips_each_loud_and_labels_both(audio_mod):
+    """A mixed clip is two clips summed, each at a gain of at least 0.5 (neither is a whisper), and
+    its targets are both clips' (the larger of each: a secondary label's 0.5 stays 0.5)."""
+    audio = audio_mod[0].audio
+    torch.manual_seed(0)
+    n = 8
+    k = torch.arange(1, n + 1, dtype=torch.float32)
+    wave = torch.stack([k * 100, k * k * 10], 1).to(torch.int16)  # clip i: [100 i, 10 i^2], solvable
+    y = torch.eye(n)
+    y[:, 0] = torch.maximum(y[:, 0], torch.full((n,), 0.5))  # every clip's secondary label: class 0 at 0.5
+    x, t = audio.mixup(wave, y)
+    assert t.shape == y.shape and (t >= y).all() and set(t.unique().tolist()) <= {0.0, 0.5, 1.0}
+    for i in range(n):
+        ones = [j for j in range(n) if t[i, j] == 1.0]
+        j = next((o for o in ones if o != i), i)  # the partner (itself when the shuffle kept it)
+        assert i in ones and len(ones) <= 2
+        w = wave.float() / 32768.0
+        if j == i:
+            assert 1.0 <= float(x[i, 0] / w[i, 0]) <= 2.0 + 1e-5
+            continue
+        a, b = torch.linalg.solve(torch.stack([w[i], w[j]], 1), x[i])
+        assert 0.5 - 1e-4 <= a <= 1 + 1e-4 and 0.5 - 1e-4 <= b <= 1 + 1e-4, (i, j, a, b)
+
+
 def test_onnx_export_matches_torch_on_any_batch_and_falls_back_to_torch(audio_mod, capsys, monkeypatch):
     onnx_export, errors = audio_mod[0].onnx_export, audio_mod[0].errors
     net = torch.nn.Sequential(
@@ -211,7 +235,14 @@ def test_folders_layout_hears_the_words_in_every_test_window_and_resumes(tmp_pat
     skips both complete folds."""
     data = sounds / "folders"
     project = render(tmp_path / "birds", task="audio", data_dir=str(data), folds=2, epochs=12)
-    log = run_script(project, "train.py", *FAST, "--lr", "3e-3", "--patience", "12").stdout
+    # under a budget (one the plan fits, not grown) the reserve counts predict.py's ONNX export a fold
+    log = run_script(
+        project, "train.py", *FAST, "--lr", "3e-3", "--patience", "12", "--budget", "20m", "--no-grow"
+    ).stdout
+    export = (
+        r"^EXPORT: predict.py exports each fold to ONNX Runtime \(--export auto\): ~[\d.]+s a fold, in the reserve$"
+    )
+    assert len(re.findall(export, log, re.M)) == 1, log[-3000:]  # timed once, on the first fold
     oof = float(re.search(r"^OOF: cmAP=[\d.]+, AUC=([\d.]+) over 100 rows from folds \[0, 1\]$", log, re.M)[1])
     assert oof > 0.85, log[-3000:]  # chance is 0.5
     assert "DATA: 100 train clips, 5 labels, 24 test rows" in log

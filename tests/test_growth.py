@@ -17,7 +17,7 @@ from test_boosters import project_for
 from test_planner import Clock
 from test_run import assert_valid_submission
 
-from conftest import RUN_ENV, render, run_script, start_until
+from conftest import RUN_ENV, import_project, render, run_script, start_until
 
 
 def flags(**kw) -> SimpleNamespace:
@@ -39,8 +39,8 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     for why, args in cases.items():
         assert growth.why_not(args, plan) == why
     assert growth.why_not(flags(), planner_module.TimePlanner(None, 3, 10, clock=clock)) == "no --budget"
-    plan.epochs = 7  # the plan was cut: no time to spare
-    assert growth.why_not(flags(), plan) == "the plan was cut to folds=3 epochs=7"
+    plan.epochs = 7  # the plan was cut: it grows too, when its folds end with time left
+    assert growth.why_not(flags(), plan) is None
     plan.epochs = 10
     plan.share = 1 / 2  # a table's MLP with a booster still to train after it
     assert growth.why_not(flags(), plan) == "models still to train after this one"
@@ -48,15 +48,60 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     plan.request_stop("SIGTERM")
     assert growth.why_not(flags(), plan) == "SIGTERM"
 
-    # 600 s: 90 s reserve, 5 s to finish -> 505 s of training; more than 25% left, and one more fold fits
+    # 600 s: 90 s reserve, 5 s to finish -> 505 s of training; one more fold fits
     ok, said = growth.start(300.0, 505.0, 60.0, 5.0)
     assert ok and said == "5.0 min of 8.4 min training time left (59%), a fold takes ~60s (+5.0s to predict)"
-    said = "2.0 min of 8.4 min training time left (24%), not more than 25%"
-    assert growth.start(120.0, 505.0, 10.0, 1.0) == (False, said)
+    said = "2.0 min of 8.4 min training time left (24%), a fold takes ~10s (+1.0s to predict)"
+    assert growth.start(120.0, 505.0, 10.0, 1.0) == (True, said)  # no least share: a fold fits
     assert not growth.start(200.0, 505.0, 190.0, 5.0)[0]  # 195 s > 95% of 200 s
+    assert growth.start(200.0, 505.0, 190.0, 5.0, fits=True)[0]  # ...but the engine found a shorter fold that fits
     assert growth.fold_fits(100.0, 90.0, 5.0) and not growth.fold_fits(100.0, 91.0, 5.0)
     assert [growth.checkpoint_name(2, s) for s in (1, 2)] == ["model_fold2.pth", "model_fold2_seed2.pth"]
     assert growth.partial_oof_name(0, 3) == "oof_fold0_seed3.csv.part" and growth.seed_value(42, 3) == 2042
+
+    # a grown fold's epochs: the target when it fits, else a shorter last fold that does, never
+    # under `least`. A 10-epoch fold of 69 s at 6 s an epoch (+2 s to predict), 50 s left:
+    # 71 - 47.5 = 23.5 s over, 4 epochs dropped -> 6 epochs (60% of the plan)
+    assert growth.grown_epochs(10, 50.0, (69.0, 10), 6.0, 2.0, 5) == 6
+    assert growth.grown_epochs(10, 50.0, (69.0, 10), 6.0, 2.0, 7) == 0  # 6 epochs are under least
+    assert growth.grown_epochs(10, 30.0, (69.0, 10), 6.0, 2.0, 5) == 0  # 2 epochs would fit: too few
+    assert growth.grown_epochs(10, 50.0, (69.0, 10), 0.0, 2.0, 5) == 0  # no epoch timed, no whole fold
+    assert growth.grown_epochs(10, 100.0, (69.0, 10), 6.0, 2.0, 5) == 10  # a whole fold fits
+    assert growth.grown_epochs(15, 100.0, (69.0, 10), 6.0, 2.0, 5) == 14  # more epochs: as many as fit
+    assert growth.grown_epochs(15, 200.0, (69.0, 10), 6.0, 2.0, 5) == 15
+    assert growth.grown_epochs(15, 1.0, (0.0, 0), 0.0, 0.0, 5) == 15  # nothing timed: the deadline guard
+    # more epochs when validation was still improving late in the plan in half the folds or more:
+    # a digits fold's val loss fell 30% after epoch 7 of 10 (its best at epoch 8, not the last)
+    falling = [2.25, 1.35, 0.87, 0.61, 0.44, 0.39, 0.2613, 0.1837, 0.1976, 0.1848]
+    flat = [2.25, 1.35, 0.87, 0.61, 0.44, 0.30, 0.2000, 0.1950, 0.1900, 0.1920]  # 5%: converged
+    stopped = falling[:8]  # early-stopped at epoch 8: no evidence
+    assert growth.late_gain(falling, 10) == pytest.approx((0.2613 - 0.1837) / 0.2613)
+    assert growth.late_gain(stopped, 10) == 0.0 and growth.late_gain(flat, 10) == pytest.approx(0.05)
+    said = "validation still improving after epoch 7 in 2 of 4 folds: 15 epochs"
+    assert growth.epochs_target(10, [falling, falling, flat, stopped]) == (15, said)
+    assert growth.epochs_target(10, [falling, flat, flat]) == (10, "")  # 1 of 3: the plan's
+    assert growth.epochs_target(10, []) == (10, "")  # every fold resumed: no evidence
+    # the engine sizes it by the slowest fold after the first, with that fold's own epochs (it
+    # early-stopped at 8: the grown fold may not), and the median epoch
+    engine = project_modules.engine
+    plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
+    for k, (epochs, epoch_s, extra) in enumerate([(10, 6.0, 20.0), (8, 6.0, 9.0), (10, 5.0, 4.0)]):
+        plan.begin_fold(k)
+        for e in range(1, epochs + 1):
+            plan.begin_epoch(10, 2)
+            clock.t += epoch_s
+            plan.end_epoch(e)
+        clock.t += extra
+        plan.end_fold(k, False)
+    assert engine.growth_fold(plan) == (57.0, 8) and plan.fold_epochs == [10, 8, 10]
+    plan.planned, plan.growing, plan.predict_fold_s = True, True, 2.0
+    clock.t = plan.t0 + 600 - 90 - 5 - 70.0  # 70 s of training time left (15%: nothing measured)
+    # 10 epochs: 57 + 2 x 6 + 2 = 71 s > 66.5 s; 9 epochs fit
+    assert engine.grown_epochs(plan, 10) == (9, "a fold takes ~57s, 70s training time left")
+    clock.t += 30.0  # 40 s left: 59 - 38 = 21 s over, 4 epochs of 6 s dropped from the 8 -> 4: under 5
+    assert engine.grown_epochs(plan, 10)[0] == 0
+    clock.t -= 10.0  # 50 s left: 59 - 47.5 = 11.5 s over, 2 epochs dropped -> 6
+    assert engine.grown_epochs(plan, 10) == (6, "a fold takes ~57s, 50s training time left")
 
     # each grown fold is one more checkpoint for predict.py: the reserve grows by its measured share
     plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
@@ -64,9 +109,10 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     one = plan.predict_fold_s
     assert one == pytest.approx(1.25 * 9.0)
     before = plan.reserve()
-    plan.predict_s = 200.0  # above 15%: the measured need is the reserve
+    plan.predict_s = 200.0  # above the floor: the measured need is the reserve
     plan.add_model()
-    assert plan.reserve() == pytest.approx(200.0 + one) and plan.extra_models == 1 and before == 90.0
+    assert plan.reserve() == pytest.approx(200.0 + one) and plan.extra_models == 1
+    assert before == pytest.approx(48.0)  # 46.25 s measured: the floor, 8% once measured (15% before)
     # while growing, a slow epoch never re-plans (each grown fold was checked to fit before it began)
     lines = []
     plan = planner_module.TimePlanner(100, 3, 10, clock=clock, log=lines.append)
@@ -93,6 +139,13 @@ def test_a_plan_that_fits_grows_a_second_seed_and_hands_in_inside_the_budget(tmp
     assert re.search(r"^GROW: more seeds: .* training time left \(\d+%\), a fold takes ~", log, re.M), log[-3000:]
     grown = re.findall(r"^GROW: seed (\d) fold (\d) DONE: ", log, re.M)
     assert ("2", "0") in grown, log[-3000:]  # a second seed (under load, its fold 0 alone)
+    # the planned folds' evidence decides the grown seeds' epochs: 5 (1.5 x 3) when validation was
+    # still improving after epoch 2 in a fold or both, else 3; fewer only for a last fold that must be shorter
+    improving = re.search(r"; validation still improving after epoch 2 in \d of 2 folds: 5 epochs$", log, re.M)
+    block = log.split("GROW: seed 2 fold 0 (", 1)[1].split("GROW: seed 2 fold 0 DONE", 1)[0]
+    more = re.match(r"seed \d+\) in (\d) epochs \(the plan's 3\)", block)
+    if more and int(more[1]) > 3:  # trained past the plan's epochs: its last Epoch line is that epoch
+        assert improving and re.search(rf"^(Epoch {more[1]}: |EARLY STOP: )", block, re.M), block
     assert re.search(r"^GROW: OOF logloss [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in", log, re.M)
     n = 2 + len(grown)
     assert re.search(rf"^ENSEMBLE: {n} checkpoint\(s\), .*model_fold0_seed2\.pth", log, re.M), log[-2000:]
@@ -156,7 +209,18 @@ def test_a_tables_boosters_grow_seeds_that_predict_and_the_blend_take_in_and_a_r
     assert re.search(r"^GROW: more tree seeds: .* training time left \(\d+%\), a fold takes ~", log, re.M), log[-3000:]
     grown = re.findall(r"^FOLD (\d) lgbm \(seed (\d)\): \d+ trees, auc=", log, re.M)
     assert ("0", "2") in grown, log[-3000:]
+    # a grown seed is also Kagglers' lower learning rate: half the first's (0.05), then a quarter
+    assert re.search(r"^GROW: lgbm seed 2 fold 0 \(seed 1042, lr 0\.025\): ", log, re.M), log[-3000:]
+    if ("0", "3") in grown:
+        assert re.search(r"^GROW: lgbm seed 3 fold 0 \(seed 2042, lr 0\.0125\): ", log, re.M), log[-3000:]
+    growth = import_project(project, ("growth",)).growth
+    assert [growth.booster_lr_scale(s) for s in (1, 2, 3, 5)] == [1, 0.5, 0.25, 0.25]
+    slow = growth.booster_params({"lr": 0.05, "rounds": 2000, "early_stop": 100, "lgbm": {"num_leaves": 31}}, 3)
+    assert slow == {"lr": 0.0125, "rounds": 8000, "early_stop": 400, "lgbm": {"num_leaves": 31}}
+    # a grown seed's OOF is signed with its learning rate: one grown by other rules is not averaged in
     out = project / "output"
+    sig = pd.read_csv(out / "oof_lgbm_fold0.csv", dtype=str)["run"].iloc[0]
+    assert pd.read_csv(out / "oof_lgbm_fold0_seed2.csv", dtype=str)["run"].iloc[0] == f"{sig}-lr0.5"
     assert (out / "test_lgbm_fold0_seed2.csv").is_file() and (out / "tree_lgbm_fold0_seed2.json").is_file()
     gain = r"^GROW: OOF auc [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in \(folds \[.*\]\) \(lgbm\)$"
     assert re.search(gain, log, re.M), log[-3000:]
@@ -164,6 +228,11 @@ def test_a_tables_boosters_grow_seeds_that_predict_and_the_blend_take_in_and_a_r
     members = int(re.search(r"^PREDICT: lgbm: (\d+) fold\(s\) from test_lgbm_fold\*\.csv$", log, re.M).group(1))
     assert members == 3 + len(grown) == len(list(out.glob("test_lgbm_fold*.csv"))), log[-3000:]
     assert wall <= budget + 2, f"{wall:.1f}s of a {budget}s budget"
+    # the experiments table shows the seeds, and the CV with them averaged in
+    row = pd.read_csv(out / "experiments.csv", dtype=str).query("model == 'lgbm'").iloc[-1]
+    assert row["seeds"] == f"{max(int(s) for _, s in grown)} (+{len(grown)} folds)", row.to_dict()
+    cv = re.findall(r"^OOF: auc=([\d.]+) over \d+ rows from folds \[0, 1, 2\] \(lgbm\)$", log, re.M)[-1]
+    assert float(row["cv"]) == pytest.approx(float(cv), abs=1e-4), (row.to_dict(), cv)
     sub = pd.read_csv(out / "submission.csv")
     assert len(sub) == len(pd.read_csv(data / "sample_submission.csv")) and sub.iloc[:, 1:].notna().all().all()
 

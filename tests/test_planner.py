@@ -130,17 +130,28 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
     expected = 1.25 * (8.0 + 5 * (2.0 + 0.02 * 10_000 * 2) + 0.004 * 10_000)
     assert planner.reserve() == pytest.approx(expected) and planner.reserve() > 0.15 * 3600
     assert planner.training_left() == pytest.approx(3600 - expected - planner.FINISH_S)
+    # a prediction measured at seconds keeps 8% of the budget, not 15%: the time between is training's
+    quick, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
+    quick.note_inference(1.0, 2000, test_rows=1000, views=1, decode_s_per_image=0.0, model_s=1.0)
+    assert quick.predict_s < 0.08 * 3600 and quick.reserve() == pytest.approx(0.08 * 3600)
+    trees, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
+    trees.note_startup()  # the trees measure no validation pass: their start is the measure
+    assert trees.reserve() == pytest.approx(0.08 * 3600)
 
 
 def test_run_py_safety_net_comes_after_the_planned_end_of_training(project_modules):
     """run.py SIGTERMs a train.py still running at SAFETY_NET of the budget. A healthy run ends
-    training by 1 - RESERVE_FRACTION less FINISH_S, then scores, reports and exits: the net must
-    leave room for that, or it kills runs that did nothing wrong (it once sat at exactly 85%)."""
+    training by 1 - RESERVE_FRACTION (1 - MEASURED_FRACTION once measured) less FINISH_S, then
+    scores, reports and exits: the net must leave room for that, or it kills runs that did
+    nothing wrong (it once sat at exactly 85%)."""
     rules = project_modules.planner.TimePlanner
     for budget in (60.0, 75.0, 600.0, 9 * 3600.0):
         planner = rules(budget, folds=5, epochs=10)
         end_of_training = budget - planner.reserve() - planner.FINISH_S
         assert rules.SAFETY_NET * budget - end_of_training >= 0.05 * budget
+        planner.note_inference(0.1, 1000, test_rows=10, views=1, decode_s_per_image=0.0, model_s=0.1)
+        latest = budget - planner.reserve() - planner.FINISH_S  # measured: the 8% floor, the latest end
+        assert rules.SAFETY_NET * budget - latest >= max(5.0, 0.03 * budget), (budget, latest)
 
 
 def test_no_budget_plans_nothing(project_modules):
@@ -272,3 +283,16 @@ def test_a_deadline_before_any_estimate_says_the_budget_is_too_small(project_mod
         "TIME PLAN: the budget 20s is too small for one epoch (the deadline came at step 1 of the first, before any "
         "estimate): the submission will be train.py's fallback or a checkpoint from inside the first epoch"
     ]
+
+
+def test_time_left_out_of_an_epoch_is_not_its_cost(project_modules):
+    """audio's export, timed once for the reserve inside the first epoch, is not an epoch's cost:
+    the plan is not cut for it (the budget's clock still counts it)."""
+    planner, clock, _ = make(project_modules.planner, budget=600, folds=5, epochs=10)
+    planner.begin_fold(0)
+    planner.begin_epoch(10, 2)
+    clock.t += 10.0
+    planner.leave_out(4.0)
+    planner.end_epoch(1)
+    planner.end_fold(0, False)
+    assert planner.epoch_s == [6.0] and planner.fold_s == [6.0] and planner.elapsed() == 10.0

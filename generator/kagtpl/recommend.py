@@ -394,7 +394,8 @@ def budget_rows(gpu: str, budget: str | None, task: str = "image") -> list[tuple
         (
             "reserve",
             f">= {reserve / 60:.1f} min",
-            f"{rules.RESERVE_FRACTION:.0%} of the budget, or the measured prediction estimate if larger",
+            f"{rules.RESERVE_FRACTION:.0%} of the budget until predict.py's time is measured, then "
+            f"{rules.MEASURED_FRACTION:.0%}, or the measured prediction estimate if larger",
         ),
         (
             "training",

@@ -33,12 +33,16 @@ The competition is a plain object (train.py's `Competition`) with:
                                              MLP, beside its boosters' lines)
     oof_averages: bool                       optional, True: grown seeds' OOF predictions average
                                              into oof.csv (False: boxes, mask statistics)
+    predict_setup_s(model) -> float          optional: predict.py's seconds a fold beyond building
+                                             it, for the reserve under a budget (audio: the export)
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
+import statistics
 import time
 from pathlib import Path
 
@@ -161,6 +165,7 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
             fold = comp.fold(k, trn_idx, val_idx)
             best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, first)
             planner.end_fold(k, first)
+            planner.val_curves.append(fold.val_losses)  # growth's evidence for more epochs
             print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
             parallel.barrier()  # rank 0 has written the fold's files before any rank looks for them
         trained.append(k)
@@ -177,42 +182,67 @@ def grow_seeds(comp, splits: list, args, run: tuple) -> None:
         print(f"GROW: none ({why})")
         return
     training_s = planner.budget - planner.reserve() - planner.FINISH_S
-    ok, said = growth.start(planner.training_left(), training_s, growth_fold_s(planner), planner.predict_fold_s)
-    print(f"GROW: {'more seeds' if ok else 'none'}: {said}")
+    target, more = growth.epochs_target(planner.epochs, planner.val_curves)
+    fits = grown_epochs(planner, target)[0] > 0 if growth_fold_s(planner) > 0 else None  # a shorter fold counts
+    ok, said = growth.start(planner.training_left(), training_s, growth_fold_s(planner), planner.predict_fold_s, fits)
+    print(f"GROW: {'more seeds' if ok else 'none'}: {said}{'; ' + more if ok and more else ''}")
     planner.growing = ok
     for seed_no in range(2, growth.MAX_SEEDS + 1 if ok else 2):
         for k, (trn_idx, val_idx) in enumerate(splits):
-            if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, args, run):
+            if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, args, run, target):
                 return
 
 
+def growth_fold(planner) -> tuple[float, int]:
+    """The fold growth's rules size by, as (seconds, epochs): the slowest measured fold after the
+    first (which carries the probe and the warm-up), else the first; (0, 0) when this process
+    trained none (all resumed)."""
+    timed = list(zip(planner.fold_s, planner.fold_epochs, strict=True))
+    return max(timed[1:] or timed or [(0.0, 0)])
+
+
 def growth_fold_s(planner) -> float:
-    """A fold's time for growth's rules: the slowest measured fold after the first (which carries the
-    probe and the warm-up), else the first; 0 when this process trained none (all resumed)."""
-    return max(planner.fold_s[1:] or planner.fold_s or [0.0])
+    return growth_fold(planner)[0]
 
 
-def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple) -> bool:
-    """One grown seed's fold: skipped when complete (resume), else trained if it fits. Returns
-    whether growth goes on."""
+def grown_epochs(planner, target: int) -> tuple[int, str]:
+    """The epochs of the next grown fold, and why: `target` (growth.epochs_target) when that fits
+    the training time left, fewer when only a shorter fold does, 0 when none does (growth.grown_epochs)."""
+    fold, left = growth_fold(planner), planner.training_left()
+    said = f"a fold takes ~{fmt_s(fold[0])}, {fmt_s(max(0.0, left))} training time left"
+    least = max(planner.min_epochs, math.ceil(growth.SHORT_SHARE * planner.epochs))
+    epoch_s = statistics.median(planner.epoch_s) if planner.epoch_s else 0.0
+    return growth.grown_epochs(target, left, fold, epoch_s, planner.predict_fold_s, least), said
+
+
+def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple, target: int) -> bool:
+    """One grown seed's fold of `target` epochs (or fewer, the last, to fit): skipped when complete
+    (resume), else trained if it fits. Returns whether growth goes on."""
     (k, trn_idx, val_idx), (machine, batching, planner, jlog) = split, run
     out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
     name = growth.checkpoint_name(k, seed_no)
     if storage.fold_is_done(out / name, config, artifacts.run_keys(comp)):
         print(f"GROW: seed {seed_no} fold {k}: {name} is complete, skipping (resume)")
         return True
-    fold_s, left = growth_fold_s(planner), planner.training_left()
-    if planner.stop_reason or not growth.fold_fits(left, fold_s, planner.predict_fold_s):
-        why = planner.stop_reason or f"a fold takes ~{fmt_s(fold_s)}, {fmt_s(max(0.0, left))} training time left"
-        print(f"GROW: stop before seed {seed_no} fold {k} ({why})")
+    epochs, said = grown_epochs(planner, target)
+    if planner.stop_reason or not epochs:
+        print(f"GROW: stop before seed {seed_no} fold {k} ({planner.stop_reason or said})")
         return False
-    seed = growth.seed_value(args.seed, seed_no)
-    print(f"GROW: seed {seed_no} fold {k} (seed {seed}): ~{fmt_s(fold_s)} of {fmt_s(left)} training time left")
+    seed, planned = growth.seed_value(args.seed, seed_no), planner.epochs
+    if epochs != planned:  # more (validation was still improving), or fewer (the last: only that fits)
+        print(f"GROW: seed {seed_no} fold {k} (seed {seed}) in {epochs} epochs (the plan's {planned}): {said}")
+    else:
+        fold_s, left = fmt_s(growth_fold_s(planner)), fmt_s(planner.training_left())
+        print(f"GROW: seed {seed_no} fold {k} (seed {seed}): ~{fold_s} of {left} training time left")
     seed_everything(seed)
     planner.begin_fold(k)
     fold = comp.fold(k, trn_idx, val_idx)
     fold.seed_no = seed_no
-    best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, False)
+    planner.epochs = epochs
+    try:
+        best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, False)
+    finally:
+        planner.epochs = planned
     planner.end_fold(k, False)
     if planner.stop_reason:
         print(f"GROW: seed {seed_no} fold {k} cut ({planner.stop_reason}): not ensembled")

@@ -33,6 +33,7 @@ class Fold:
     ids_valid: np.ndarray
     extras: dict = field(default_factory=dict)  # saved beside the weights (a fitted preprocessor's state)
     seed_no: int = 1  # growth.py: 2, 3, ... for the same fold trained again from another seed
+    val_losses: list = field(default_factory=list)  # each epoch's, set by train_fold: growth's evidence for more epochs
 
     @property
     def checkpoint(self) -> str:
@@ -105,7 +106,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
 
     best, bad_epochs, saved, last_peak, lines = math.inf, 0, False, None, logs.EpochLines()
     on_first_step = (lambda: first_step_lines(machine, batching)) if first else None
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(1, max(args.epochs, planner.epochs) + 1):  # a grown seed may train more (growth.py)
         planner.can_start_epoch()  # the deadline guard: sets stop_reason when the epoch would not fit
         if parallel.agree_plan(planner, machine.device) or epoch > planner.epochs:
             break
@@ -123,6 +124,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             break
         y, pred = validate(comp, fold, bare, valid_batches, machine, args, planner, epoch, (t0, train_time, model_s))
         val_loss, metric = evaluate(comp, y, pred, f"fold {k} epoch {epoch}")
+        fold.val_losses.append(val_loss)
         stats = dict(train_loss=train_loss, val_loss=val_loss, metric=metric, lr=scheduler.get_last_lr()[0])
         stats.update(time_s=time.time() - t0, samples_per_s=seen / max(train_time, 1e-9))
         last_peak = log_epoch(comp, (k, epoch, lines), stats, machine, batching, planner, jlog, last_peak)
@@ -232,6 +234,11 @@ def validate(comp, fold: Fold, bare, valid_batches, machine: Machine, args, plan
     pred = predict(comp.predict, bare, valid_batches, machine, max_batches=2 if args.dry_run else None)
     if epoch == 1:  # validation speed -> the prediction estimate -> the reserve
         valid_s = time.time() - t0 - train_time
+        setup = getattr(comp, "predict_setup_s", None) if planner.budget else None  # audio: the ONNX export
+        if setup:
+            t_setup = time.time()
+            model_s += setup(bare)
+            planner.leave_out(time.time() - t_setup)  # timed once: not an epoch's cost
         planner.note_inference(valid_s, len(pred), comp.test_rows, comp.test_views, comp.decode_s, model_s)
     pred = parallel.gather_rows(pred, len(fold.y_valid), machine.device)  # DDP: every rank's share, in order
     planner.end_epoch(epoch)

@@ -161,10 +161,11 @@ class TimePlanner:
     """Plans folds and epochs to fit a wall-time budget, re-plans with measured times, and
     guards the deadline so prediction always gets its reserve.
 
-    The rules (docs/time-budget.md): keep max(15% of the budget, the measured prediction
-    estimate) for predict.py; if the plan needs more than 80% of the training time left, cut
-    folds to 3, then epochs by 30% and 50% (never below `min_epochs`), then folds towards 1
-    (giving back as many epochs as then fit, up to the plan's), and at 1 fold fit the epochs.
+    The rules (docs/time-budget.md): keep max(15% of the budget, 8% once predict.py's time is
+    measured, the measured prediction estimate) for predict.py; if the plan needs more than 80%
+    of the training time left, cut folds to 3, then epochs by 30% and 50% (never below
+    `min_epochs`), then folds towards 1 (giving back as many epochs as then fit, up to the
+    plan's), and at 1 fold fit the epochs.
     Re-plan after every epoch with measured times (fit 95%, minimal cuts), and at once if the
     first fold took > 20% of the budget.
 
@@ -173,13 +174,18 @@ class TimePlanner:
     """
 
     RESERVE_FRACTION, FIRST_FOLD_FRACTION = 0.15, 0.20
+    # Once the prediction estimate is measured (the first validation pass, or the trees' start) the
+    # floor under it is 8%: 15% held 81 minutes of Kaggle's 9 hours for a predict.py of minutes, and
+    # capped a 10-minute image run at 0.83 of its budget (predict.py took 8.6 s of a 90 s reserve)
+    MEASURED_FRACTION = 0.08
     # After the last epoch train.py still scores the OOF predictions, draws the report and exits;
     # the interpreter's exit alone (torch, timm) took 1-2 s of the 3 s measured on 2 CPU cores.
     FINISH_S = 5.0
     # run.py's safety net: SIGTERM to a train.py still running at this share of the budget. It
-    # must come after the planner's own end of training (1 - RESERVE_FRACTION, less FINISH_S):
-    # at 85%, equal to it, a healthy run was killed while its interpreter exited.
-    SAFETY_NET = 0.90
+    # must come after the planner's own end of training (1 - MEASURED_FRACTION at the latest, less
+    # FINISH_S): at 85%, equal to the end of that time, a healthy run was killed while its
+    # interpreter exited. 95% leaves 3% of the budget and 5 s after it.
+    SAFETY_NET = 0.95
     PLAN_FRACTION, REPLAN_FRACTION = 0.80, 0.95  # an estimate gets 20% slack; measured epochs 5%
     GIVE_BACK_FRACTION = 0.75  # epochs come back only with 25% slack: no cut / give-back see-saw
     WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
@@ -204,6 +210,7 @@ class TimePlanner:
         self.clock, self.sync, self.log = clock, sync or (lambda: None), log
         self.t0 = clock() - elapsed_s
         self.predict_s = 0.0
+        self.measured = False  # predict.py's time estimated from a measure: the reserve's floor is MEASURED_FRACTION
         self.startup_s = startup_s  # predict.py pays the same interpreter start and imports as train.py did
         self.epoch_s: list[float] = []
         self.stop_reason: str | None = None
@@ -218,6 +225,8 @@ class TimePlanner:
         self._epoch_t0 = self._measure_t0 = self._fold_t0 = None
         self._said_too_small = False  # the too-small-budget line, said once
         self.fold_s: list[float] = []  # each fold's wall time, as trained by this process (growth.py reads it)
+        self.fold_epochs: list[int] = []  # ...and the epochs it trained (early stopping ends some sooner)
+        self.val_curves: list[list[float]] = []  # the planned folds' val loss each epoch (growth's evidence)
         self.extra_models = 0  # grown seeds' whole folds: predict.py ensembles them too (the reserve counts them)
         self.predict_fold_s = 0.0  # one more checkpoint's share of prediction, measured
         self.growing = False  # growth.py's folds: no re-plan (each added fold is checked to fit before it starts)
@@ -229,7 +238,8 @@ class TimePlanner:
     def reserve(self) -> float:
         if self.fixed_reserve is not None:  # --predict-reserve: a run that never predicts keeps 0
             return self.fixed_reserve if self.budget else 0.0
-        return max(self.RESERVE_FRACTION * self.budget, self.predict_s) if self.budget else 0.0
+        floor = self.MEASURED_FRACTION if self.measured else self.RESERVE_FRACTION
+        return max(floor * self.budget, self.predict_s) if self.budget else 0.0
 
     def training_left(self) -> float:
         return self.budget - self.reserve() - self.FINISH_S - self.elapsed()
@@ -269,6 +279,14 @@ class TimePlanner:
     def begin_fold(self, fold: int) -> None:
         self._fold, self._fold_t0, self._fold_finished, self._epoch = fold, self.clock(), False, 0
 
+    def leave_out(self, seconds: float) -> None:
+        """Seconds spent inside an epoch on something done once (audio's export, timed for the
+        reserve): left out of this epoch's and this fold's measured time, not out of the budget."""
+        if self._epoch_t0 is not None:
+            self._epoch_t0 += seconds
+        if self._fold_t0 is not None:
+            self._fold_t0 += seconds
+
     def begin_epoch(self, batches: int, valid_batches: int) -> None:
         self._batches, self._valid_batches = batches, valid_batches
         self._epoch_t0 = self.clock()
@@ -301,6 +319,7 @@ class TimePlanner:
         took = self.clock() - self._fold_t0
         self._fold_finished = True
         self.fold_s.append(took)
+        self.fold_epochs.append(self._epoch)
         if self.budget and first and took > self.FIRST_FOLD_FRACTION * self.budget:
             why = f"fold {fold} took {fmt_s(took)} = {100 * took / self.budget:.0f}% of the budget (> 20%)"
             if not self._replan(max(self._epoch_estimate(), took / max(1, self._epoch)), why):
@@ -323,7 +342,7 @@ class TimePlanner:
     def note_inference(self, seconds, samples, test_rows, views, decode_s_per_image, model_s=1.0) -> None:
         """Measured validation speed -> the prediction estimate (and so the reserve): process start
         and imports, then per fold a model build and the test set's views, plus decoding the test set."""
-        per_sample = seconds / max(samples, 1)
+        per_sample, self.measured = seconds / max(samples, 1), True
         self.predict_fold_s = self.PREDICT_MARGIN * (model_s + per_sample * test_rows * views)
         folds_s = (self.folds + self.extra_models) * (model_s + per_sample * test_rows * views)
         self.predict_s = self.PREDICT_MARGIN * (self.startup_s + folds_s + decode_s_per_image * test_rows)
@@ -336,7 +355,7 @@ class TimePlanner:
     def note_startup(self) -> None:
         """Models that measure no validation pass (the trees): the reserve still covers predict.py's
         start (interpreter and imports, as train.py paid them), with the usual margin."""
-        self.predict_s = max(self.predict_s, self.PREDICT_MARGIN * self.startup_s)
+        self.predict_s, self.measured = max(self.predict_s, self.PREDICT_MARGIN * self.startup_s), True
 
     # --- planning (the rules are the functions above)
     def progress(self) -> Progress:
