@@ -123,8 +123,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
             print(f"STOPPED: fold {k} epoch {epoch} ({planner.stop_reason}); best checkpoint kept")
             break
         y, pred = validate(comp, fold, bare, valid_batches, machine, args, planner, epoch, (t0, train_time, model_s))
-        val_loss, metric = evaluate(comp, y, pred, f"fold {k} epoch {epoch}")
-        fold.val_losses.append(val_loss)
+        val_loss, metric = evaluate(comp, fold, y, pred, f"fold {k} epoch {epoch}")
         stats = dict(train_loss=train_loss, val_loss=val_loss, metric=metric, lr=scheduler.get_last_lr()[0])
         stats.update(time_s=time.time() - t0, samples_per_s=seen / max(train_time, 1e-9))
         last_peak = log_epoch(comp, (k, epoch, lines), stats, machine, batching, planner, jlog, last_peak)
@@ -245,14 +244,17 @@ def validate(comp, fold: Fold, bare, valid_batches, machine: Machine, args, plan
     return fold.y_valid[: len(pred)], pred
 
 
-def evaluate(comp, y: np.ndarray, pred: np.ndarray, where: str) -> tuple[float, float]:
-    """(val loss, metric) of one validation pass. Non-finite predictions (a diverged model: NaN
-    weights) score inf / NaN with a warning instead of crashing the metric: that epoch is never
-    the best one, so it is never saved."""
+def evaluate(comp, fold: Fold, y: np.ndarray, pred: np.ndarray, where: str) -> tuple[float, float]:
+    """(val loss, metric) of one validation pass, the loss also kept in fold.val_losses (growth's
+    evidence for more epochs). Non-finite predictions (a diverged model: NaN weights) score inf /
+    NaN with a warning instead of crashing the metric: that epoch is never the best one, so it is
+    never saved."""
     if not np.isfinite(pred).all():
         print(f"WARNING: {where}: the model's predictions are not finite (training diverged: lower --lr)")
+        fold.val_losses.append(math.inf)
         return math.inf, math.nan
-    return comp.val_loss(y, pred), list(comp.score(y, pred).values())[-1]
+    fold.val_losses.append(comp.val_loss(y, pred))
+    return fold.val_losses[-1], list(comp.score(y, pred).values())[-1]
 
 
 def log_epoch(comp, at: tuple, stats: dict, machine, batching, planner, jlog, last_peak):
