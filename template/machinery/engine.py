@@ -183,7 +183,7 @@ def grow_seeds(comp, splits: list, args, run: tuple) -> None:
         return
     training_s = planner.budget - planner.reserve() - planner.FINISH_S
     target, more = growth.epochs_target(planner.epochs, planner.val_curves)
-    fits = grown_epochs(planner, target)[0] > 0 if growth_fold_s(planner) > 0 else None  # a shorter fold counts
+    fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
     ok, said = growth.start(planner.training_left(), training_s, growth_fold_s(planner), planner.predict_fold_s, fits)
     print(f"GROW: {'more seeds' if ok else 'none'}: {said}{'; ' + more if ok and more else ''}")
     planner.growing = ok
@@ -290,13 +290,6 @@ def experiment_row(comp, args, batching: Batching, run_id: str) -> dict:
     }
 
 
-def seeds_column(out: Path, folds: list[int]) -> str:
-    """The experiments table's seeds: '1', or '2 (+3 folds)' when growth.py trained 3 grown folds
-    whole (their OOF files are in place) of seeds up to 2."""
-    grown = [(s, k) for s in range(2, growth.MAX_SEEDS + 1) for k in folds if (out / growth.oof_name(k, s)).exists()]
-    return f"{max(s for s, _ in grown)} (+{len(grown)} folds)" if grown else "1"
-
-
 def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trained: list[int], row: dict) -> dict:
     """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
     out = Path(args.out_dir)
@@ -310,7 +303,7 @@ def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trai
             "batch": f"{batching.size}x{batching.accum_steps}",  # the probe or an OOM may have changed it
             "lr": f"{batching.lr:.2e}",
             "folds_done": len(fold_scores),
-            "seeds": seeds_column(out, trained),
+            "seeds": growth.seeds_column(trained, lambda k, s: out / growth.oof_name(k, s)),
             "epochs_done": " ".join(str(sum(r["fold"] == k for r in jlog.records)) for k in trained),
             "cv": f"{list(scores.values())[-1]:.5f}" if scores else "",
             "fold_scores": " ".join(f"{s:.4f}" for s in fold_scores),

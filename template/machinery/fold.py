@@ -33,7 +33,7 @@ class Fold:
     ids_valid: np.ndarray
     extras: dict = field(default_factory=dict)  # saved beside the weights (a fitted preprocessor's state)
     seed_no: int = 1  # growth.py: 2, 3, ... for the same fold trained again from another seed
-    val_losses: list = field(default_factory=list)  # each epoch's, set by train_fold: growth's evidence for more epochs
+    val_losses: list = field(default_factory=list)  # each epoch's, kept by evaluate: growth's evidence for more epochs
 
     @property
     def checkpoint(self) -> str:

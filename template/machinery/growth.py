@@ -47,6 +47,13 @@ def oof_name(k: int, seed_no: int = 1) -> str:
     return f"oof_fold{k}{seed_tail(seed_no)}.csv"
 
 
+def seeds_column(folds: list[int], grown_oof) -> str:
+    """The experiments table's seeds: '1', or '2 (+3 folds)' when 3 grown folds of seeds up to 2
+    are whole (`grown_oof(k, s)`: the OOF file fold k of seed s writes when it is)."""
+    grown = [s for s in range(2, MAX_SEEDS + 1) for k in folds if grown_oof(k, s).is_file()]
+    return f"{max(grown)} (+{len(grown)} folds)" if grown else "1"
+
+
 def partial_oof_name(k: int, seed_no: int) -> str:
     """Where a grown seed's fold writes its OOF until the fold ends: a fold cut by the deadline or
     SIGTERM never counts ('*.csv' globs do not see it)."""
