@@ -38,11 +38,12 @@ def shapes_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def cpu_project(work: Path, name: str, task: str, data: Path) -> Path:
-    """`kagtpl new NAME --task TASK --gpu cpu --data DATA` with every default, in work/NAME."""
+def cpu_project(work: Path, name: str, task: str, data: Path, gpu: str = "cpu") -> Path:
+    """`kagtpl new NAME --task TASK --gpu cpu --data DATA` with every default, in work/NAME (`gpu`:
+    another --gpu answer, e.g. auto on a card)."""
     from kagtpl import new
 
-    return new.new_project(new.NewAnswers(name=name, task=task, gpu="cpu", data=data, dest=work))
+    return new.new_project(new.NewAnswers(name=name, task=task, gpu=gpu, data=data, dest=work))
 
 
 def render(dest: Path, task: str, **answers) -> Path:
@@ -80,11 +81,11 @@ def held_out_auc(train, solution, sub, labels: list) -> float:
     return train.macro_auc(solution[labels].to_numpy(), sub[labels].to_numpy())
 
 
-def run_budget(project: Path, budget: str, flags: tuple = ()) -> tuple[str, float]:
-    """`python run.py --budget BUDGET --device cpu [FLAGS]` in `project`, as a user runs it: prints
+def run_budget(project: Path, budget: str, flags: tuple = (), device: str = "cpu") -> tuple[str, float]:
+    """`python run.py --budget BUDGET --device DEVICE [FLAGS]` in `project`, as a user runs it: prints
     the log's plan, fold and score lines and returns (stdout, wall seconds); exits on a failed run."""
     t0 = time.time()
-    command = [sys.executable, "run.py", "--budget", budget, "--device", "cpu", *flags]
+    command = [sys.executable, "run.py", "--budget", budget, "--device", device, *flags]
     run = subprocess.run(command, cwd=project, capture_output=True, text=True)
     wall = time.time() - t0
     print("\n".join(line for line in run.stdout.splitlines() if line.startswith(SCORE_LINES)))

@@ -3,6 +3,7 @@ run.py --budget twice on the same folds, with growth (the default) and with --no
 run it reports the share of the budget used, the held-out score and the difference between the two.
 
     python benchmarks/budget_growth.py [--image-budget 10m] [--table-budget 2m] [--images 600] [--tasks image,table]
+    python benchmarks/budget_growth.py --device cuda --tasks image --image-budget 90s --images 1200   # on a card
 
 The image project is `kagtpl new --task image --gpu cpu` with every default on the digits (held-out
 log loss, lower is better); the table is `kagtpl table binary` with every default (held-out
@@ -36,12 +37,12 @@ def held_out_image(project: Path, solution: Path) -> float:
     return demo.score(project / "output" / "submission.csv", solution)["logloss"]
 
 
-def run_pair(work: Path, task: str, data: Path, budget: str, flags: tuple, score) -> list[dict]:
+def run_pair(work: Path, task: str, data: Path, budget: str, flags: tuple, score, device: str) -> list[dict]:
     """The same project twice (growth, --no-grow): each run's share of the budget, seeds grown and score."""
     rows = []
     for label, extra in (("growth", ()), ("--no-grow", ("--no-grow",))):
-        project = cpu_project(work / label.strip("-"), task, task, data)
-        log, wall = run_budget(project, budget, (*flags, *extra))
+        project = cpu_project(work / label.strip("-"), task, task, data, gpu="cpu" if device == "cpu" else "auto")
+        log, wall = run_budget(project, budget, (*flags, *extra), device)
         share = float(re.search(r"^RUN: .* = ([\d.]+) of the ", log, re.M).group(1))
         # the MLP's grown folds, and the boosters' (tree_seeds.py: "FOLD 0 lgbm (seed 2): ...")
         grown = len(re.findall(r"^GROW: seed \d fold \d+ DONE|^FOLD \d+ \w+ \(seed \d\): ", log, re.M))
@@ -66,6 +67,7 @@ def main() -> None:
     p.add_argument("--table-budget", default="2m")
     p.add_argument("--images", type=int, default=600, help="digit images to train on (the issue's 600)")
     p.add_argument("--tasks", default="image,table", help="which projects to run: image, table or both")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: rendered with --gpu auto")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kagtpl-bench-growth-"))
     digits = demo.write_digits(work / "digits", n_train=args.images, n_test=200)
@@ -74,12 +76,12 @@ def main() -> None:
     if "image" in tasks:
         results[f"image ({args.image_budget}, held-out log loss)"] = run_pair(
             work / "image", "image", digits, args.image_budget, ("--no-pretrained",),
-            lambda proj: held_out_image(proj, work / "digits_solution.csv"),
+            lambda proj: held_out_image(proj, work / "digits_solution.csv"), args.device,
         )  # fmt: skip
     if "table" in tasks:
         results[f"table ({args.table_budget}, held-out AUC)"] = run_pair(
             work / "table-runs", "tabular", tab, args.table_budget, (),
-            lambda proj: held_out_table(proj, work / "table_solution.csv"),
+            lambda proj: held_out_table(proj, work / "table_solution.csv"), args.device,
         )  # fmt: skip
     print(f"\n{'project':36}{'run':12}{'budget used':>12}{'grown folds':>13}{'held-out':>10}")
     for name, (grown, plain) in results.items():

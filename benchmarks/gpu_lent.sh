@@ -2,16 +2,19 @@
 # The whole GPU check in one command, for a lent card with minutes to spare (docs/gpu-check.md,
 # "A lent card"). From the repository root, on the GPU machine:
 #
-#     OUT=/some/folder bash benchmarks/gpu_lent.sh       # ~7.5 min on one H100
+#     OUT=/some/folder bash benchmarks/gpu_lent.sh       # ~10 min on one H100
 #
 # 1. installs WHEELS/*.whl (default .whl: what the machine lacks, made where pip works) into /tmp/site;
-# 2. gpu_throughput.py alone (nothing else on the card while it times): TP_IMAGES, TP_EPOCHS;
-# 3. then, side by side, gpu_smoke.sh's steps 1-8 with the image task, and two chains of the other
+# 2. gpu_throughput.py alone (nothing else on the card while it times): TP_IMAGES, TP_EPOCHS and
+#    TP_VARIANTS (train.py's --compile on / --cudnn-benchmark rows: "compile,cudnn", or none);
+# 3. budget_growth.py alone on the card (issue 48): the image project under run.py --budget GROWTH_BUDGET
+#    with growth and with --no-grow, on GROWTH_IMAGES digits: the budget used and the held-out log loss;
+# 4. then, side by side, gpu_smoke.sh's steps 1-8 with the image task, and two chains of the other
 #    tasks through gpu_tasks.py (TASK_BUDGET each): the tasks are checked for what they hand in,
 #    not timed, so sharing the card and the 16 cores is fair (their epoch times are not figures).
 # AUDIO_DATA: the audio task's data made beforehand (`gpu_tasks.py W --write-audio-only`, where
 # espeak-ng is); gpu_tasks.py writes it itself when espeak-ng is there. Each phase has a timeout
-# (TP_S, PHASE_S seconds) so the command ends inside a lent call; every output lands in OUT.
+# (TP_S, GROWTH_S, PHASE_S seconds) so the command ends inside a lent call; every output lands in OUT.
 set -u
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -34,8 +37,12 @@ mkdir -p "$W"
 [ -n "${AUDIO_DATA:-}" ] && mkdir -p "$W/w-audio" && cp -r "$AUDIO_DATA" "$W/w-audio/audio-data"
 el "throughput (alone on the card)"
 timeout "${TP_S:-240}" python3 benchmarks/gpu_throughput.py --images "${TP_IMAGES:-8000}" --epochs "${TP_EPOCHS:-5}" \
-    --work "$W/tp" >"$OUT/throughput.txt" 2>&1
+    --variants "${TP_VARIANTS:-compile,cudnn}" --work "$W/tp" >"$OUT/throughput.txt" 2>&1
 el "throughput rc=$?"
+el "budget growth (alone on the card)"
+timeout "${GROWTH_S:-240}" python3 benchmarks/budget_growth.py --device cuda --tasks image \
+    --image-budget "${GROWTH_BUDGET:-90s}" --images "${GROWTH_IMAGES:-1200}" >"$OUT/growth.txt" 2>&1
+el "budget growth rc=$?"
 
 chain() {  # chain NAME TASK...: gpu_tasks.py on each task, one after the other
     local name="$1"
@@ -54,6 +61,7 @@ el "smoke rc=$?"
 wait
 el "all done"
 grep -v "Warning\|warn(" "$OUT/throughput.txt"
+grep -A20 "^project " "$OUT/growth.txt"
 grep -h "^[a-z]* *\(ok\|FAILED\) " "$OUT"/tasks-*.txt
 tail -n 1 "$OUT/smoke.txt"
 tar czf "$OUT/logs.tgz" -C "$W" --exclude='*.pth' --exclude='*.pt' --exclude='*.npy' --exclude='*.u8' \

@@ -9,7 +9,9 @@ tests/llmdata.py makes them), and checks its log:
 - predict.py said its PRECISION line;
 - no traceback;
 - the first epoch against a steady one (fold 0's Epoch lines: the first's Time over the median of
-  the rest), reported.
+  the rest), reported;
+- the share of the budget used (run.py's RUN line) and the folds grown (issue 48's GROW lines, and
+  the boosters' seeds), reported.
 
     python benchmarks/gpu_tasks.py WORKDIR [--device cuda] [--budget 2m] [--tasks image,audio]
 
@@ -92,6 +94,14 @@ def first_vs_steady(log: str) -> str:
     return f"{times[0] / steady:.1f}x ({times[0]:.1f}s vs {steady:.1f}s)"
 
 
+def budget_used(log: str) -> str:
+    """run.py's share of the budget and the grown folds (seeds of the net's folds, the boosters'
+    seeds), e.g. '0.93, 4 grown'; '?' where run.py printed no RUN line."""
+    share = re.search(r"^RUN: .* = ([\d.]+) of the ", log, re.M)
+    grown = len(re.findall(r"^GROW: seed \d fold \d+ DONE|^FOLD \d+ \w+ \(seed \d\): ", log, re.M))
+    return f"{share.group(1) if share else '?'}, {grown} grown"
+
+
 def check(log: str) -> list[str]:
     """What a task's run.py log lacks: a submission from trained folds, PRECISION, no traceback."""
     problems = []
@@ -127,7 +137,7 @@ def main() -> int:
     gpu = "auto" if args.device == "cuda" else "cpu"
     env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1"}
     failed = []
-    print(f"{'task':14}{'result':8}{'wall':>8}  {'first epoch vs steady':28}submission / problems")
+    print(f"{'task':14}{'result':8}{'wall':>8}  {'first epoch vs steady':28}{'budget used':18}submission / problems")
     for task in tasks:
         project, flags = write_project(task, args.work, gpu)
         cmd = [sys.executable, "run.py", "--budget", args.budget, "--device", args.device, *flags]
@@ -139,7 +149,7 @@ def main() -> int:
         sub = re.search(r"^SUBMISSION: .* \((\d+ rows, \d+ fold\(s\) ensembled)\)$", log, re.M)
         said = "; ".join(problems) or (sub.group(1) if sub else "")
         result = "FAILED" if problems else "ok"
-        print(f"{task:14}{result:8}{wall:>7.0f}s  {first_vs_steady(log):28}{said}", flush=True)
+        print(f"{task:14}{result:8}{wall:>7.0f}s  {first_vs_steady(log):28}{budget_used(log):18}{said}", flush=True)
         if problems:
             failed.append(task)
     if failed:

@@ -8,7 +8,8 @@ For each contender it reports:
 - nvidia-smi's GPU utilisation over fold 0, validation included (sampled every 200 ms; CUDA only).
 
 train.py runs with --batch-size (the probe skipped: both sides train the same batch), eagerly and,
-on CUDA, with --compile on and with --cudnn-benchmark (both off by default: the two rows show why).
+on CUDA, with --compile on and with --cudnn-benchmark (both off by default: the two rows show why;
+--variants none leaves them out).
 
     python benchmarks/gpu_throughput.py                                   # resnet50 224 px on the GPU
     python benchmarks/gpu_throughput.py --device cpu --model resnet18 --size 32 --images 512 --batch 32
@@ -168,14 +169,21 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--work", type=Path, default=None, help="where the project goes (default: a temporary folder)")
+    p.add_argument(
+        "--variants", default="compile,cudnn",
+        help="train.py's CUDA variants beside its default run and the hand loop: compile (--compile on, ~90 s "
+        "to its first step), cudnn (--cudnn-benchmark); 'none' for the default run alone (a short lent call)",
+    )  # fmt: skip
     args = p.parse_args()
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
     work = args.work or Path(tempfile.mkdtemp(prefix="kagtpl-gpu-throughput-"))
     data = write_images(work / "data", args.images)
     project = render(work / "proj", "image", data_dir=str(data), model=args.model, image_size=args.size)
     runs = {"train.py": run_train(project, args, "out-eager", "--compile", "off")}
-    if args.device == "cuda":
+    variants = args.variants.split(",") if args.device == "cuda" else []
+    if "compile" in variants:
         runs["train.py --compile on"] = run_train(project, args, "out-compile", "--compile", "on")
+    if "cudnn" in variants:
         runs["train.py --cudnn-benchmark"] = run_train(
             project, args, "out-cudnn", "--compile", "off", "--cudnn-benchmark"
         )

@@ -142,6 +142,9 @@ def test_gpu_tasks_checks_each_tasks_log(tmp_path):
         f"Epoch {e}: Loss=1, Time={t}s, GPU=none\n" for e, t in ((1, 6.0), (2, 4.0), (3, 4.2))
     )
     assert gpu_tasks.first_vs_steady(log + "FOLD 1 (2 of 3)\nEpoch 1: Time=99.0s\n") == "1.5x (6.0s vs 4.1s)"
+    run = "GROW: seed 2 fold 0 DONE: best val loss 0.1\nFOLD 1 lgbm (seed 2): auc=0.9\n"
+    run += "RUN: train 60.0s, predict 9.0s, total 69.0s = 0.93 of the 75s budget\n"
+    assert gpu_tasks.budget_used(run) == "0.93, 2 grown" and gpu_tasks.budget_used("") == "?, 0 grown"
 
 
 def test_gpu_tasks_takes_audio_data_made_beforehand(tmp_path):

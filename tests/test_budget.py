@@ -50,6 +50,11 @@ def test_run_py_fits_a_plan_of_many_times_the_budget(tmp_path, digits_dir):
     m = re.search(r"^RUN: train ([\d.]+)s, predict ([\d.]+)s, total ([\d.]+)s = ([\d.]+) of the 45s budget$", log, re.M)
     assert m and float(m.group(4)) <= 1.0
     assert_valid_submission(project, digits_dir)
+    # run.py told train.py that predict.py started beside it: the reserve leaves out predict.py's imports
+    import torch
+
+    checkpoint = next((project / "output").glob("model_fold*.pth"))
+    assert torch.load(checkpoint, weights_only=True)["config"]["predict_beside"] is True
 
 
 def test_sigterm_saves_and_exits_0_so_prediction_runs(tmp_path, digits_dir):

@@ -103,16 +103,34 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     clock.t -= 10.0  # 50 s left: 59 - 47.5 = 11.5 s over, 2 epochs dropped -> 6
     assert engine.grown_epochs(plan, 10) == (6, "a fold takes ~57s, 50s training time left")
 
+    # the line before a grown fold: the plan's epochs, more, or fewer than the target (the last that fits)
+    said = "a fold takes ~7.0s, 6.9s training time left"  # the measured fold: 12 epochs
+    assert growth.fold_line("seed 2 fold 0 (seed 1042)", (8, 8, 8), said, 6.0, 30.0) == (
+        "GROW: seed 2 fold 0 (seed 1042): ~6.0s of 30s training time left"
+    )
+    assert growth.fold_line("seed 2 fold 0 (seed 1042)", (12, 8, 12), said, 7.0, 14.0).endswith(
+        "in 12 epochs (the plan's 8): a fold takes ~7.0s, 6.9s training time left"
+    )
+    # on an H100 this one printed '~7.0s of 6.9s training time left', a fold that seemed not to fit
+    assert growth.fold_line("seed 2 fold 1 (seed 1042)", (8, 8, 12), said, 7.0, 6.9) == (
+        "GROW: seed 2 fold 1 (seed 1042) in 8 epochs (the plan's 8; 12 do not fit): " + said
+    )
+
     # each grown fold is one more checkpoint for predict.py: the reserve grows by its measured share
     plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
     plan.note_inference(2.0, 100, 400, 1, 0.0, model_s=1.0)  # 8 s of test rows a fold, 1 s to build
     one = plan.predict_fold_s
     assert one == pytest.approx(1.25 * 9.0)
     before = plan.reserve()
-    plan.predict_s = 200.0  # above the floor: the measured need is the reserve
+    assert before == pytest.approx(1.25 * (10.0 + 3 * 9.0) + 5.0)  # start, 3 folds, predict.py's end
+    plan.predict_base_s += 200.0 - plan.predict_s  # a slower start: the measured need is the reserve
     plan.add_model()
     assert plan.reserve() == pytest.approx(200.0 + one) and plan.extra_models == 1
-    assert before == pytest.approx(48.0)  # 46.25 s measured: the floor, 8% once measured (15% before)
+    plan.note_inference(0.5, 100, 400, 1, 0.0, model_s=1.0)  # a later fold, warm: 4x faster
+    assert plan.predict_fold_s == one  # the first fold's share stays: predict.py pays its warm-up too
+    assert plan.predict_s == pytest.approx(1.25 * 10.0 + 5.0 + (3 + 1) * one)  # 3 folds and the grown seed
+    plan.folds = 1  # cut (or given back): the reserve follows the checkpoints predict.py will have
+    assert plan.predict_s == pytest.approx(1.25 * 10.0 + 5.0 + (1 + 1) * one)
     # while growing, a slow epoch never re-plans (each grown fold was checked to fit before it began)
     lines = []
     plan = planner_module.TimePlanner(100, 3, 10, clock=clock, log=lines.append)

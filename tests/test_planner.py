@@ -127,7 +127,7 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
     assert planner.reserve() == pytest.approx(540)  # 15% before anything is measured
     # validation: 2,000 images in 40 s -> 0.02 s/image; test: 10,000 images x 5 folds x 2 TTA views
     planner.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004, model_s=2.0)
-    expected = 1.25 * (8.0 + 5 * (2.0 + 0.02 * 10_000 * 2) + 0.004 * 10_000)
+    expected = 1.25 * (8.0 + 5 * (2.0 + 0.02 * 10_000 * 2) + 0.004 * 10_000) + planner.PREDICT_END_S
     assert planner.reserve() == pytest.approx(expected) and planner.reserve() > 0.15 * 3600
     assert planner.training_left() == pytest.approx(3600 - expected - planner.FINISH_S)
     # a prediction measured at seconds keeps 8% of the budget, not 15%: the time between is training's
@@ -137,6 +137,40 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
     trees, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
     trees.note_startup()  # the trees measure no validation pass: their start is the measure
     assert trees.reserve() == pytest.approx(0.08 * 3600)
+
+
+def test_a_predict_started_beside_train_is_reserved_without_its_imports(project_modules, monkeypatch):
+    """run.py starts predict.py beside train.py (--predict-beside): its interpreter start and
+    imports are paid while train.py trains, so the reserve counts only what train.py did after its
+    own imports. On an H100 the whole start kept 14-27 s of a 60 s budget for a predict.py of 7-11 s."""
+    import signal
+
+    plan = project_modules.planner
+    monkeypatch.setattr(plan, "PROCESS_START", __import__("time").time() - 2.0)  # machinery imported 2 s ago
+    monkeypatch.setattr(plan, "process_age", lambda: 12.0)  # the process started 12 s ago
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        alone = plan.make_planner("60", 0.0, folds=3, epochs=8)
+        beside = plan.make_planner("60", 0.0, folds=3, epochs=8, beside=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert alone.startup_s == 12.0 and beside.startup_s == pytest.approx(2.0, abs=0.5)
+    for planner in (alone, beside):
+        planner.note_inference(1.0, 100, test_rows=100, views=1, decode_s_per_image=0.0, model_s=1.0)
+    assert alone.predict_s - beside.predict_s == pytest.approx(1.25 * 10.0, abs=0.7)
+
+
+def test_the_reserve_keeps_predict_pys_own_end(project_modules):
+    """predict.py's deadline is run.py's END_S before run.py's end, which is END_S before the
+    budget's, and it keeps FoldClock.MARGIN_S for the write: time the reserve must hold beyond
+    the folds (without it, a 3-fold detection run on an H100 handed in the fallback)."""
+    import re
+    from pathlib import Path
+
+    run_py = (Path(__file__).parents[1] / "template" / "run.py.jinja").read_text()
+    end_s = float(re.search(r"^END_S = ([\d.]+)", run_py, re.M).group(1))
+    margin = project_modules.submission.FoldClock.MARGIN_S
+    assert project_modules.planner.TimePlanner.PREDICT_END_S == 2 * end_s + margin
 
 
 def test_run_py_safety_net_comes_after_the_planned_end_of_training(project_modules):

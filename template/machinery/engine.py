@@ -229,11 +229,8 @@ def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple, target: int) -
         print(f"GROW: stop before seed {seed_no} fold {k} ({planner.stop_reason or said})")
         return False
     seed, planned = growth.seed_value(args.seed, seed_no), planner.epochs
-    if epochs != planned:  # more (validation was still improving), or fewer (the last: only that fits)
-        print(f"GROW: seed {seed_no} fold {k} (seed {seed}) in {epochs} epochs (the plan's {planned}): {said}")
-    else:
-        fold_s, left = fmt_s(growth_fold_s(planner)), fmt_s(planner.training_left())
-        print(f"GROW: seed {seed_no} fold {k} (seed {seed}): ~{fold_s} of {left} training time left")
+    fold_s, left = growth_fold_s(planner), planner.training_left()
+    print(growth.fold_line(f"seed {seed_no} fold {k} (seed {seed})", (epochs, planned, target), said, fold_s, left))
     seed_everything(seed)
     planner.begin_fold(k)
     fold = comp.fold(k, trn_idx, val_idx)

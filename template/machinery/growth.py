@@ -113,6 +113,18 @@ def grown_epochs(target: int, left: float, fold: tuple[float, int], epoch_s: flo
     return n if n >= least else 0
 
 
+def fold_line(which: str, epochs: tuple[int, int, int], said: str, fold_s: float, left: float) -> str:
+    """The GROW line before a grown fold. `epochs`: its own, the plan's and the target's. A fold
+    of other epochs than the plan's, or fewer than the target (the last, only that fits), says
+    so; its `said` names the measured fold (at that fold's epochs), not this one's time (on an H100
+    `~7.0s of 6.9s training time left` read as a fold that did not fit)."""
+    n, planned, target = epochs
+    if n == planned == target:
+        return f"GROW: {which}: ~{fmt_s(fold_s)} of {fmt_s(left)} training time left"
+    short = f"; {target} do not fit" if n < target else ""
+    return f"GROW: {which} in {n} epochs (the plan's {planned}{short}): {said}"
+
+
 def late_gain(curve: list[float], planned: int) -> float:
     """How much a fold's val loss (`curve`, one a validated epoch) fell in the plan's last third:
     (the loss where it began - the best after) / the loss where it began; 0 for a fold that did

@@ -44,9 +44,12 @@ def parse_duration(text) -> float | None:
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
 
 
-def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=None) -> TimePlanner:
+def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=None, beside=False) -> TimePlanner:
     """The run's planner: --budget parsed (on Kaggle with none, 9h), SIGTERM handled.
-    `sync` is torch.cuda.synchronize on CUDA, so the timed steps are real."""
+    `sync` is torch.cuda.synchronize on CUDA, so the timed steps are real. `beside`: run.py started
+    predict.py beside train.py, so its interpreter start and imports are paid by the time train.py
+    ends; the reserve counts only what train.py did after its own imports (the device, the data).
+    On an H100 the whole start had kept 14-27 s of a 60 s budget for a predict.py that took 7-11 s."""
     try:
         seconds = parse_duration(budget)
     except ValueError as e:
@@ -54,9 +57,10 @@ def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=N
     if seconds is None and hardware.on_kaggle():
         seconds = parse_duration(KAGGLE_BUDGET)
         print(f"TIME: on Kaggle with no --budget: using {KAGGLE_BUDGET}, the code-competition limit")
-    planner = TimePlanner(
-        seconds, folds, epochs, elapsed_s=time.time() - start_time, startup_s=process_age(), sync=sync
-    )
+    # PROCESS_START is this module's import, near the end of train.py's imports (torch, the task's
+    # libraries, then machinery)
+    startup_s = time.time() - PROCESS_START if beside else process_age()
+    planner = TimePlanner(seconds, folds, epochs, elapsed_s=time.time() - start_time, startup_s=startup_s, sync=sync)
     planner.install_sigterm()
     return planner
 
@@ -190,6 +194,7 @@ class TimePlanner:
     GIVE_BACK_FRACTION = 0.75  # epochs come back only with 25% slack: no cut / give-back see-saw
     WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
     PREDICT_MARGIN = 1.25  # +25% on the measured prediction estimate
+    PREDICT_END_S = 5.0  # predict.py's end, not for folds: run.py's END_S twice + FoldClock.MARGIN_S (3 s)
 
     def __init__(
         self,
@@ -209,7 +214,7 @@ class TimePlanner:
         self.min_epochs = min(min_epochs, epochs)
         self.clock, self.sync, self.log = clock, sync or (lambda: None), log
         self.t0 = clock() - elapsed_s
-        self.predict_s = 0.0
+        self.predict_base_s = 0.0  # predict.py's start, test decoding and end, measured (the checkpoints: predict_s)
         self.measured = False  # predict.py's time estimated from a measure: the reserve's floor is MEASURED_FRACTION
         self.startup_s = startup_s  # predict.py pays the same interpreter start and imports as train.py did
         self.epoch_s: list[float] = []
@@ -228,7 +233,7 @@ class TimePlanner:
         self.fold_epochs: list[int] = []  # ...and the epochs it trained (early stopping ends some sooner)
         self.val_curves: list[list[float]] = []  # the planned folds' val loss each epoch (growth's evidence)
         self.extra_models = 0  # grown seeds' whole folds: predict.py ensembles them too (the reserve counts them)
-        self.predict_fold_s = 0.0  # one more checkpoint's share of prediction, measured
+        self.predict_fold_s = 0.0  # one checkpoint's share of prediction, measured (the largest measure)
         self.growing = False  # growth.py's folds: no re-plan (each added fold is checked to fit before it starts)
 
     # --- where we stand
@@ -339,23 +344,32 @@ class TimePlanner:
             return False
         return True
 
+    @property
+    def predict_s(self) -> float:
+        """predict.py's measured need: its start, decoding and end, and a share for each checkpoint
+        it ensembles: the plan's folds as they stand (cut or given back) and the grown seeds."""
+        return self.predict_base_s + (self.folds + self.extra_models) * self.predict_fold_s
+
     def note_inference(self, seconds, samples, test_rows, views, decode_s_per_image, model_s=1.0) -> None:
-        """Measured validation speed -> the prediction estimate (and so the reserve): process start
-        and imports, then per fold a model build and the test set's views, plus decoding the test set."""
+        """Measured validation speed -> the prediction estimate (and so the reserve): process start,
+        then per fold a model build and the test set's views, plus decoding. A later fold's faster
+        pass never lowers the share: predict.py's first fold pays the warm-up too (on an H100 it
+        fell 4x at fold 1, and predict.py missed its deadline)."""
         per_sample, self.measured = seconds / max(samples, 1), True
-        self.predict_fold_s = self.PREDICT_MARGIN * (model_s + per_sample * test_rows * views)
-        folds_s = (self.folds + self.extra_models) * (model_s + per_sample * test_rows * views)
-        self.predict_s = self.PREDICT_MARGIN * (self.startup_s + folds_s + decode_s_per_image * test_rows)
+        fold_s = self.PREDICT_MARGIN * (model_s + per_sample * test_rows * views)
+        self.predict_fold_s = max(self.predict_fold_s, fold_s)
+        start_s = self.PREDICT_MARGIN * (self.startup_s + decode_s_per_image * test_rows)
+        self.predict_base_s = start_s + self.PREDICT_END_S
 
     def add_model(self) -> None:
         """A grown seed's fold is whole: predict.py ensembles one more checkpoint (the reserve grows)."""
         self.extra_models += 1
-        self.predict_s += self.predict_fold_s
 
     def note_startup(self) -> None:
         """Models that measure no validation pass (the trees): the reserve still covers predict.py's
-        start (interpreter and imports, as train.py paid them), with the usual margin."""
-        self.predict_s, self.measured = max(self.predict_s, self.PREDICT_MARGIN * self.startup_s), True
+        start (what train.py paid before planning), with the usual margin, and its end."""
+        start_s = self.PREDICT_MARGIN * self.startup_s + self.PREDICT_END_S
+        self.predict_base_s, self.measured = max(self.predict_base_s, start_s), True
 
     # --- planning (the rules are the functions above)
     def progress(self) -> Progress:

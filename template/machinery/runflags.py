@@ -54,6 +54,7 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
     # time budget: folds and epochs are cut to fit, prediction keeps a reserve (docs/time-budget.md)
     p.add_argument("--budget", default=budget, help="wall time for train + predict: 9h, 45m, 600s; '' = none")
     p.add_argument("--start-time", type=float, default=time_planner.PROCESS_START, help="budget start (run.py sets it)")
+    p.add_argument("--predict-beside", action="store_true", help="run.py's: predict.py's imports not in the reserve")
     p.add_argument("--dry-run", action="store_true", help="3 batches, 1 epoch, 2 folds: checks the whole path")
     p.add_argument("--no-grow", action="store_true", help="a plan that fits ends early (default: more seeds)")
     # more than one GPU (docs/parallel.md): folds = one fold per GPU at a time; ddp = torchrun
