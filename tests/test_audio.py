@@ -182,6 +182,27 @@ def test_mixup_sums_two_clips_each_loud_and_labels_both(audio_mod):
         assert 0.5 - 1e-4 <= a <= 1 + 1e-4 and 0.5 - 1e-4 <= b <= 1 + 1e-4, (i, j, a, b)
 
 
+def test_mixup_of_three_clips_sums_each_with_two_others(audio_mod):
+    """--mix-clips 3: a clip and two others, each at a gain of at least 0.5, and all three labels
+    (soundscape windows hold up to three words; docs/audio.md)."""
+    audio = audio_mod[0].audio
+    torch.manual_seed(1)
+    n = 16
+    k = torch.arange(1, n + 1, dtype=torch.float32)
+    wave = torch.stack([k * 100, k * k * 10, k**3], 1).to(torch.int16)  # clip i: [100 i, 10 i^2, i^3]
+    x, t = audio.mixup(wave, torch.eye(n), clips=3)
+    w, solved = wave.float() / 32768.0, 0
+    for i in range(n):
+        ones = [j for j in range(n) if t[i, j] == 1.0]
+        assert i in ones and len(ones) <= 3
+        if len(ones) < 3:  # a shuffle gave a clip twice: its gain is a sum
+            continue
+        gains = torch.linalg.solve(w[ones].T.double(), x[i].double())
+        assert ((gains >= 0.5 - 1e-3) & (gains <= 1 + 1e-3)).all(), (i, ones, gains)
+        solved += 1
+    assert solved >= n // 2  # most rows are three distinct clips
+
+
 def test_onnx_export_matches_torch_on_any_batch_and_falls_back_to_torch(audio_mod, capsys, monkeypatch):
     onnx_export, errors = audio_mod[0].onnx_export, audio_mod[0].errors
     net = torch.nn.Sequential(

@@ -427,6 +427,23 @@ def test_fold_clock_measures_its_rate_inside_a_fold_then_drops_tta_then_stops_th
     assert not late.batch_done(200, 1000) and late.cut  # 800 x 0.01 = 8 s > 12 - 2 - 3 left
     assert "this fold would not finish (200 of 1000 rows predicted): left out" in capsys.readouterr().out
     assert not late.next_fold(1, 2)  # nothing more after a cut fold
+    # under run.py (--after-train) the first fold runs on past the deadline: cutting it hands in the
+    # fallback (a 3-fold detection run on an H100), and run.py's stop at the budget is the limit
+    ran_on = submission.FoldClock(deadline=12.0, views=1, clock=lambda: now[0], hard_stop=True)
+    now[0] = 0.0
+    assert ran_on.next_fold(0, 2)
+    for rows in (100, 200, 1000):
+        now[0] += 1.0 if rows < 1000 else 20.0  # 22 s: long past 12 - 3
+        assert ran_on.batch_done(rows, 1000) and not ran_on.cut
+    ran_on.fold_done()
+    assert not ran_on.next_fold(1, 2)  # one fold is in hand: the second does not start
+    second = submission.FoldClock(deadline=12.0, views=1, clock=lambda: now[0], hard_stop=True)
+    now[0] = 0.0
+    assert second.next_fold(1, 2)  # a second fold, started in time: the deadline holds for it
+    now[0] = 1.0
+    assert second.batch_done(100, 1000)
+    now[0] = 2.0
+    assert not second.batch_done(200, 1000) and second.cut
     assert submission.FoldClock(deadline=0, views=2).batch_done(1, 10)  # no deadline: never stops
     now[0] = 99.0  # past the deadline, the fold's last batch done: the fold is kept
     assert submission.FoldClock(deadline=12.0, views=1, clock=lambda: now[0]).batch_done(50, 50)

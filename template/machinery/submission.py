@@ -239,12 +239,17 @@ class FoldClock:
     first (`best_first`) and a next one is taken only when its measured time fits, so the
     submission is made from the best folds there was time for; when not even the first fold
     fits, `cut` is set and predict.py keeps the submission it has (`keep`: train.py's fallback,
-    unless predict.py ran since). Seam for tests: `clock` (wall seconds, time.time by default)."""
+    unless predict.py ran since). `hard_stop`: run.py stops predict.py at the budget (`--after-train`),
+    so the first fold, the only thing between the trained folds and the fallback, is never left out
+    for the deadline; run.py's stop is its limit (on an H100 a detection run that had trained 3 folds
+    handed in the fallback: its first fold's first batch ended past the deadline). Seam for tests:
+    `clock` (wall seconds, time.time by default)."""
 
     MARGIN_S = 3.0  # ensembling, the check and the atomic write after the last fold
 
-    def __init__(self, deadline: float | None, views: int, clock=time.time):
-        self.deadline, self.views, self.clock = deadline or None, views, clock
+    def __init__(self, deadline: float | None, views: int, clock=time.time, hard_stop: bool = False):
+        self.deadline, self.views, self.clock, self.hard_stop = deadline or None, views, clock, hard_stop
+        self.done = 0  # folds finished
         self.view_s: float | None = None  # seconds one fold took per view (the last fold's)
         self.cut = False  # a fold was stopped by the deadline
         self._t0 = 0.0
@@ -279,7 +284,7 @@ class FoldClock:
             if self.cut or (done and self.view_s is not None and self.view_s * self.views > left):
                 print(f"PREDICT: deadline: {done} of {total} fold(s) used, best validation loss first")
                 return False
-        self._t0, self._rows = self.clock(), (0, 0.0, None)
+        self._t0, self._rows, self.done = self.clock(), (0, 0.0, None), done
         return True
 
     def batch_done(self, rows: int, total: int) -> bool:
@@ -299,6 +304,7 @@ class FoldClock:
                 print(f"PREDICT: {rows} of {total} rows at {1 / max(row_s, 1e-9):.0f} rows/s: TTA off for the rest")
             stop = (total - rows) * self.views * row_s > self.left()
         self._rows = rows, view_rows, first
+        stop = stop and not (self.hard_stop and self.done == 0)  # the first fold runs on to run.py's stop
         if stop:
             self.cut = True
             print(f"PREDICT: deadline: this fold would not finish ({rows} of {total} rows predicted): left out")
