@@ -95,13 +95,14 @@ def test_growth_rules_with_a_fake_clock(project_modules):
         plan.end_fold(k, False)
     assert engine.growth_fold(plan) == (57.0, 8) and plan.fold_epochs == [10, 8, 10]
     plan.planned, plan.growing, plan.predict_fold_s = True, True, 2.0
-    clock.t = plan.t0 + 600 - 90 - 5 - 70.0  # 70 s of training time left (15%: nothing measured)
-    # 10 epochs: 57 + 2 x 6 + 2 = 71 s > 66.5 s; 9 epochs fit
-    assert engine.grown_epochs(plan, 10) == (9, "a fold takes ~57s, 70s training time left")
-    clock.t += 30.0  # 40 s left: 59 - 38 = 21 s over, 4 epochs of 6 s dropped from the 8 -> 4: under 5
-    assert engine.grown_epochs(plan, 10)[0] == 0
-    clock.t -= 10.0  # 50 s left: 59 - 47.5 = 11.5 s over, 2 epochs dropped -> 6
-    assert engine.grown_epochs(plan, 10) == (6, "a fold takes ~57s, 50s training time left")
+    clock.t = plan.t0 + 600 - 90 - 5 - 90.0  # 90 s of training time left (15%: nothing measured)
+    # 15 epochs (validation still improving): 57 + 7 x 6 + 2 = 101 s > 85.5 s; 12 epochs fit
+    assert engine.grown_epochs(plan, 15) == (12, "a fold takes ~57s, 90s training time left")
+    clock.t += 20.0  # 70 s left: 9 epochs fit, fewer than the plan's 10: none (a shorter fold than
+    assert engine.grown_epochs(plan, 15)[0] == 0  # the plan's lowered audio's OOF AUC twice)
+    assert engine.grown_epochs(plan, 10)[0] == 0  # the plan's 10 epochs do not fit: none
+    clock.t -= 5.0  # 75 s left: 57 + 2 x 6 + 2 = 71 s fits 71.25 s: the plan's 10
+    assert engine.grown_epochs(plan, 15) == (10, "a fold takes ~57s, 75s training time left")
 
     # the line before a grown fold: the plan's epochs, more, or fewer than the target (the last that fits)
     said = "a fold takes ~7.0s, 6.9s training time left"  # the measured fold: 12 epochs
