@@ -11,14 +11,16 @@ import shutil
 import time
 from pathlib import Path
 
+import jinja2
 import numpy as np
 import pandas as pd
 import pytest
 import soundfile as sf
 import torch
+import yaml
 from sklearn.metrics import roc_auc_score
 
-from conftest import dry_run_into_output, import_project, render, run_script
+from conftest import ROOT, dry_run_into_output, import_project, render, run_script
 from kagtpl.sounds import write_sounds
 
 # Small spectrograms (64 mels, 157 frames a window): the words are plain at that size, and a CPU
@@ -394,8 +396,11 @@ def test_recommend_audio_sizes_the_batch_as_train_py_does(audio_mod):
     gpu_project = render(audio_mod[1].parent / "t4", task="audio", gpu="t4", model="efficientnet_b0")
     for gpu, model, project, frames in (
         ("t4", "efficientnet_b0", gpu_project, "128 mels x 313 frames"),
-        ("cpu", "resnet18", audio_mod[1], "64 mels x 157 frames"),
+        ("cpu", "resnet10t", audio_mod[1], "64 mels x 157 frames"),
     ):
+        # recommend's model is the one kagtpl new renders: copier.yml's default, by Jinja as Copier does
+        default = yaml.safe_load((ROOT / "copier.yml").read_text())["model"]["default"]
+        assert jinja2.Template(default).render(task="audio", gpu=gpu) == model
         m = import_project(project, ("train", "hardware"))
         args, front = vars(m.train.get_args([])), recommend.AUDIO_FRONT_CPU if gpu == "cpu" else recommend.AUDIO_FRONT
         assert {k: args[k] for k in front} == front

@@ -204,7 +204,7 @@ def audio_table(gpu: str, model: str | None, budget: str | None = None) -> Table
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
     profile, a = hw.PROFILES[gpu], AUDIO_FRONT_CPU if gpu == "cpu" else AUDIO_FRONT
-    model = model or ("resnet18" if gpu == "cpu" else "efficientnet_b0")
+    model = model or ("resnet10t" if gpu == "cpu" else "efficientnet_b0")  # copier.yml's default model
     samples = a["sample_rate"] * a["window_seconds"]
     side = hw.spectrogram_side(a["n_mels"], samples, a["hop"])
     rec = hw.recommend(profile, model, side)
