@@ -15,12 +15,12 @@ score better with growth, no run over its budget.
 from __future__ import annotations
 
 import argparse
-import re
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 from _project import cpu_project, run_budget  # first: it puts kagtpl's generator on the path
+from gpu_tasks import budget_share, grown_folds
 
 from kagtpl import demo, table
 
@@ -43,9 +43,7 @@ def run_pair(work: Path, task: str, data: Path, budget: str, flags: tuple, score
     for label, extra in (("growth", ()), ("--no-grow", ("--no-grow",))):
         project = cpu_project(work / label.strip("-"), task, task, data, gpu="cpu" if device == "cpu" else "auto")
         log, wall = run_budget(project, budget, (*flags, *extra), device)
-        share = float(re.search(r"^RUN: .* = ([\d.]+) of the ", log, re.M).group(1))
-        # the MLP's grown folds, and the boosters' (tree_seeds.py: "FOLD 0 lgbm (seed 2): ...")
-        grown = len(re.findall(r"^GROW: seed \d fold \d+ DONE|^FOLD \d+ \w+ \(seed \d\): ", log, re.M))
+        share, grown = float(budget_share(log)), grown_folds(log)
         # each row's fold, as scored; none when no fold was validated (a budget under one epoch)
         path = project / "output" / "oof.csv"
         oof = pd.read_csv(path, dtype=str) if path.is_file() else pd.DataFrame({"id": [], "fold": []})

@@ -94,12 +94,20 @@ def first_vs_steady(log: str) -> str:
     return f"{times[0] / steady:.1f}x ({times[0]:.1f}s vs {steady:.1f}s)"
 
 
-def budget_used(log: str) -> str:
-    """run.py's share of the budget and the grown folds (seeds of the net's folds, the boosters'
-    seeds), e.g. '0.93, 4 grown'; '?' where run.py printed no RUN line."""
+def budget_share(log: str) -> str | None:
+    """The share of the budget run.py's RUN line says the run used ('0.93'), or None without one."""
     share = re.search(r"^RUN: .* = ([\d.]+) of the ", log, re.M)
-    grown = len(re.findall(r"^GROW: seed \d fold \d+ DONE|^FOLD \d+ \w+ \(seed \d\): ", log, re.M))
-    return f"{share.group(1) if share else '?'}, {grown} grown"
+    return share.group(1) if share else None
+
+
+def grown_folds(log: str) -> int:
+    """The folds growth added: the net's grown seeds, and the boosters' (tree_seeds.py: "FOLD 0 lgbm (seed 2): ...")."""
+    return len(re.findall(r"^GROW: seed \d fold \d+ DONE|^FOLD \d+ \w+ \(seed \d\): ", log, re.M))
+
+
+def budget_used(log: str) -> str:
+    """The share of the budget and the grown folds, e.g. '0.93, 4 grown'; '?' where run.py printed no RUN line."""
+    return f"{budget_share(log) or '?'}, {grown_folds(log)} grown"
 
 
 def check(log: str) -> list[str]:

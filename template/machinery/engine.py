@@ -39,7 +39,6 @@ The competition is a plain object (train.py's `Competition`) with:
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import statistics
@@ -210,9 +209,8 @@ def grown_epochs(planner, target: int) -> tuple[int, str]:
     the training time left, fewer when only a shorter fold does, 0 when none does (growth.grown_epochs)."""
     fold, left = growth_fold(planner), planner.training_left()
     said = f"a fold takes ~{fmt_s(fold[0])}, {fmt_s(max(0.0, left))} training time left"
-    least = max(planner.min_epochs, math.ceil(growth.SHORT_SHARE * planner.epochs))
     epoch_s = statistics.median(planner.epoch_s) if planner.epoch_s else 0.0
-    return growth.grown_epochs(target, left, fold, epoch_s, planner.predict_fold_s, least), said
+    return growth.grown_epochs(target, left, fold, epoch_s, planner.predict_fold_s, planner.epochs), said
 
 
 def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple, target: int) -> bool:

@@ -14,12 +14,6 @@ from .planner import fmt_s
 
 FIT_FRACTION = 0.95  # a fold is added only when its measured time (and its prediction) fit 95% of what is left
 MAX_SEEDS = 5  # the first seed and up to 4 more: past ~5 a seed ensemble's gain is under its noise
-# The last grown fold may train fewer epochs than its target (its cosine schedule ends sooner) to
-# fit the time left, never fewer than this share of the plan's: whole folds alone left up to a
-# fold's time unused (0.82 of a 10-minute image budget, 26 s left before a 69 s fold). At half
-# the plan's, a 13-epoch audio fold of a 20-epoch plan lowered its fold's OOF AUC 0.953 -> 0.939
-# (a 16-epoch one, --mixup 1.0: 0.957 -> 0.938): a grown fold is never shorter than the plan.
-SHORT_SHARE = 1.0
 # Grown seeds train this many times the plan's epochs when validation was still improving late in
 # the plan in at least half of its folds: the best val loss of its last third at least LATE_GAIN
 # below the loss where that third began. Once, not compounded: seed 5 trains what seed 2 does.
@@ -102,7 +96,11 @@ def fold_fits(left: float, fold_s: float, predict_fold_s: float) -> bool:
 
 def grown_epochs(target: int, left: float, fold: tuple[float, int], epoch_s: float, predict_fold_s: float, least: int):
     """The epochs of the next grown fold: `target` when that fits FIT_FRACTION of what is left,
-    else the most that do (a shorter last fold), or 0 when that is under `least`. `fold`: the
+    else the most that do (a shorter last fold), or 0 when that is under `least` (the engine's:
+    the plan's epochs). Whole folds alone left up to a fold's time unused (0.82 of a 10-minute
+    image budget, 26 s left before a 69 s fold); a fold shorter than the plan lowered its fold's
+    OOF AUC when averaged in (a 13-epoch audio fold of a 20-epoch plan 0.953 -> 0.939; a 16-epoch
+    one, --mixup 1.0, 0.957 -> 0.938), so it is never shorter than the plan. `fold`: the
     measured fold growth sizes by (its seconds and its epochs); each epoch more or less costs
     `epoch_s`. Nothing timed (every fold resumed): `target`, under the deadline guard alone."""
     fold_s, epochs = fold

@@ -84,8 +84,8 @@ def make_planner(args, machine: Machine) -> TimePlanner:
     """The run's time planner (planner.py), timing real steps: CUDA is synchronised before each reading."""
     sync = torch.cuda.synchronize if machine.device.type == "cuda" else None
     folds = min(args.folds, args.train_folds or args.folds)  # --train-folds 1: fold 0 only (tune.py's trials)
-    beside = getattr(args, "predict_beside", False)  # run.py's: predict.py started beside this train.py
-    planner = time_planner.make_planner(args.budget, args.start_time, folds, args.epochs, sync, beside)
+    # --predict-beside (run.py's): predict.py started beside this train.py and paid its imports there
+    planner = time_planner.make_planner(args.budget, args.start_time, folds, args.epochs, sync, args.predict_beside)
     if args.predict_reserve >= 0:
         planner.fixed_reserve = args.predict_reserve
     worker = parallel.fold_worker()

@@ -216,7 +216,7 @@ class TimePlanner:
         self.t0 = clock() - elapsed_s
         self.predict_base_s = 0.0  # predict.py's start, test decoding and end, measured (the checkpoints: predict_s)
         self.measured = False  # predict.py's time estimated from a measure: the reserve's floor is MEASURED_FRACTION
-        self.startup_s = startup_s  # predict.py pays the same interpreter start and imports as train.py did
+        self.startup_s = startup_s  # train.py's start before planning: predict.py's too (less its imports beside)
         self.epoch_s: list[float] = []
         self.stop_reason: str | None = None
         self.planned = False  # the first estimate (after warm-up) has been made
