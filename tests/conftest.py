@@ -241,6 +241,7 @@ PROJECT_MODULES = (
     "workers",
     "profiles",
     "tuning_report",
+    "tta_views",
 )
 USER_MODULES = ("train", "predict", "tune")  # the project's top-level files; the rest is machinery/
 

@@ -74,8 +74,9 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
         project,
         readme,
         "train.py",
-        "        return model(normalize(batch[0])).float().softmax(1)",
-        "        return model(normalize(batch[0])).float().sigmoid()",
+        '        total = total + model(seen.flip(3) if view.endswith("hflip") else seen).float().softmax(1)',
+        '        total = total + model(seen.flip(3) if view.endswith("hflip") else seen).float().sigmoid()',
+        documented=".float().sigmoid()",
     )
     score_old = """    p = np.clip(probs, 1e-15, 1 - 1e-15)
     logloss = log_loss(y, p / p.sum(1, keepdims=True), labels=range(n_classes))
@@ -93,11 +94,6 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
     )
     apply(project, readme, "train.py", 'splits.split(comp.train, comp.train["target"])', "splits.split(comp.train)")
     apply(project, readme, "train.py", "import StratifiedKFold", "import KFold", documented="import `KFold`")
-    for activation in (
-        "model(x).float().softmax(1) + model(x.flip(3)).float().softmax(1)",
-        "model(normalize(batch[0])).float().softmax(1)",
-    ):
-        apply(project, readme, "predict.py", activation, activation.replace("softmax(1)", "sigmoid()"), ".sigmoid()")
     apply(
         project,
         readme,

@@ -40,6 +40,7 @@ MACHINERY = {
     "submission.py",
     "tuning.py",
     "tuning_report.py",
+    "tta_views.py",
     "workers.py",
 }
 EXPECTED_FILES = {f for f in TOP if "." in f and f != "tests"} | {"tests/test_project.py"}

@@ -35,6 +35,10 @@ The competition is a plain object (train.py's `Competition`) with:
                                              into oof.csv (False: boxes, mask statistics)
     predict_setup_s(model) -> float          optional: predict.py's seconds a fold beyond building
                                              it, for the reserve under a budget (audio: the export)
+    tta_views: list[str]                     optional: every view predict.py may average, the plan's
+                                             first test_views of them (image: image, hflip, zoom, ...)
+    predict_view(model, batch, view) -> Tensor  with tta_views: predict() on one view; growth adds
+                                             views when they lower the OOF val loss (tta_views.py)
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import statistics
 import time
 from pathlib import Path
 
-from . import artifacts, experiments, growth, logs, parallel, storage, workers
+from . import artifacts, experiments, growth, logs, parallel, storage, tta_views, workers
 from .artifacts import copy_oof, fallback_submission, fixed_folds, read_targets, target_columns
 from .errors import RunError
 from .fold import Fold, train_fold, watchers_started, watchers_stopped, watching
@@ -179,7 +183,9 @@ def grow_seeds(comp, splits: list, args, run: tuple) -> None:
     why = growth.why_not(args, planner) or (None if len(splits) == planner.folds else "a planned fold is missing")
     if why:
         print(f"GROW: none ({why})")
+        tta_views.forget(Path(args.out_dir))  # predict.py averages the plan's views
         return
+    tta_views.grow(comp, splits, args, run)  # first: the seeds' fit checks count the views' price
     training_s = planner.budget - planner.reserve() - planner.FINISH_S
     target, more = growth.epochs_target(planner.epochs, planner.val_curves)
     fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts

@@ -1,0 +1,150 @@
+"""Growing predict.py's TTA views on the OOF rows' evidence (docs/time-budget.md, "Growth").
+
+A competition that names its views (train.py's `tta_views`, the plan's first `test_views` of them,
+and `predict_view(model, batch, view)`) may have predict.py average more of them than the plan's.
+Before any grown seed, each planned fold's best checkpoint predicts its own validation rows once a
+view; the views predict.py will average are the first n with the lowest OOF val loss (the plan's
+unless more are lower), written to output/tta_views.json for predict.py and serve.py, and the
+reserve for predict.py grows by their measured share. Views go before seeds: their evidence costs
+a validation pass a view and fold (seconds), and their price is known before any seed starts, so
+every seed's fit check counts it. It is machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import storage
+from .growth import FIT_FRACTION
+from .planner import fmt_s
+from .steps import loader, predict
+
+FILE = "tta_views.json"
+
+
+def planned(names: list[str], test_views: int) -> list[str]:
+    return list(names[: max(1, test_views)])
+
+
+def read(out: Path, signature: str, plan: list[str], known: list[str]) -> list[str]:
+    """The views predict.py averages: tta_views.json's when this run's (signature) chose them
+    from views the competition still has, else the plan's."""
+    try:
+        found = json.loads((Path(out) / FILE).read_text())
+    except (OSError, ValueError):
+        return plan
+    if not isinstance(found, dict) or found.get("signature") != signature:
+        return plan
+    views = found.get("views")
+    return views if isinstance(views, list) and views and set(views) <= set(known) else plan
+
+
+def write(out: Path, views: list[str], signature: str, losses: dict[int, float]) -> None:
+    text = json.dumps({"views": views, "signature": signature, "oof_val_loss": losses}, indent=1)
+    storage.atomic_write(Path(out) / FILE, lambda tmp: Path(tmp).write_text(text))
+
+
+def forget(out: Path) -> None:
+    """A run that does not grow leaves predict.py the plan's views (an earlier run's choice is removed)."""
+    (Path(out) / FILE).unlink(missing_ok=True)
+
+
+def choose(losses: dict[int, float], plan: int) -> int:
+    """How many views to average: the count (the first n views) with the lowest OOF val loss;
+    the plan's on a tie or when none is lower."""
+    best = plan
+    for n in sorted(losses):
+        if n > plan and losses[n] < losses[best]:
+            best = n
+    return best
+
+
+def affordable(planner, plan: int, n: int) -> bool:
+    """n views instead of the plan's fit: predict.py's extra share for every checkpoint it will
+    ensemble within FIT_FRACTION of the training time left."""
+    extra = (planner.folds + planner.extra_models) * planner.predict_fold_s * (n / plan - 1)
+    return extra <= FIT_FRACTION * planner.training_left()
+
+
+def evidence_s(planner, views: tuple[int, int], rows_share: float, took: float, folds: int) -> float:
+    """A fold's evidence: as measured on the folds before, else predict.py's measured share of one
+    checkpoint at the plan's views, scaled to every view and to the fold's validation rows
+    (`rows_share`: its rows / the test rows; never under one checkpoint's share: the model's build)."""
+    if folds:
+        return took / folds
+    plan, every = views
+    return planner.predict_fold_s * every / plan * max(1.0, rows_share)
+
+
+def fold_views(comp, k: int, split: tuple, names: list[str], run: tuple, out: Path) -> tuple | None:
+    """Fold k's best checkpoint's predictions of its validation rows, one array per view, and
+    their targets; None when the checkpoint cannot be read."""
+    machine, batching = run[0], run[1]
+    ckpt = storage.load_checkpoint(out / f"model_fold{k}.pth")
+    if ckpt is None:
+        return None
+    fold = comp.fold(k, *split)
+    model = comp.build_model(fold).to(machine.device)
+    storage.load_model_state(model, ckpt["model"])
+    if machine.channels_last:  # as the fold trained and predict.py runs it
+        model = model.to(memory_format=torch.channels_last)
+    batches = loader(comp, fold.valid, batching.eval_rows, False, None)
+    preds = [predict(partial(comp.predict_view, view=v), model, batches, machine) for v in names]
+    return fold.y_valid, preds
+
+
+def evidence(comp, splits: list, names: list[str], plan: int, run: tuple, out: Path) -> tuple:
+    """Every planned fold's predictions of its validation rows, a view at a time, while a fold's
+    evidence fits the training time left. Returns (folds used, OOF val loss by views averaged, seconds)."""
+    planner, ys, preds, used, took = run[2], [], [[] for _ in names], [], 0.0
+    for k, split in enumerate(splits):
+        rows_share = len(split[1]) / max(comp.test_rows, 1)
+        if (
+            evidence_s(planner, (plan, len(names)), rows_share, took, len(used))
+            > FIT_FRACTION * planner.training_left()
+        ):
+            break
+        t0 = time.time()
+        found = fold_views(comp, k, split, names, run, out)
+        took += time.time() - t0
+        if found is not None:
+            ys.append(found[0])
+            for v, p in enumerate(found[1]):
+                preds[v].append(p)
+            used.append(k)
+    if not used:
+        return used, {}, took
+    y, stacked = np.concatenate(ys), [np.concatenate(p) for p in preds]
+    return used, {n: float(comp.val_loss(y, np.mean(stacked[:n], axis=0))) for n in range(plan, len(names) + 1)}, took
+
+
+def grow(comp, splits: list, args, run: tuple) -> None:
+    """The views step: the evidence, the choice (the best that fits), its file and its GROW line."""
+    names, planner, out = list(getattr(comp, "tta_views", [])), run[2], Path(args.out_dir)
+    plan = planned(names, comp.test_views) if names else []
+    if len(names) <= len(plan):
+        return
+    used, losses, took = evidence(comp, splits, names, len(plan), run, out)
+    if not used:
+        forget(out)
+        print(f"GROW: TTA views stay {', '.join(plan)} (no fold's evidence fits)")
+        return
+    best = choose(losses, len(plan))
+    n = choose({m: v for m, v in losses.items() if affordable(planner, len(plan), m)}, len(plan))
+    said = ", ".join(f"{v:.4f} with {m}" for m, v in losses.items())
+    where = f"OOF val loss {said} (folds {used}, {fmt_s(took)})"
+    if n == len(plan):
+        price = f"; {best} views do not fit predict.py's time" if best > n else ""
+        print(f"GROW: TTA views stay {', '.join(plan)}: {where}{price}")
+    else:
+        before = planner.reserve()
+        planner.predict_fold_s *= n / len(plan)
+        comp.test_views = n  # a grown seed's first validation pass measures predict.py's share at n views
+        print(f"GROW: TTA views {', '.join(names[:n])}: {where}; reserve {fmt_s(before)} -> {fmt_s(planner.reserve())}")
+    write(out, names[:n], args.signature, losses)
