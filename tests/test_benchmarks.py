@@ -81,6 +81,9 @@ def test_budget_growth_smoke():
     ]
     assert all(float(r[3]) <= 1.0 for r in rows) and rows[1][4] == rows[3][4] == "0", out[-2000:]
     assert len(re.findall(r"growth - no-grow: [+-][\d.]+ \((better|not better)\)", out)) == 2
+    # the same checkpoints predicted with the plan's TTA views: only when growth chose more of them
+    grew_views = re.search(r"^GROW: TTA views (?!stay)", out, re.M) is not None
+    assert len(re.findall(r"^ +growth's TTA views - the plan's: [+-][\d.]+$", out, re.M)) == int(grew_views), out
     assert "runs over their budget: none" in out
 
 
