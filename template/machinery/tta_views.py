@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from . import storage
+from .gpu import free_gpu_memory
 from .growth import FIT_FRACTION
 from .planner import fmt_s
 from .steps import loader, predict
@@ -96,6 +97,8 @@ def fold_views(comp, k: int, split: tuple, names: list[str], run: tuple, out: Pa
         model = model.to(memory_format=torch.channels_last)
     batches = loader(comp, fold.valid, batching.eval_rows, False, None)
     preds = [predict(partial(comp.predict_view, view=v), model, batches, machine) for v in names]
+    del model
+    free_gpu_memory()  # one fold's model on the card at a time, then the grown seeds' training
     return fold.y_valid, preds
 
 
