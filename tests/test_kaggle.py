@@ -140,6 +140,16 @@ ERRORS = [
 ]
 
 
+def test_the_weights_dataset_takes_what_serve_and_predict_read_and_no_fold_oof(tmp_path):
+    out = tmp_path / "output"
+    out.mkdir()
+    names = ["model_fold0.pth", "model_fold0_seed2.pth", "serve_defaults.json", "config.json", "tta_views.json"]
+    names += ["postprocess.json", "oof_lgbm.csv", "tree_lgbm_fold0.json"]
+    for name in [*names, "oof_fold0.csv", "oof_lgbm_fold0.csv", "train_log.jsonl", "submission.csv"]:
+        (out / name).write_text("x")
+    assert sorted(f.name for f in kaggle.served_files(tmp_path)) == sorted(names)
+
+
 @pytest.mark.parametrize("args,spoil,message", ERRORS, ids=[m[:30] for _, _, m in ERRORS])
 def test_bad_input_is_one_red_line_and_leaves_nothing(project, tmp_path, args, spoil, message):
     if spoil:

@@ -99,6 +99,7 @@ ADAPTER_FILES = ("model_fold*.pth",)  # with output/tokenizer/: what a LoRA proj
 # --serve: what serve.py reads from output/: the folds (a table's trees too), train.py's fallback
 # values, the run's config, each model's OOF file (oof_<model>.csv: the blend's weights), and the
 # OOF-chosen post-processing (segmentation's thresholds, detection's score threshold and box cap)
+# and the TTA views growth chose on the OOF rows (an image project's tta_views.json)
 SERVED_FILES = (
     "model_fold*.pth",
     "tree_*_fold*.*",
@@ -106,6 +107,7 @@ SERVED_FILES = (
     "config.json",
     "oof_*.csv",
     "postprocess.json",
+    "tta_views.json",
 )
 SERVED_BASE = "base-model"  # --serve --model-dir: the LoRA folds' base model, inside the weights dataset
 
@@ -135,8 +137,9 @@ def check_servable(project: Path, task: str, mode: str = "serve") -> None:
 
 
 def served_files(project: Path) -> list[Path]:
-    """output/'s files serve.py loads: the model folds, serve_defaults.json, config.json, and the
-    models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv)."""
+    """output/'s files serve.py loads: the model folds, serve_defaults.json, config.json, the
+    models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv) and the chosen
+    post-processing and TTA views."""
     found = [f for pattern in SERVED_FILES for f in sorted((project / "output").glob(pattern)) if f.is_file()]
     return [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
 
