@@ -157,6 +157,9 @@ def test_tta_views_rules_and_the_views_predict_py_reads(project_modules, tmp_pat
     assert views.affordable(plan, 2, 3)  # 5.0
     plan.extra_models = 5  # grown seeds' checkpoints pay for their views too
     assert not views.affordable(plan, 2, 3)
+    plan.training_left = lambda: -1.0  # the evidence spent the last of it: the plan's views still stand
+    assert views.affordable(plan, 2, 2) and not views.affordable(plan, 2, 3)
+    assert views.choose({m: v for m, v in {2: 0.2, 3: 0.1}.items() if views.affordable(plan, 2, m)}, 2) == 2
     assert views.evidence_s(plan, (2, 4), 0.5, 0.0, 0) == 2.0 * 2  # a checkpoint's share, every view
     assert views.evidence_s(plan, (2, 4), 3.0, 0.0, 0) == 2.0 * 2 * 3  # 3x the test set's rows
     assert views.evidence_s(plan, (2, 4), 3.0, 9.0, 2) == 4.5  # measured

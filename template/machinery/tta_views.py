@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -68,9 +67,10 @@ def choose(losses: dict[int, float], plan: int) -> int:
 
 def affordable(planner, plan: int, n: int) -> bool:
     """n views instead of the plan's fit: predict.py's extra share for every checkpoint it will
-    ensemble within FIT_FRACTION of the training time left."""
+    ensemble within FIT_FRACTION of the training time left. The plan's own views always do (the
+    evidence may have spent the last of the training time: choose() needs the plan's count)."""
     extra = (planner.folds + planner.extra_models) * planner.predict_fold_s * (n / plan - 1)
-    return extra <= FIT_FRACTION * planner.training_left()
+    return n <= plan or extra <= FIT_FRACTION * planner.training_left()
 
 
 def evidence_s(planner, views: tuple[int, int], rows_share: float, took: float, folds: int) -> float:
@@ -96,10 +96,14 @@ def fold_views(comp, k: int, split: tuple, names: list[str], run: tuple, out: Pa
     if machine.channels_last:  # as the fold trained and predict.py runs it
         model = model.to(memory_format=torch.channels_last)
     batches = loader(comp, fold.valid, batching.eval_rows, False, None)
-    preds = [predict(partial(comp.predict_view, view=v), model, batches, machine) for v in names]
+
+    def every_view(model, batch) -> torch.Tensor:  # (rows, views, columns): one loader pass, not one a view
+        return torch.stack([comp.predict_view(model, batch, view) for view in names], 1)
+
+    stacked = predict(every_view, model, batches, machine)
     del model
     free_gpu_memory()  # one fold's model on the card at a time, then the grown seeds' training
-    return fold.y_valid, preds
+    return fold.y_valid, [stacked[:, v] for v in range(len(names))]
 
 
 def evidence(comp, splits: list, names: list[str], plan: int, run: tuple, out: Path) -> tuple:
