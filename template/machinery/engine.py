@@ -117,6 +117,8 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
     jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
     watchers_started(args.signature)
     worker, lost = parallel.fold_worker(), []
+    if worker is None and parallel.writes():  # predict.py's views are this run's choice (growth's) or the plan's,
+        tta_views.forget(out)  # never an earlier run's: a run killed before growth predicts with the plan's
     # the experiments row: written now (running), rewritten at the end, or with the error that ended the run
     row = experiment_row(comp, args, batching, run_id)
     with experiments.recording(out / "experiments.csv", row, planner.elapsed, parallel.writes() and worker is None):
@@ -183,7 +185,6 @@ def grow_seeds(comp, splits: list, args, run: tuple) -> None:
     why = growth.why_not(args, planner) or (None if len(splits) == planner.folds else "a planned fold is missing")
     if why:
         print(f"GROW: none ({why})")
-        tta_views.forget(Path(args.out_dir))  # predict.py averages the plan's views
         return
     tta_views.grow(comp, splits, args, run)  # first: the seeds' fit checks count the views' price
     training_s = planner.budget - planner.reserve() - planner.FINISH_S

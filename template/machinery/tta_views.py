@@ -51,7 +51,8 @@ def write(out: Path, views: list[str], signature: str, losses: dict[int, float])
 
 
 def forget(out: Path) -> None:
-    """A run that does not grow leaves predict.py the plan's views (an earlier run's choice is removed)."""
+    """An earlier run's choice removed (cross_validate, as a run starts): until this run's growth
+    chooses, predict.py averages the plan's views."""
     (Path(out) / FILE).unlink(missing_ok=True)
 
 
@@ -139,7 +140,6 @@ def grow(comp, splits: list, args, run: tuple) -> None:
         return
     used, losses, took = evidence(comp, splits, names, len(plan), run, out)
     if not used:
-        forget(out)
         print(f"GROW: TTA views stay {', '.join(plan)} (no fold's evidence fits)")
         return
     best = choose(losses, len(plan))
