@@ -242,6 +242,7 @@ PROJECT_MODULES = (
     "profiles",
     "tuning_report",
     "tta_views",
+    "serving",
 )
 USER_MODULES = ("train", "predict", "tune")  # the project's top-level files; the rest is machinery/
 

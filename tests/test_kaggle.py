@@ -5,6 +5,8 @@ notebook really run by a Jupyter kernel (nbclient) in a Kaggle tree simulated un
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -136,7 +138,7 @@ ERRORS = [
     ([], None, "trains from pretrained resnet18 weights and Kaggle kernels run offline: pass --weights FILE"),
     (["--serve", "--predict"], None, "--serve and --predict are two kinds of notebook"),
     (["--predict", "--budget", "none"], None, "--predict runs predict.py by a deadline: pass --budget"),
-    (["--predict", "--budget", "9h"], None, "--predict ships the trained folds and there are none"),
+    (["--predict", "--budget", "9h"], None, "--predict ships the trained folds and none in"),
 ]
 
 
@@ -147,7 +149,16 @@ def test_the_weights_dataset_takes_what_serve_and_predict_read_and_no_fold_oof(t
     names += ["postprocess.json", "oof_lgbm.csv", "tree_lgbm_fold0.json"]
     for name in [*names, "oof_fold0.csv", "oof_lgbm_fold0.csv", "train_log.jsonl", "submission.csv"]:
         (out / name).write_text("x")
-    assert sorted(f.name for f in kaggle.served_files(tmp_path)) == sorted(names)
+    import torch
+
+    for name in ("model_fold0.pth", "model_fold0_seed2.pth", "model_fold1.pth", "model_fold2.pth"):
+        torch.save({"model": {"w": torch.zeros(64)}, "config": {}, "classes": ["a"]}, out / name)
+    (out / "model_fold1.pth").write_bytes(b"")  # issue 56, case 10: 0 bytes, and cut short: predict.py skips both
+    (out / "model_fold2.pth").write_bytes((out / "model_fold0.pth").read_bytes()[:300])
+    left_out: list[str] = []
+    assert sorted(f.name for f in kaggle.served_files(tmp_path, left_out)) == sorted(names)
+    assert left_out[0] == "output/model_fold1.pth: 0 bytes" and left_out[1].startswith("output/model_fold2.pth: ")
+    assert len(left_out) == 2
 
 
 @pytest.mark.parametrize("args,spoil,message", ERRORS, ids=[m[:30] for _, _, m in ERRORS])
@@ -239,3 +250,119 @@ def test_the_data_is_found_where_kaggle_mounts_it(project_modules, tmp_path, mon
     assert hardware.data_and_output_dirs("dog-breed-identification", "data") == elsewhere
     monkeypatch.chdir(hardware.PROJECT)
     assert hardware.data_and_output_dirs("dog-breed-identification", "data") == ("data", "output")
+
+
+KAGGLE_DRIVER = r"""
+import json, os, signal, sys, threading, time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+notebook, cwd, result_file = sys.argv[1:4]
+work = Path(os.environ["KAGGLE_ROOT"]) / "working"
+nb = nbformat.read(notebook, as_version=4)
+client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}})
+result = {"network": [line.split()[0] for line in open("/proc/net/dev").read().splitlines()[2:]]}
+result["cpus"] = len(os.sched_getaffinity(0))
+
+
+def execute():
+    try:
+        client.execute()
+    except Exception as e:  # the kernel was stopped: DeadKernelError, or a cell's error
+        result["notebook"] = type(e).__name__
+
+
+thread = threading.Thread(target=execute, daemon=True)
+thread.start()
+t_end = time.time() + 300
+while time.time() < t_end:  # the stop comes mid-training: fold 0's second epoch
+    log = (work / "run.log").read_text() if (work / "run.log").is_file() else ""
+    if "Epoch 2: " in log:
+        break
+    time.sleep(0.2)
+kernel = client.km.provisioner.process.pid
+result["stopped_at"] = time.time()
+os.killpg(os.getpgid(kernel), signal.SIGTERM)  # the container's stop: the kernel's whole process group
+thread.join(60)
+
+
+def in_work():
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and os.readlink(f"/proc/{pid}/cwd") == str(work):
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+        except OSError:
+            continue
+    return found
+
+
+t_end = time.time() + 180
+while in_work() and time.time() < t_end:
+    time.sleep(0.5)
+result["left_running"] = in_work()
+Path(result_file).write_text(json.dumps(result))
+"""
+
+
+@pytest.mark.slow
+def test_a_kaggle_shaped_run_stopped_mid_training_hands_in_the_trained_folds(tmp_path, digits_dir):
+    """Issue 56: the notebook `kagtpl kaggle` writes, run the way Kaggle runs it. A project made
+    without --competition, packaged with --competition digits-comp (case 11: the packaged code
+    read /kaggle/input/<project name>). A real Jupyter kernel (nbclient) executes it cell by cell
+    with the data read-only under a /kaggle/input-shaped folder (a read-only bind mount: root
+    writes past a folder's mode), output under a /kaggle/working-shaped one, no network (a network
+    namespace with loopback alone), at most 4 CPUs and a memory cap (a cgroup); then a container
+    stop, SIGTERM to the kernel's whole process group, in the middle of fold 0. The trained fold is
+    handed in and nothing is left running."""
+    if subprocess.run(["unshare", "-m", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount and network namespaces here (unshare -m -n)")
+    project = render(tmp_path / "digits-proj", data_dir=str(digits_dir), folds=3, epochs=30)
+    assert 'COMPETITION = "digits-proj"' in (project / "train.py").read_text()
+    args = ["--user", "alice", "--no-wheels", "--budget", "2m", "--no-pretrained", "--competition", "digits-comp"]
+    r = kagtpl("kaggle", str(project), *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    root = tmp_path / "kaggle-root"
+    shutil.copytree(digits_dir, root / "input" / "competitions" / "digits-comp")
+    shutil.copytree(project / "kaggle" / "code", root / "input" / "digits-proj-code")
+    (root / "working").mkdir()
+    cgroup = Path(f"/sys/fs/cgroup/memory/kagtpl-test-{os.getpid()}")
+    cap = 6 * 2**30  # Kaggle's 30 GB RAM for 4 CPUs; this run needs ~2 GB
+    cgroup.mkdir()
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(cap))
+        cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:4])
+        driver = tmp_path / "driver.py"
+        driver.write_text(KAGGLE_DRIVER)
+        result_file = tmp_path / "result.json"
+        inner = (
+            f'mount --bind -o ro "{root / "input"}" "{root / "input"}" && ip link set lo up && '
+            f'exec taskset -c {cpus} "{sys.executable}" "{driver}" "{project / "kaggle" / "notebook.ipynb"}" '
+            f'"{tmp_path}" "{result_file}"'
+        )
+        env = {**RUN_ENV, "KAGGLE_ROOT": str(root), "KAGGLE_KERNEL_RUN_TYPE": "Batch"}
+        shell = f"echo $$ > \"{cgroup / 'cgroup.procs'}\" && exec unshare -m -n sh -c '{inner}'"
+        r = subprocess.run(["sh", "-c", shell], env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        result = json.loads(result_file.read_text())
+        peak = int((cgroup / "memory.max_usage_in_bytes").read_text())
+    finally:
+        subprocess.run(["sh", "-c", f'cat "{cgroup / "cgroup.procs"}" | xargs -r kill -9'], check=False)
+        time.sleep(0.5)
+        cgroup.rmdir()
+    assert result["network"] == ["lo:"] and result["cpus"] <= 4 and peak < cap, result
+    assert result["left_running"] == [], result
+    work = root / "working"
+    train_log = (work / "train.log").read_text()
+    assert re.search(r"^STOPPED: SIGTERM; exiting 0 so predict.py runs", train_log, re.M), train_log[-3000:]
+    assert "FOLD 1 (" not in train_log  # stopped in fold 0
+    sub = pd.read_csv(work / "submission.csv", dtype={"id": str})
+    sample = pd.read_csv(digits_dir / "sample_submission.csv", dtype={"id": str})
+    assert list(sub.columns) == list(sample.columns) and list(sub["id"]) == list(sample["id"])
+    probs = sub.iloc[:, 1:].to_numpy()
+    assert not (probs == probs[0]).all(), "the fallback (the class prior for every row) was handed in"
+    assert (work / "submission.csv").stat().st_mtime > result["stopped_at"]  # made after the stop, by predict.py
+    assert list((root / "input" / "competitions" / "digits-comp").iterdir())  # read from where the metadata said
+    print(f"memory peak {peak / 2**30:.2f} GB of a {cap / 2**30:.0f} GB cap; CPUs {result['cpus']}")

@@ -517,6 +517,8 @@ def kaggle_cmd(
         cpu=cpu,
     )
     pkg = kaggle.build(request)
+    for why in pkg.left_out:
+        print(f"Left out of the weights dataset (predict.py would skip it): {why}")
     print(f"Wrote {pkg.project / 'kaggle'}; upload and run, in this order:")
     for command in pkg.commands:
         print(f"  {command}")

@@ -91,6 +91,7 @@ class Package:
     missing: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     lora: list[Path] = field(default_factory=list)  # text: the trained LoRA checkpoints (their base must come too)
+    left_out: list[str] = field(default_factory=list)  # output/ files not shipped, and why (a fold that does not load)
 
 
 MODEL_HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){3}/\d+$")
@@ -124,10 +125,10 @@ def check_base_model(value: str) -> str:
 def check_servable(project: Path, task: str, mode: str = "serve") -> None:
     if mode == "serve" and not (project / "serve.py").is_file():
         raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl update adds it to an older project)")
-    folds = [*(project / "output").glob("model_fold*.pth"), *(project / "output").glob("tree_*_fold*.json")]
+    folds = [f for f in served_files(project) if f.name.startswith(("model_fold", "tree_"))]  # those that load
     if not (project / "output" / "serve_defaults.json").is_file() or not folds:
         raise KagtplError(
-            f"--{mode} ships the trained folds and there are none in {project / 'output'}: run python train.py first"
+            f"--{mode} ships the trained folds and none in {project / 'output'} loads: run python train.py first"
         )
     if task == "text" and not (project / "output" / "tokenizer").is_dir():
         raise KagtplError(
@@ -136,12 +137,47 @@ def check_servable(project: Path, task: str, mode: str = "serve") -> None:
         )
 
 
-def served_files(project: Path) -> list[Path]:
+def served_files(project: Path, left_out: list[str] | None = None) -> list[Path]:
     """output/'s files serve.py loads: the model folds, serve_defaults.json, config.json, the
     models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv) and the chosen
-    post-processing and TTA views."""
+    post-processing and TTA views. A fold checkpoint that predict.py would skip (0 bytes, cut
+    short, not a kagtpl checkpoint) is left out, and why goes to `left_out`."""
     found = [f for pattern in SERVED_FILES for f in sorted((project / "output").glob(pattern)) if f.is_file()]
-    return [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
+    found = [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
+    kept = []
+    for f in found:
+        why = checkpoint_problem(f) if f.suffix == ".pth" else None
+        if why is None:
+            kept.append(f)
+        elif left_out is not None:
+            left_out.append(f"{f.relative_to(project)}: {why}")
+    return kept
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why predict.py would skip this checkpoint (storage.load_checkpoint's rules), or None when it
+    loads: torch.load(weights_only=True) where torch is installed, else the zip archive's CRCs
+    (torch.save writes a zip: a file cut short fails them)."""
+    if path.stat().st_size == 0:
+        return "0 bytes"
+    try:
+        import torch
+    except ImportError:
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+        except (OSError, zipfile.BadZipFile, EOFError) as e:
+            return f"not whole ({type(e).__name__})"
+        return None if bad is None else f"not whole ({bad} fails its check)"
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - any way torch fails to read it, predict.py skips it too
+        return f"does not load ({type(e).__name__})"
+    if not isinstance(ckpt, dict) or not {"model", "config", "classes"} <= ckpt.keys() or not ckpt["model"]:
+        return "not a kagtpl checkpoint (no model, config or classes)"
+    return None
 
 
 def base_mount(handle: str) -> str:
@@ -332,7 +368,7 @@ def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     if req.serve or req.predict:
         shipped_base = pkg.lora and req.model_dir is not None and req.base_model is None
         base = {SERVED_BASE: req.model_dir} if shipped_base else {}
-        weights_dataset(pkg, out, req.user, served_files(pkg.project), {**tokenizers, **base})
+        weights_dataset(pkg, out, req.user, served_files(pkg.project, pkg.left_out), {**tokenizers, **base})
         return None
     if req.base_model is not None:
         if pkg.lora:
@@ -424,7 +460,11 @@ def notebook(
             f"`{pkg.slugs['code']}`. {what}."
         ),
         nbformat.v4.new_code_cell(
-            started + NOTEBOOK_SETUP + f'CODE = dataset("{pkg.slugs["code"]}")\nprint("code:", CODE)'
+            started
+            + NOTEBOOK_SETUP
+            + "# the competition this kernel's metadata attaches: train.py, predict.py and serve.py read its data\n"
+            + f'os.environ["KAGTPL_COMPETITION"] = "{pkg.competition}"\n'
+            + f'CODE = dataset("{pkg.slugs["code"]}")\nprint("code:", CODE)'
         ),
     ]
     if wheels:

@@ -38,10 +38,54 @@ def one_line_errors(parser) -> None:
     parser.error = error
 
 
+class Unbroken:
+    """stdout or stderr that outlives its reader. A notebook cell streams run.py's lines; when the
+    kernel is stopped (a container's SIGTERM to its process group), the pipe has no reader and the
+    next print raises BrokenPipeError: run.py, predict.py or train.py would die with the
+    submission not yet handed in. From the first lost write on, the stream's file descriptor is
+    /dev/null and the run goes on (train.py's lines still reach train.log)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except (BrokenPipeError, ConnectionResetError):
+            self.lost()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.lost()
+
+    def lost(self) -> None:
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        except (OSError, ValueError):  # no file descriptor (a test's StringIO): nothing to redirect
+            pass
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, buffer...: the stream's
+        return getattr(self.stream, name)
+
+
+def keep_printing() -> None:
+    """sys.stdout and sys.stderr as Unbroken streams (once)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, Unbroken):
+            setattr(sys, name, Unbroken(stream))
+
+
 def main(fn, argv=None) -> None:
     """Run a script's main(); a RunError becomes its one line on stderr and exit code 1, Ctrl-C
     (KeyboardInterrupt) one STOPPED line and exit code 130, the shell's for SIGINT. A main() that
     returns has written everything: the process ends at once (end_now)."""
+    keep_printing()
     try:
         fn(argv)
     except RunError as e:

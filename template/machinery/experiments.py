@@ -85,11 +85,23 @@ def alive(pid: int) -> bool:
 
 
 def read(path: Path) -> list[dict]:
-    """The rows; a run still marked running whose process is gone reads as killed."""
-    if not Path(path).exists():
+    """The rows; a run still marked running whose process is gone reads as killed. A table that
+    does not read (cut short mid-character, a NUL byte, not text) is moved aside with a WARNING,
+    never lost, and a new one starts; a folder of its name is left alone (nothing is recorded)."""
+    path = Path(path)
+    if path.is_dir():
+        print(f"WARNING: {path} is a folder, not the experiments table: this run is not recorded")
         return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    if not path.exists():
+        return []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = [r for r in csv.DictReader(f) if isinstance(r, dict)]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        aside = path.with_name(f"{path.stem}.unreadable{path.suffix}")
+        os.replace(path, aside)
+        print(f"WARNING: {path} does not read ({type(e).__name__}): moved to {aside}; a new table starts")
+        return []
     for r in rows:
         m = RUNNING.fullmatch(r.get("stop") or "")
         if m and not alive(int(m.group(1))):
@@ -140,6 +152,8 @@ def append(path: Path, row: dict) -> None:
     if unknown:
         raise ValueError(f"not experiment columns: {sorted(unknown)}")
     rows, key = read(path), (new.get("run"), new.get("model"))
+    if Path(path).is_dir():
+        return
     same = next((i for i, r in enumerate(rows) if key[0] and (r.get("run"), r.get("model")) == key), None)
     if same is None:
         rows.append(new)

@@ -31,17 +31,28 @@ DEFAULT_PLAN = {
 }  # folds, epochs: copier.yml's defaults (a test keeps them so)
 
 
+MAX_BUDGET_S = 30 * 86400  # a month: no competition runs longer
+
+
 def parse_duration(text) -> float | None:
-    """'9h', '45m', '600s', '1h30m' or plain seconds -> seconds; '' / None / 'none' -> None."""
-    if text is None or str(text).strip().lower() in ("", "none", "0"):
+    """'9h', '45m', '600s', '1h30m' or plain seconds -> seconds; '' / None / 'none' -> None. A
+    budget of no time ('0s', '00') or of more than MAX_BUDGET_S is a ValueError: run.py would start
+    both scripts and stop them a second later, or hand predict.py a deadline past any clock's range."""
+    if text is None or str(text).strip().lower() in ("", "none"):
         return None
     t = str(text).strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", t):
-        return float(t)
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
-    if not parts or "".join(n + u for n, u in parts) != t:
-        raise ValueError(f"cannot read budget {text!r}: use e.g. 9h, 45m, 600s, 1h30m or plain seconds")
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+        seconds = float(t)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+        if not parts or "".join(n + u for n, u in parts) != t:
+            raise ValueError(f"cannot read budget {text!r}: use e.g. 9h, 45m, 600s, 1h30m or plain seconds")
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if not 1 <= seconds <= MAX_BUDGET_S:
+        raise ValueError(
+            f"budget {text!r} = {seconds:g}s: must be from 1s to {MAX_BUDGET_S // 86400} days (none: no budget)"
+        )
+    return seconds
 
 
 def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=None, beside=False) -> TimePlanner:

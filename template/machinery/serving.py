@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .errors import RunError
@@ -63,7 +64,20 @@ def read_defaults(out_dir: Path) -> dict:
     path = Path(out_dir) / DEFAULTS_FILE
     if not path.is_file():
         raise RunError(f"no {path}: train.py writes it with its fallback submission; run python train.py first")
-    return json.loads(path.read_text())
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # cut short, not JSON, not UTF-8
+        raise RunError(f"{path} does not read ({type(e).__name__}): run python train.py again to write it") from None
+    columns = found.get("columns") if isinstance(found, dict) else None
+    if (
+        not isinstance(columns, list)
+        or not columns
+        or not all(isinstance(c, str) for c in columns)
+        or found.get("id_col") != columns[0]
+        or not isinstance(found.get("values"), dict)
+    ):
+        raise RunError(f"{path} is not train.py's (id_col, values, columns): run python train.py again to write it")
+    return found
 
 
 def to_pandas(frame) -> pd.DataFrame:
@@ -90,7 +104,7 @@ def fallback(batch, defaults: dict, last: pd.DataFrame | None) -> pd.DataFrame:
     """The batch's ids with the last good answer's values (a number column's mean, another's most
     common value), or serve_defaults.json's before any good answer."""
     id_col = defaults["id_col"]
-    out = pd.DataFrame({id_col: to_pandas(batch)[id_col].to_numpy()})
+    out = pd.DataFrame({id_col: batch_ids(batch, id_col)})
     for c in defaults["columns"][1:]:
         if last is not None and c in last.columns and len(last):
             column = last[c]
@@ -98,6 +112,23 @@ def fallback(batch, defaults: dict, last: pd.DataFrame | None) -> pd.DataFrame:
         else:
             out[c] = defaults["values"].get(c)
     return out
+
+
+def batch_ids(batch, id_col: str) -> np.ndarray:
+    """The batch's ids as sent; a batch that is not a frame (None), or has no id column, gets a
+    row per row with no id (the gateway will say what it wanted): the fallback never raises."""
+    try:
+        frame = to_pandas(batch)
+        return frame[id_col].to_numpy() if id_col in frame.columns else np.full(len(frame), None, dtype=object)
+    except (AttributeError, TypeError, ValueError):
+        return np.array([], dtype=object)
+
+
+def batch_rows(batch) -> int | None:
+    try:
+        return len(batch)
+    except TypeError:
+        return None
 
 
 def check_answer(answer, batch, id_col: str) -> pd.DataFrame:
@@ -134,6 +165,8 @@ class Answerer:
     def __call__(self, batch, *args, **kwargs):
         limit = self.limits[self.calls > 0]
         self.calls += 1
+        if batch_rows(batch) == 0:  # a legal empty batch: an empty answer, not a failure
+            return like(batch, answer_frame(batch_ids(batch, self.defaults["id_col"]), self.defaults["columns"]))
         t0 = time.time()
         future = self.pool.submit(self.fn, self.state, batch, *args, **kwargs)
         try:
@@ -215,7 +248,7 @@ def check_run(checkpoints: list) -> None:
     run signature: a newer train.py run on other data, stopped before its first fold, leaves its
     defaults beside an older run's folds (a RunError: answers of one and fallbacks of the other)."""
     path = Path(checkpoints[0][0]).parent / DEFAULTS_FILE
-    made = json.loads(path.read_text()).get("signature") if path.is_file() else None
+    made = read_defaults(path.parent).get("signature") if path.is_file() else None
     runs = sorted({c.get("config", {}).get("signature") for _, c in checkpoints} - {None})
     if made and runs and made not in runs:
         raise RunError(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import planner, serving
+from . import planner, serving, storage
 from .errors import DataError, RunError
 from .storage import read_csv, write_csv_atomic
 
@@ -350,19 +350,35 @@ def hand_in_first(path: Path, rows, defaults: dict) -> None:
     print(f"SUBMISSION: {path} holds the training prior for all {len(rows)} rows until the folds replace it")
 
 
-def wait_for_train(after_train: bool) -> None:
+ORPHAN_WAIT_S = 120.0  # predict.py after run.py died: how long train.py may take to save and end (SIGTERM)
+
+
+def wait_for_train(after_train: bool, out_dir: Path) -> bool:
     """run.py starts predict.py (`--after-train`) together with train.py: its interpreter and
     imports (torch, timm, transformers, the project: seconds; on an H100 predict.py took 15-23 s
     in all and the budget had kept 14 s for it) are paid while train.py trains, off the deadline's
     path. Here it waits for run.py's `go` on stdin (train.py has ended: its checkpoints are
-    written), before touching the GPU, which the training holds. Without `go` (run.py is gone),
-    nothing is predicted: the submission there is stays."""
+    written), before touching the GPU, which the training holds. When run.py dies instead (its
+    stdin ends without `go`), train.py gets SIGTERM with it (a parent-death signal) and saves:
+    predict.py waits for train.py's lock on the folder, then hands in the checkpoints itself.
+    Then, under run.py or not, it holds the folder's lock while it predicts: a folder another
+    train.py trains in is a RunError, written into by nobody. Returns whether run.py is there to
+    stop it at the budget (`FoldClock.hard_stop`)."""
+    out_dir = Path(out_dir)
     if not after_train:
-        return
+        if out_dir.is_dir():
+            storage.lock_output(out_dir, "predict.py")
+        return False
     ready = planner.process_age()
     t0 = time.time()
-    word = sys.stdin.readline().strip()
-    if word != "go":
-        print("PREDICT: run.py ended before train.py did: nothing predicted, the submission there is stays")
-        raise SystemExit(0)
-    print(f"PREDICT: started beside train.py: ready in {ready:.1f}s, then waited {time.time() - t0:.1f}s for it")
+    try:
+        word = sys.stdin.readline().strip()
+    except (OSError, ValueError):  # no stdin at all
+        word = ""
+    if word == "go":
+        print(f"PREDICT: started beside train.py: ready in {ready:.1f}s, then waited {time.time() - t0:.1f}s for it")
+    else:
+        print("PREDICT: run.py ended before train.py did: waiting for train.py to save, then predicting on its own")
+    if out_dir.is_dir():
+        storage.lock_output(out_dir, "predict.py", wait=0.0 if word == "go" else ORPHAN_WAIT_S)
+    return word == "go"

@@ -35,25 +35,38 @@ def planned(names: list[str], test_views: int) -> list[str]:
 def read(out: Path, signature: str, plan: list[str], known: list[str]) -> list[str]:
     """The views predict.py averages: tta_views.json's when this run's (signature) chose them
     from views the competition still has, else the plan's."""
+    path = Path(out) / FILE
+    if not path.is_file():
+        return plan
     try:
-        found = json.loads((Path(out) / FILE).read_text())
-    except (OSError, ValueError):
+        found = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # cut short, not JSON, not UTF-8
+        print(f"WARNING: {path} does not read ({type(e).__name__}): the plan's views")
         return plan
     if not isinstance(found, dict) or found.get("signature") != signature:
         return plan
     views = found.get("views")
-    return views if isinstance(views, list) and views and set(views) <= set(known) else plan
+    if not isinstance(views, list) or not views or not all(isinstance(v, str) and v in known for v in views):
+        print(f"WARNING: {Path(out) / FILE}: not a list of this task's views ({str(views)[:80]}): the plan's views")
+        return plan
+    return views
 
 
 def write(out: Path, views: list[str], signature: str, losses: dict[int, float]) -> None:
     text = json.dumps({"views": views, "signature": signature, "oof_val_loss": losses}, indent=1)
+    if (Path(out) / FILE).is_dir():  # forget() said so: predict.py averages the plan's views
+        return
     storage.atomic_write(Path(out) / FILE, lambda tmp: Path(tmp).write_text(text))
 
 
 def forget(out: Path) -> None:
     """An earlier run's choice removed (cross_validate, as a run starts): until this run's growth
     chooses, predict.py averages the plan's views."""
-    (Path(out) / FILE).unlink(missing_ok=True)
+    path = Path(out) / FILE
+    if path.is_dir():  # not ours: a folder where the file goes is left alone, and nothing is written there
+        print(f"WARNING: {path} is a folder, not growth's file: TTA views stay the plan's")
+        return
+    path.unlink(missing_ok=True)
 
 
 def choose(losses: dict[int, float], plan: int) -> int:

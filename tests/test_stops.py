@@ -1,0 +1,388 @@
+"""Issue 56: a stop never costs the submission. run.py and its two children (train.py, and
+predict.py started beside it) under each way a run ends: a container's stop (SIGTERM to the
+whole process group), SIGKILL or SIGTERM or Ctrl-C to run.py alone, predict.py killed by the OOM
+killer, a second run on a folder a train.py holds, a train.py hung past the safety net. Each
+ends with the trained folds handed in (or says in its last line exactly what was handed in),
+and nothing of the run left running. One rendered project, each test in an output folder of
+its own; real processes on CPU."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_run import assert_valid_submission
+
+from conftest import RUN_ENV, render, run_script
+
+HANDED_FOLDS = "RUN: handed in {out}/submission.csv, predict.py's ensemble of the checkpoints"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, digits_dir):
+    return render(tmp_path_factory.mktemp("stops") / "proj", data_dir=str(digits_dir), folds=3, epochs=30)
+
+
+def start_run(project: Path, out: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """run.py in a session of its own (a container's process group), its lines merged on a pipe."""
+    return subprocess.Popen(
+        [sys.executable, "run.py", "--device", "cpu", f"--out-dir={out}", *args],
+        cwd=project,
+        env=env or RUN_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def read_until(proc: subprocess.Popen, pattern: str, seen: list) -> list:
+    for line in proc.stdout:
+        seen.append(line)
+        if re.search(pattern, line):
+            return seen
+    raise AssertionError("never printed " + pattern + "\n" + "".join(seen)[-3000:])
+
+
+def rest(proc: subprocess.Popen, seen: list, timeout: float = 120) -> str:
+    """Every line to the end of the pipe: the end of the last process that holds it (run.py,
+    or predict.py when it outlives run.py)."""
+    t_end = time.time() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        assert time.time() < t_end, "".join(seen)[-3000:]
+    return "".join(seen)
+
+
+def children_of(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+def script_pid(parent: int, name: str, timeout: float = 30) -> int:
+    t_end = time.time() + timeout
+    while time.time() < t_end:
+        for pid in children_of(parent):
+            try:
+                if name in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    return pid
+            except OSError:
+                continue
+        time.sleep(0.1)
+    raise AssertionError(f"no {name} under pid {parent}")
+
+
+def nothing_left(out: Path) -> None:
+    """No process of this run is alive: none names its output folder on its command line."""
+    t_end = time.time() + 10
+    while time.time() < t_end:
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        left = [line for line in ps.splitlines() if str(out) in line]
+        if not left:
+            return
+        time.sleep(0.2)
+    raise AssertionError("still running:\n" + "\n".join(left))
+
+
+def from_folds(project: Path, out: Path, digits_dir: Path) -> None:
+    """The submission is the folds' (every row its own probabilities), not the class prior."""
+    sub = assert_valid_submission(project, digits_dir, str(out))
+    probs = sub[sub.columns[1:]].to_numpy()
+    assert not (probs == probs[0]).all(), "the fallback (one prior for every row) was handed in"
+
+
+@pytest.mark.slow
+def test_a_container_stop_hands_in_the_trained_folds(project, digits_dir, tmp_path):
+    """Case 1: SIGTERM to every process of the group (`timeout`, a container's stop): train.py
+    saves fold 0, and run.py and predict.py live on to hand it in."""
+    out = tmp_path / "out"
+    proc = start_run(project, out, "--budget", "60s")
+    seen = read_until(proc, r"^Epoch 2: ", [])
+    os.killpg(proc.pid, signal.SIGTERM)
+    log = rest(proc, seen)
+    assert proc.wait(timeout=60) == 0, log[-3000:]
+    assert "RUN: SIGTERM: training ends (save and exit), then predict.py hands in the checkpoints" in log
+    assert re.search(r"^STOPPED: SIGTERM; exiting 0 so predict.py runs", log, re.M), log[-3000:]
+    assert re.search(r"^SUBMISSION: \S+ \(40 rows, 1 fold\(s\) ensembled\)$", log, re.M), log[-3000:]
+    assert log.rstrip().splitlines()[-1].startswith(HANDED_FOLDS.format(out=out)), log[-2000:]
+    from_folds(project, out, digits_dir)
+    nothing_left(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_run_py_stopped_alone_leaves_no_orphan_and_hands_in_the_folds(project, digits_dir, tmp_path, sig):
+    """Case 2 and 6: a signal to run.py alone. Before, train.py trained on as an orphan (parent
+    pid 1), Ctrl-C was a traceback, and the fallback stayed. SIGKILL: train.py gets SIGTERM with
+    run.py's death (a parent-death signal) and saves; predict.py, whose stdin ends without `go`,
+    waits for it and hands in the folds. SIGTERM and Ctrl-C: run.py ends training and hands in."""
+    out = tmp_path / "out"
+    proc = start_run(project, out, "--budget", "60s")
+    seen = read_until(proc, r"^Epoch 2: ", [])
+    os.kill(proc.pid, sig)
+    log = rest(proc, seen)
+    code = proc.wait(timeout=60)
+    assert "Traceback" not in log, log[-3000:]
+    assert re.search(r"^STOPPED: SIGTERM; exiting 0 so predict.py runs", log, re.M), log[-3000:]
+    assert "FOLD 1 (" not in log  # nothing trained on past the stop
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+        assert "PREDICT: run.py ended before train.py did: waiting for train.py to save" in log, log[-3000:]
+    else:
+        assert code == 0, log[-3000:]
+        assert log.rstrip().splitlines()[-1].startswith(HANDED_FOLDS.format(out=out)), log[-2000:]
+    assert re.search(r"^SUBMISSION: \S+ \(40 rows, 1 fold\(s\) ensembled\)$", log, re.M), log[-3000:]
+    from_folds(project, out, digits_dir)
+    nothing_left(out)
+
+
+@pytest.mark.slow
+def test_predict_py_killed_while_it_waits_is_started_again(project, digits_dir, tmp_path):
+    """Case 3: predict.py killed (kill -9, the OOM killer) while it waits for `go`. Before, run.py
+    said "predict.py stopped at the budget" and exited 0 with the fallback. Now it is started
+    again, and when that one dies too the run ends 1 saying the fallback stayed and why."""
+    out = tmp_path / "out"
+    proc = start_run(project, out, "--budget", "40s")
+    seen = read_until(proc, r"^FOLD 0 \(", [])
+    os.kill(script_pid(proc.pid, "predict.py"), signal.SIGKILL)
+    log = rest(proc, seen)
+    assert proc.wait(timeout=60) == 0, log[-3000:]
+    assert re.search(r"^RUN: predict.py died \(SIGKILL\): started again, \d+s left", log, re.M), log[-3000:]
+    assert "stopped at the budget" not in log
+    assert log.rstrip().splitlines()[-1].startswith(HANDED_FOLDS.format(out=out)), log[-2000:]
+    from_folds(project, out, digits_dir)
+
+    out2 = tmp_path / "out2"  # the one started again dies too: exit 1, one line on what stayed
+    proc = start_run(project, out2, "--budget", "40s")
+    seen = read_until(proc, r"^FOLD 0 \(", [])
+    os.kill(script_pid(proc.pid, "predict.py"), signal.SIGKILL)
+    read_until(proc, r"^RUN: predict.py died", seen)
+    os.kill(script_pid(proc.pid, "predict.py"), signal.SIGKILL)
+    log = rest(proc, seen)
+    assert proc.wait(timeout=60) == 1, log[-3000:]
+    assert log.rstrip().splitlines()[-1] == (
+        f"RUN FAILED: predict.py died (SIGKILL); {out2}/submission.csv is this run's fallback (the training prior)"
+    ), log[-2000:]
+    assert f"RUN: handed in {out2}/submission.csv, this run's fallback (the training prior): predict.py died" in log
+    nothing_left(out2)
+
+
+@pytest.mark.slow
+def test_a_folder_another_train_py_holds_is_written_by_nobody(project, tmp_path):
+    """Case 4: a second run.py (or predict.py) on a folder a train.py trains in. Before, its
+    train.py was refused but its predict.py wrote submission.csv into the first run's folder."""
+    out = tmp_path / "out"
+    first = subprocess.Popen(
+        [sys.executable, "train.py", "--device", "cpu", f"--out-dir={out}"],
+        cwd=project,
+        env=RUN_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        read_until(first, r"^Epoch 1: ", [])  # the first run's fallback is written
+        mark = (out / "submission.csv").stat().st_mtime_ns
+        for script in ("run.py", "predict.py"):
+            r = run_script(project, script, "--device", "cpu", f"--out-dir={out}", check=False)
+            assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+            lines = r.stderr.strip().splitlines()
+            assert len(lines) == 1 and f"{out} is in use by another train.py (pid {first.pid})" in lines[0], r.stderr
+            assert r.stdout == ""  # nothing started, nothing read
+        assert (out / "submission.csv").stat().st_mtime_ns == mark
+    finally:
+        first.kill()
+        first.wait()
+
+
+@pytest.mark.slow
+def test_a_train_py_hung_past_the_safety_net_says_the_fallback_stayed(project, tmp_path):
+    """Case 5: train.py hangs after its fallback (it ignores SIGTERM), is killed past the safety
+    net, and predict.py has no time left. Before, the last line said the submission was made from
+    the checkpoints there "(see the ENSEMBLE line)": there was none, and the fallback stayed."""
+    out = tmp_path / "out"
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / "sitecustomize.py").write_text(
+        "import builtins, signal, sys, time\n"
+        "if sys.argv and sys.argv[0].endswith('train.py'):\n"
+        "    _print = builtins.print\n"
+        "    def print(*a, **k):\n"
+        "        _print(*a, **k)\n"
+        "        if a and str(a[0]).startswith('SUBMISSION:') and 'fallback' in str(a[0]):\n"
+        "            signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "            time.sleep(3600)\n"
+        "    builtins.print = print\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "run.py", "--device", "cpu", f"--out-dir={out}", "--budget", "30s"],
+        cwd=project,
+        env={**RUN_ENV, "PYTHONPATH": str(hang)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    log = r.stdout + r.stderr
+    assert r.returncode == 1, log[-3000:]
+    assert "RUN: train.py still running 1s after SIGTERM: killed" in r.stdout, log[-3000:]
+    assert "ENSEMBLE" not in log and "see the ENSEMBLE line" not in log
+    handed = f"handed in {out}/submission.csv, this run's fallback (the training prior): predict.py was stopped"
+    assert f"RUN: {handed}" in r.stdout
+    assert r.stderr.strip().splitlines()[-1] == f"RUN FAILED: train.py exited -9 (its message is above); {handed} " + (
+        "at the budget before it wrote one"
+    ), r.stderr[-2000:]
+    nothing_left(out)
+
+
+@pytest.mark.slow
+def test_a_0_byte_checkpoint_is_skipped_by_predict_and_retrained_by_train(project, digits_dir, tmp_path):
+    """Case 7: `truncate -s 0 output/model_fold0.pth`: torch raises an EOFError with no message and
+    load_checkpoint indexed its first line (IndexError, in predict.py and in train.py's resume)."""
+    out = tmp_path / "out"
+    run_script(project, "train.py", "--dry-run", "--device", "cpu", f"--out-dir={out}")
+    (out / "model_fold0.pth").write_bytes(b"")
+    r = run_script(project, "predict.py", "--device", "cpu", f"--out-dir={out}")
+    assert f"WARNING: skipping {out}/model_fold0.pth: cannot load (" in r.stdout, r.stdout[-2000:]
+    assert "ENSEMBLE: 1 checkpoint(s), folds [1]" in r.stdout and "Traceback" not in r.stderr
+    assert_valid_submission(project, digits_dir, str(out))
+    dry = out / "dry-run"
+    dry.mkdir()
+    (dry / "model_fold0.pth").write_bytes(b"")  # the resume check reads it first
+    (dry / "model_fold1.pth").write_bytes((out / "model_fold1.pth").read_bytes()[:5000])  # cut short
+    r = run_script(project, "train.py", "--dry-run", "--device", "cpu", f"--out-dir={dry}")
+    import torch
+
+    for k in (0, 1):
+        assert torch.load(dry / f"model_fold{k}.pth", weights_only=True)["fold"] == k  # trained again, whole
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["a file", "read-only"])
+def test_an_output_folder_that_cannot_be_written_is_one_error_before_training(project, tmp_path, where):
+    """Case 9: run.py, train.py and predict.py on an --out-dir that is a file, or on a read-only
+    file system (a bind mount in a mount namespace of its own: root writes past a folder's mode)."""
+    out = tmp_path / "out"
+    if where == "a file":
+        out.write_text("not a folder")
+        wrap = []
+    else:
+        if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+            pytest.skip("no mount namespace here (unshare -m)")
+        out.mkdir()
+        wrap = ["unshare", "-m", "sh", "-c", f'mount --bind -o ro "{out}" "{out}" && exec "$0" "$@"']
+    for script in ("run.py", "train.py", "predict.py"):
+        r = subprocess.run(
+            [*wrap, sys.executable, script, "--device", "cpu", f"--out-dir={out}"],
+            cwd=project, env=RUN_ENV, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and str(out) in lines[0], (script, r.stdout[-1500:], r.stderr)
+        nothing = script == "predict.py" and where == "a file"  # no folder: nothing to predict from, said so
+        assert lines[0].startswith("ERROR: ") and ("no loadable" if nothing else "cannot") in lines[0], lines[0]
+        assert "FOLD" not in r.stdout and "Epoch" not in r.stdout
+    assert out.is_file() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("budget", ["0s", "00", "0", "99999999h"])
+def test_a_budget_of_no_time_or_past_any_clock_is_one_error_before_anything_starts(project_modules, budget, tmp_path):
+    """Case 12: --budget 0s and 00 started both scripts and killed them a second later;
+    99999999h overflowed predict.py's --deadline range and the fallback was handed in."""
+    proj = Path(project_modules.train.__file__).parent
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "run.py", "--budget", budget, "--device", "cpu", f"--out-dir={out}"],
+        cwd=proj, env=RUN_ENV, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"ERROR: --budget: budget '{budget}'"), (
+        r.stderr
+    )
+    assert "must be from 1s to 30 days" in lines[0] and r.stdout == "" and not out.exists()
+
+
+def test_files_read_back_answer_bad_content_with_one_line(project_modules, digits_dir, tmp_path, capsys):
+    """Case 8: the decode cache cut short, tta_views.json of any shape or a folder of its name,
+    serve_defaults.json garbled, the experiments table unreadable or a folder."""
+    m = project_modules
+    paths = sorted(str(p) for p in (digits_dir / "train").glob("*.jpg"))[:12]
+    names = [f"row {i}" for i in range(len(paths))]
+    cache = m.images.image_cache(paths, names, 32, tmp_path / "cache", "train", 0)
+    first = np.array(cache)
+    data_file = tmp_path / "cache" / "train_32px.u8"
+    with open(data_file, "r+b") as f:
+        f.truncate(data_file.stat().st_size // 2)  # a full disk cut it short
+    again = m.images.image_cache(paths, names, 32, tmp_path / "cache", "train", 0)
+    assert "(cut short): decoded again" in capsys.readouterr().out
+    assert (np.array(again) == first).all()
+
+    views, plan, known = m.tta_views, ["image"], ["image", "hflip", "zoom"]
+    for text in ("[1]", "{", '{"signature": "s", "views": [[1]]}', '{"signature": "s", "views": "image"}', "\xff"):
+        (tmp_path / views.FILE).write_text(text, encoding="latin-1")
+        assert views.read(tmp_path, "s", plan, known) == plan
+    (tmp_path / views.FILE).unlink()
+    (tmp_path / views.FILE).mkdir()  # a folder of that name: read, forget and write go on
+    assert views.read(tmp_path, "s", plan, known) == plan
+    views.forget(tmp_path)
+    views.write(tmp_path, ["image", "zoom"], "s", {1: 0.5})
+    assert "is a folder" in capsys.readouterr().out and (tmp_path / views.FILE).is_dir()
+
+    for text in ("", "{", "[1, 2]", '{"id_col": "id", "values": {}, "columns": ["x"]}'):
+        (tmp_path / m.serving.DEFAULTS_FILE).write_text(text)
+        with pytest.raises(m.errors.RunError, match="serve_defaults.json (does not read|is not train.py's)"):
+            m.serving.read_defaults(tmp_path)
+
+    table = tmp_path / "experiments.csv"
+    table.write_bytes(b"time,run\x00,model\n\xff\xfe")
+    row = {"run": "r1", "model": "resnet18", "stop": "done"}
+    m.experiments.append(table, row)
+    said = capsys.readouterr().out
+    assert "does not read" in said and (tmp_path / "experiments.unreadable.csv").read_bytes().startswith(b"time")
+    assert [r["run"] for r in m.experiments.read(table)] == ["r1"]
+    table.unlink()
+    table.mkdir()
+    m.experiments.append(table, row)
+    assert "is a folder" in capsys.readouterr().out and table.is_dir()
+
+
+def test_serving_never_raises_on_a_batch_without_ids_and_answers_an_empty_one(project_modules):
+    """Case 13: a batch without its id column (or None) was "answered with the fallback", which
+    then raised into the gateway; a legal empty batch was counted as a failure."""
+    import pandas as pd
+
+    serving = project_modules.serving
+    defaults = {"id_col": "id", "values": {"p": 0.5}, "columns": ["id", "p"], "signature": "s"}
+
+    def fn(state, batch):
+        return pd.DataFrame({"id": batch["id"], "p": 0.9})
+
+    answerer = serving.Answerer(fn, defaults, 5.0, 5.0)
+    for batch in (pd.DataFrame({"other": [1, 2]}), None):
+        answer = answerer(batch)
+        assert list(answer.columns) == ["id", "p"] and list(answer["p"]) == [0.5] * len(answer)
+    assert answerer.fallbacks == 2
+    empty = answerer(pd.DataFrame({"id": pd.Series([], dtype=str)}))
+    assert len(empty) == 0 and list(empty.columns) == ["id", "p"] and answerer.fallbacks == 2
+    ok = answerer(pd.DataFrame({"id": ["a", "b"]}))
+    assert list(ok["p"]) == [0.9, 0.9]
+
+
+def test_the_kaggle_notebook_reads_the_competition_its_metadata_attaches(project_modules, monkeypatch, tmp_path):
+    """Case 11: a project made without --competition, packaged with --competition titanic: the
+    metadata attached titanic, but train.py read /kaggle/input/<the project's name>."""
+    hardware = project_modules.hardware
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Batch")
+    monkeypatch.setenv("KAGGLE_ROOT", str(tmp_path))
+    (tmp_path / "input" / "titanic").mkdir(parents=True)
+    assert hardware.data_and_output_dirs("my-project", "/data")[0] == str(tmp_path / "input" / "my-project")
+    monkeypatch.setenv(hardware.COMPETITION_ENV, "titanic")
+    assert hardware.data_and_output_dirs("my-project", "/data") == (
+        str(tmp_path / "input" / "titanic"),
+        str(tmp_path / "working"),
+    )
