@@ -89,6 +89,7 @@ LONGEST_FIRST = (
     "test_serve",
     "test_parallel",
     "test_budget",
+    "test_stops",
 )
 
 

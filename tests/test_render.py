@@ -19,6 +19,7 @@ TOP |= {"train.py", "predict.py", "run.py", "tune.py", "serve.py"}  # serve.py: 
 MACHINERY = {
     "__init__.py",
     "artifacts.py",
+    "durations.py",
     "engine.py",
     "errors.py",
     "experiments.py",

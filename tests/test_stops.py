@@ -381,8 +381,35 @@ def test_the_kaggle_notebook_reads_the_competition_its_metadata_attaches(project
     monkeypatch.setenv("KAGGLE_ROOT", str(tmp_path))
     (tmp_path / "input" / "titanic").mkdir(parents=True)
     assert hardware.data_and_output_dirs("my-project", "/data")[0] == str(tmp_path / "input" / "my-project")
-    monkeypatch.setenv(hardware.COMPETITION_ENV, "titanic")
+    monkeypatch.setenv("KAGTPL_COMPETITION", "titanic")
     assert hardware.data_and_output_dirs("my-project", "/data") == (
         str(tmp_path / "input" / "titanic"),
         str(tmp_path / "working"),
     )
+
+
+@pytest.mark.slow
+def test_train_py_killed_outright_takes_its_fold_workers_before_predict_reads_the_folder(project, digits_dir, tmp_path):
+    """Case 6: the OOM killer takes train.py (SIGKILL) while two fold workers train. They get
+    SIGTERM with its death (a parent-death signal) and save; run.py ends what is left of
+    train.py's process group before `go`, so nothing trains on unseen or writes while predict.py
+    reads; the folds saved are handed in and the run ends 1 saying train.py failed."""
+    out = tmp_path / "out"
+    flags = ["--budget", "90s", "--parallel", "folds", "--devices", "cpu,cpu", "--folds", "4"]
+    proc = start_run(project, out, *flags)
+    seen = read_until(proc, r"^\[cpu\d\] Epoch 2: ", [])
+    train = script_pid(proc.pid, "train.py")
+    workers = children_of(train)
+    assert workers, "no fold workers"
+    os.kill(train, signal.SIGKILL)
+    log = rest(proc, seen)
+    assert proc.wait(timeout=60) == 1, log[-3000:]
+    assert "RUN: train.py FAILED (exit -9); predicting from the checkpoints there are" in log
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert re.search(r"^ENSEMBLE: [1-4] checkpoint\(s\)", log, re.M), log[-3000:]
+    assert log.rstrip().splitlines()[-1].startswith(
+        f"RUN FAILED: train.py exited -9 (its message is above); handed in {out}/submission.csv, predict.py's ensemble"
+    ), log[-2000:]
+    from_folds(project, out, digits_dir)
+    nothing_left(out)

@@ -58,16 +58,11 @@ def in_project(name: str) -> str:
     return name if here else str(PROJECT / name)
 
 
-COMPETITION_ENV = "KAGTPL_COMPETITION"  # kagtpl kaggle's notebook sets it: the competition its metadata attaches
-
-
 def data_and_output_dirs(competition: str, data_dir: str) -> tuple[str, str]:
-    """Where the data is read and everything is written: `data_dir` and output/ in the project;
-    on Kaggle the competition's folder (mounted read-only) and /kaggle/working (the only folder kept).
-    On Kaggle the competition is $KAGTPL_COMPETITION when set (`kagtpl kaggle --competition` names
-    another than the project was made for), else the project's."""
+    """Where the data is read and everything is written: `data_dir` and output/; on Kaggle the competition's
+    folder (read-only; $KAGTPL_COMPETITION's, kagtpl kaggle's, else the project's) and /kaggle/working."""
     if on_kaggle():
-        slug = os.environ.get(COMPETITION_ENV, "").strip() or competition
+        slug = os.environ.get("KAGTPL_COMPETITION", "").strip() or competition
         return competition_dir(slug), os.path.join(kaggle_root(), "working")
     return data_dir, in_project("output")
 

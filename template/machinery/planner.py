@@ -9,14 +9,12 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 from __future__ import annotations
 
 import math
-import os
-import re
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from . import hardware
+from .durations import fmt_s, parse_duration, process_age
 from .errors import RunError
 
 PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
@@ -29,30 +27,6 @@ DEFAULT_PLAN = {
     "detection": (5, 20),
     "audio": (5, 20),
 }  # folds, epochs: copier.yml's defaults (a test keeps them so)
-
-
-MAX_BUDGET_S = 30 * 86400  # a month: no competition runs longer
-
-
-def parse_duration(text) -> float | None:
-    """'9h', '45m', '600s', '1h30m' or plain seconds -> seconds; '' / None / 'none' -> None. A
-    budget of no time ('0s', '00') or of more than MAX_BUDGET_S is a ValueError: run.py would start
-    both scripts and stop them a second later, or hand predict.py a deadline past any clock's range."""
-    if text is None or str(text).strip().lower() in ("", "none"):
-        return None
-    t = str(text).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", t):
-        seconds = float(t)
-    else:
-        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
-        if not parts or "".join(n + u for n, u in parts) != t:
-            raise ValueError(f"cannot read budget {text!r}: use e.g. 9h, 45m, 600s, 1h30m or plain seconds")
-        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
-    if not 1 <= seconds <= MAX_BUDGET_S:
-        raise ValueError(
-            f"budget {text!r} = {seconds:g}s: must be from 1s to {MAX_BUDGET_S // 86400} days (none: no budget)"
-        )
-    return seconds
 
 
 def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=None, beside=False) -> TimePlanner:
@@ -74,22 +48,6 @@ def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=N
     planner = TimePlanner(seconds, folds, epochs, elapsed_s=time.time() - start_time, startup_s=startup_s, sync=sync)
     planner.install_sigterm()
     return planner
-
-
-def process_age() -> float:
-    """Seconds since this process started (interpreter start and imports included); Linux only."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 10.0
-
-
-def fmt_s(seconds: float) -> str:
-    if seconds >= 120:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
 
 
 # ----------------------------------------------------------------------------- the parts, one at a time
