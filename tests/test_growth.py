@@ -26,6 +26,82 @@ def flags(**kw) -> SimpleNamespace:
     return SimpleNamespace(**{**base, **kw})
 
 
+def test_growth_fills_a_budget_given_for_this_run_never_the_projects_default(project_modules):
+    """Issue 57, item 6: plain `python train.py` on a 1,200-row table of a T4 project (default budget
+    9h) grew for 7.5 minutes and left 372 files in output/. Growth needs --budget given, by the user
+    or by run.py (which always passes it); the project's default alone is a limit."""
+    import argparse
+
+    growth, planner_module, runflags = project_modules.growth, project_modules.planner, project_modules.runflags
+    parser = argparse.ArgumentParser()
+    runflags.add_run_flags(parser, "t4", "9h")
+    plain, given = parser.parse_args([]), parser.parse_args(["--budget", "9h"])
+    assert (plain.budget, plain.budget_given) == ("9h", False) and (given.budget, given.budget_given) == ("9h", True)
+    assert parser.parse_args(["--budget=10m"]).budget_given
+    plan = planner_module.TimePlanner(32400, 3, 10, clock=Clock(), log=lambda line: None)
+    assert growth.why_not(flags(budget_given=False), plan).startswith("no --budget given: the project's default")
+    assert growth.why_not(flags(budget_given=True), plan) is None
+
+
+def test_growth_prices_a_rerun_by_the_timing_its_checkpoints_recorded_or_does_not_grow(project_modules):
+    """Issue 57, item 2: a rerun whose planned folds were all complete grew with nothing measured:
+    TTA views priced at 0 s and the reserve sized for one checkpoint. A complete checkpoint now
+    records its fold's timing; without one, nothing is timed and growth does not start."""
+    growth, planner_module = project_modules.growth, project_modules.planner
+    ok, said = growth.start(300.0, 505.0, 0.0, 0.0)
+    assert not ok and "no fold timed (every planned fold resumed, none recorded its time)" in said
+    assert growth.grown_epochs(15, 300.0, (0.0, 0), 0.0, 0.0, 10) == 0
+    clock = Clock()
+    plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
+    plan.begin_fold(0)
+    for epoch in (1, 2):
+        plan.begin_epoch(10, 2)
+        clock.t += 5.0
+        plan.end_epoch(epoch)
+    plan.predict_fold_s = 2.0
+    timing = plan.fold_timing()
+    assert timing == {"fold_s": 10.0, "epochs": 2, "epoch_s": [5.0, 5.0], "predict_fold_s": 2.0}
+    rerun = planner_module.TimePlanner(600, 3, 10, clock=Clock(), log=lambda line: None)
+    rerun.resumed_fold(None)  # an older checkpoint: nothing recorded, nothing timed
+    assert rerun.fold_s == [] and rerun.predict_fold_s == 0.0
+    for _ in range(3):
+        rerun.resumed_fold(timing)
+    assert rerun.fold_s == [10.0] * 3 and rerun.fold_epochs == [2] * 3 and rerun.epoch_s == [5.0] * 6
+    assert rerun.predict_fold_s == 2.0 and rerun.measured
+
+
+def test_a_grown_oof_file_counts_only_with_its_whole_checkpoint_of_this_runs_settings(
+    project_modules, tmp_path, capsys
+):
+    """Issue 57, item 5: after a grown 32-px run, `--image-size 24` left the 32-px checkpoints out of
+    predict.py, but the OOF line averaged in their seeds' OOF files (matched by the run signature
+    alone): the CV described models the submission did not hold."""
+    import pandas as pd
+    import torch
+
+    artifacts, growth = project_modules.artifacts, project_modules.growth
+    comp = SimpleNamespace(id_col="id", oof_columns=["p0", "p1"], resume_keys=("image_size",), oof_averages=True)
+    for seed_no, p1 in ((1, 0.2), (2, 0.8)):
+        frame = pd.DataFrame({"id": ["a", "b"], "fold": 0, "target": [0, 1], "p0": 1 - p1, "p1": p1})
+        artifacts.signed(frame, "sig").to_csv(tmp_path / growth.oof_name(0, seed_no), index=False)
+    ckpt = {"model": {"w": torch.zeros(1)}, "config": {"image_size": 32, "signature": "sig"}, "classes": [0, 1]}
+    torch.save({**ckpt, "complete": True}, tmp_path / growth.checkpoint_name(0, 2))
+    first, averaged = artifacts.seeds_averaged(comp, tmp_path, 0, "sig", {"image_size": 32, "signature": "sig"})
+    assert averaged is not None and list(averaged["p1"]) == [0.5, 0.5]
+    first, averaged = artifacts.seeds_averaged(comp, tmp_path, 0, "sig", {"image_size": 24, "signature": "sig"})
+    assert averaged is None and list(first["p1"]) == [0.2, 0.2]
+    assert (
+        "OOF: oof_fold0_seed2.csv left out: model_fold0_seed2.pth was made with other settings (image_size=32, "
+        "this run 24)" in capsys.readouterr().out
+    )
+    torch.save({**ckpt, "complete": False}, tmp_path / growth.checkpoint_name(0, 2))  # cut, or since retrained
+    assert artifacts.seeds_averaged(comp, tmp_path, 0, "sig", {"image_size": 32, "signature": "sig"})[1] is None
+    assert "its checkpoint model_fold0_seed2.pth is not whole" in capsys.readouterr().out
+    assert (
+        growth.seeds_column([0], lambda k, s: artifacts.grown_counts(comp, tmp_path, k, s, {"image_size": 32})) == "1"
+    )
+
+
 def test_growth_rules_with_a_fake_clock(project_modules):
     growth, planner_module = project_modules.growth, project_modules.planner
     clock = Clock()
@@ -70,7 +146,7 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     assert growth.grown_epochs(10, 100.0, (69.0, 10), 6.0, 2.0, 5) == 10  # a whole fold fits
     assert growth.grown_epochs(15, 100.0, (69.0, 10), 6.0, 2.0, 5) == 14  # more epochs: as many as fit
     assert growth.grown_epochs(15, 200.0, (69.0, 10), 6.0, 2.0, 5) == 15
-    assert growth.grown_epochs(15, 1.0, (0.0, 0), 0.0, 0.0, 5) == 15  # nothing timed: the deadline guard
+    assert growth.grown_epochs(15, 1.0, (0.0, 0), 0.0, 0.0, 5) == 0  # nothing timed (issue 57, item 2): no fold
     # more epochs when validation was still improving late in the plan in half the folds or more:
     # a digits fold's val loss fell 30% after epoch 7 of 10 (its best at epoch 8, not the last)
     falling = [2.25, 1.35, 0.87, 0.61, 0.44, 0.39, 0.2613, 0.1837, 0.1976, 0.1848]

@@ -399,6 +399,24 @@ def test_fold_clock_drops_tta_first_then_folds_best_first(project_modules, capsy
     assert unhurried.best_first(checkpoints) == checkpoints and unhurried.next_fold(3, 4) and unhurried.views == 2
 
 
+def test_fold_clock_leaves_the_first_folds_warm_up_out_of_the_next_folds_price(project_modules, capsys):
+    """Issue 57, item 9: predict.py dropped TTA after its first checkpoint ("16 s left ... TTA off",
+    then done in 9.7 s) because the first fold's time, its one-time warm-up included, was taken as
+    the rate. 3 folds of 1000 rows in batches of 100, 0.001 s a row and view, a 6 s warm-up in the
+    first fold's first batch: the first fold took 8 s, a fold takes 2 s with both views."""
+    submission = project_modules.submission
+    now = [0.0]
+    clock = submission.FoldClock(deadline=20.0, views=2, clock=lambda: now[0])
+    views = []
+    for k, _ in enumerate(clock.folds([("f0", {}), ("f1", {}), ("f2", {})])):
+        views.append(clock.views)
+        for rows in range(100, 1001, 100):
+            now[0] += (6.0 if k == 0 and rows == 100 else 0.0) + 100 * clock.views * 0.001
+            assert clock.batch_done(rows, 1000)
+    assert views == [2, 2, 2] and abs(now[0] - 12.0) < 1e-9  # every fold with TTA, 8 s before the deadline
+    assert "TTA off" not in capsys.readouterr().out
+
+
 def test_fold_clock_measures_its_rate_inside_a_fold_then_drops_tta_then_stops_the_fold(project_modules, capsys):
     """A test set larger than any measured before: the first fold's own batches give the rate.
     10 batches of 100 rows; each view of a row costs 0.01 s; the first batch's time (warm-up)

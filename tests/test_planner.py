@@ -330,3 +330,29 @@ def test_time_left_out_of_an_epoch_is_not_its_cost(project_modules):
     planner.end_epoch(1)
     planner.end_fold(0, False)
     assert planner.epoch_s == [6.0] and planner.fold_s == [6.0] and planner.elapsed() == 10.0
+
+
+def test_the_folds_change_at_most_once_a_fold_after_the_first_plan(project_modules):
+    """Issue 57, item 1: on a loaded 2-core machine a table's plan flipped folds 5->3->5->3->4->5->3
+    (19 TIME PLAN lines in 60 s) as epoch times swung. After the first plan, a re-plan changes the
+    folds at most once in a fold; within it a later re-plan cuts epochs only (the deadline guard
+    still holds), and the next fold may change them again."""
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=600)
+    first_epoch(planner, clock, 0.07)  # the first plan: 5 -> 3 folds (not a change of mind)
+    assert planner.folds == 3, lines
+    swings = [1.0, 1.0, 30.0, 1.0, 30.0, 1.0]  # fast, fast (folds back), slow, fast, slow, fast
+    changes = []
+    for epoch, epoch_s in enumerate(swings, start=2):
+        before = planner.folds
+        planner.begin_epoch(40, 10)
+        clock.t += epoch_s
+        planner.end_epoch(epoch)
+        changes.append((before, planner.folds))
+    in_fold_0 = [c for c in changes if c[0] != c[1]]
+    assert in_fold_0 == [(3, 5)], lines  # given back once; the slow epochs after it cut epochs, not folds
+    planner.begin_fold(1)
+    planner.begin_epoch(40, 10)
+    clock.t += 60.0  # a slow epoch in the next fold: now the folds may be cut
+    planner.end_epoch(1)
+    assert planner.folds < 5, lines

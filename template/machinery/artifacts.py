@@ -176,14 +176,40 @@ def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
     return frame
 
 
-def seeds_averaged(comp, out: Path, k: int, signature: str) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+def seeds_averaged(
+    comp, out: Path, k: int, signature: str, config: dict | None = None
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """Fold k's OOF frame (the first seed's), and the same rows with their predictions averaged over
     every grown seed's whole fold (growth.py), as predict.py averages the checkpoints; None when no
-    seed was grown or the competition's OOF cannot be averaged (`oof_averages = False`: boxes, masks)."""
+    seed was grown or the competition's OOF cannot be averaged (`oof_averages = False`: boxes, masks).
+    With `config` (this run's), a grown seed's OOF file counts only when its checkpoint is whole and
+    has this run's resume keys: the signature alone let a 32-px run's seeds into a 24-px run's CV."""
     first = read_signed(out / growth.oof_name(k), signature)
-    paths = [out / growth.oof_name(k, s) for s in range(2, growth.MAX_SEEDS + 1)]
-    grown = [read_signed(p, signature) for p in paths if p.exists()] if getattr(comp, "oof_averages", True) else []
+    seeds = range(2, growth.MAX_SEEDS + 1) if getattr(comp, "oof_averages", True) else []
+    paths = [out / growth.oof_name(k, s) for s in seeds if grown_counts(comp, out, k, s, config)]
+    grown = [read_signed(p, signature) for p in paths]
     return first, None if first is None else average_seeds(comp, first, [f for f in grown if f is not None])
+
+
+def grown_counts(comp, out: Path, k: int, seed_no: int, config: dict | None, say: bool = True) -> bool:
+    """Grown seed `seed_no` of fold k counts in the OOF: its OOF file is there and, given this run's
+    `config`, its checkpoint is whole and made with the same resume keys (else an OOF line says why)."""
+    oof = Path(out) / growth.oof_name(k, seed_no)
+    if not oof.is_file() or config is None:
+        return oof.is_file()
+    path = Path(out) / growth.checkpoint_name(k, seed_no)
+    ckpt = storage.load_checkpoint(path) if path.is_file() else None
+    if ckpt is None or not ckpt.get("complete"):
+        if say:
+            print(f"OOF: {oof.name} left out: its checkpoint {path.name} is not whole")
+        return False
+    differ = [key for key in run_keys(comp) if ckpt["config"].get(key) != config.get(key)]
+    if differ:
+        said = ", ".join(f"{key}={ckpt['config'].get(key)!r}, this run {config.get(key)!r}" for key in differ[:3])
+        if say:
+            print(f"OOF: {oof.name} left out: {path.name} was made with other settings ({said})")
+        return False
+    return True
 
 
 def average_seeds(comp, first: pd.DataFrame, grown: list[pd.DataFrame]) -> pd.DataFrame | None:
@@ -199,10 +225,10 @@ def average_seeds(comp, first: pd.DataFrame, grown: list[pd.DataFrame]) -> pd.Da
     return averaged
 
 
-def oof_scores(comp, out: Path, folds: list[int], signature: str) -> tuple[dict, list[float], int]:
-    """oof.csv from the folds' OOF files of this run signature (grown seeds averaged in), the OOF
-    line, the metric per fold, and the rows the scores are over."""
-    pairs = [seeds_averaged(comp, out, k, signature) for k in folds]
+def oof_scores(comp, out: Path, folds: list[int], signature: str, config: dict | None = None) -> tuple:
+    """oof.csv from the folds' OOF files of this run signature (grown seeds of this run's `config`
+    averaged in), the OOF line, the metric per fold, and the rows the scores are over."""
+    pairs = [seeds_averaged(comp, out, k, signature, config) for k in folds]
     oofs = [averaged if averaged is not None else first for first, averaged in pairs if first is not None]
     if not oofs:
         return {}, [], 0

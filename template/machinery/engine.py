@@ -164,6 +164,7 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
         print(f"FOLD {k} ({k + 1} of {planner.folds}): {len(trn_idx)} train, {len(val_idx)} valid")
         if done:
             print(f"FOLD {k}: {path.name} is complete, skipping (resume)")
+            planner.resumed_fold(storage.recorded_timing(path))  # growth prices what it adds by it
         else:
             first = not planner.epoch_s  # the first fold this process trains: probe, Model line, estimate
             planner.begin_fold(k)
@@ -185,6 +186,9 @@ def grow_seeds(comp, splits: list, args, run: tuple) -> None:
     why = growth.why_not(args, planner) or (None if len(splits) == planner.folds else "a planned fold is missing")
     if why:
         print(f"GROW: none ({why})")
+        return
+    if growth_fold_s(planner) <= 0:
+        print("GROW: none (nothing timed: every planned fold was resumed from checkpoints that record no timing)")
         return
     tta_views.grow(comp, splits, args, run)  # first: the seeds' fit checks count the views' price
     training_s = planner.budget - planner.reserve() - planner.FINISH_S
@@ -294,8 +298,8 @@ def experiment_row(comp, args, batching: Batching, run_id: str) -> dict:
 
 def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trained: list[int], row: dict) -> dict:
     """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
-    out = Path(args.out_dir)
-    scores, fold_scores, rows = artifacts.oof_scores(comp, out, trained, args.signature)
+    out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
+    scores, fold_scores, rows = artifacts.oof_scores(comp, out, trained, args.signature, config)
     where = describe_gpu(machine.device)[0] if machine.device.type == "cuda" else "CPU"
     logs.write_report(jlog.records, out / "train_report.png", f"{comp.name} on {where}")
     experiments.append(
@@ -305,7 +309,7 @@ def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trai
             "batch": f"{batching.size}x{batching.accum_steps}",  # the probe or an OOM may have changed it
             "lr": f"{batching.lr:.2e}",
             "folds_done": len(fold_scores),
-            "seeds": growth.seeds_column(trained, lambda k, s: out / growth.oof_name(k, s)),
+            "seeds": growth.seeds_column(trained, lambda k, s: artifacts.grown_counts(comp, out, k, s, config, False)),
             "epochs_done": " ".join(str(sum(r["fold"] == k for r in jlog.records)) for k in trained),
             "cv": f"{list(scores.values())[-1]:.5f}" if scores else "",
             "fold_scores": " ".join(f"{s:.4f}" for s in fold_scores),

@@ -43,10 +43,10 @@ def oof_name(k: int, seed_no: int = 1) -> str:
     return f"oof_fold{k}{seed_tail(seed_no)}.csv"
 
 
-def seeds_column(folds: list[int], grown_oof) -> str:
+def seeds_column(folds: list[int], counts) -> str:
     """The experiments table's seeds: '1', or '2 (+3 folds)' when 3 grown folds of seeds up to 2
-    are whole (`grown_oof(k, s)`: the OOF file fold k of seed s writes when it is)."""
-    grown = [s for s in range(2, MAX_SEEDS + 1) for k in folds if grown_oof(k, s).is_file()]
+    count (`counts(k, s)`: fold k of seed s is whole, and of this run's settings)."""
+    grown = [s for s in range(2, MAX_SEEDS + 1) for k in folds if counts(k, s)]
     return f"{max(grown)} (+{len(grown)} folds)" if grown else "1"
 
 
@@ -64,6 +64,8 @@ def why_not(args, planner) -> str | None:
         return "--no-grow"
     if not planner.budget:
         return "no --budget"
+    if not getattr(args, "budget_given", True):
+        return "no --budget given: the project's default is a limit, not time to fill (python run.py --budget 9h grows)"
     if args.dry_run:
         return "--dry-run"
     if getattr(args, "train_folds", 0) or getattr(args, "predict_reserve", -1) == 0:
@@ -83,8 +85,8 @@ def start(left: float, training_s: float, fold_s: float, predict_fold_s: float, 
     engine.grown_epochs). There is no least share: a 9-hour plan that leaves 10% spends 50 minutes."""
     share = left / training_s if training_s > 0 else 0.0
     said = f"{fmt_s(max(0.0, left))} of {fmt_s(training_s)} training time left ({share:.0%})"
-    if fold_s <= 0:  # every planned fold was resumed: nothing timed in this process
-        return True, f"{said}, a fold not timed yet (every fold resumed): the deadline guard cuts a fold that overruns"
+    if fold_s <= 0:  # every planned fold resumed from checkpoints that record no timing: nothing to price by
+        return False, f"{said}, no fold timed (every planned fold resumed, none recorded its time)"
     fold = f"a fold takes ~{fmt_s(fold_s)} (+{fmt_s(predict_fold_s)} to predict)"
     return fold_fits(left, fold_s, predict_fold_s) if fits is None else fits, f"{said}, {fold}"
 
@@ -102,10 +104,10 @@ def grown_epochs(target: int, left: float, fold: tuple[float, int], epoch_s: flo
     OOF AUC when averaged in (a 13-epoch audio fold of a 20-epoch plan 0.953 -> 0.939; a 16-epoch
     one, --mixup 1.0, 0.957 -> 0.938), so it is never shorter than the plan. `fold`: the
     measured fold growth sizes by (its seconds and its epochs); each epoch more or less costs
-    `epoch_s`. Nothing timed (every fold resumed): `target`, under the deadline guard alone."""
+    `epoch_s`. Nothing timed (every fold resumed from checkpoints with no timing): 0."""
     fold_s, epochs = fold
-    if fold_s <= 0:
-        return target
+    if fold_s <= 0:  # nothing timed: no fold is known to fit
+        return 0
     if epoch_s <= 0:
         return target if fold_fits(left, fold_s, predict_fold_s) else 0
     fit = epochs + math.floor((FIT_FRACTION * left - predict_fold_s - fold_s) / epoch_s)

@@ -198,6 +198,7 @@ class TimePlanner:
         self._steady_epoch_s = 0.0  # epoch time from the timed steps after warm-up
         self._epoch_t0 = self._measure_t0 = self._fold_t0 = None
         self._said_too_small = False  # the too-small-budget line, said once
+        self._folds_changed_in: int | None = None  # the fold in which a re-plan last changed the folds
         self.fold_s: list[float] = []  # each fold's wall time, as trained by this process (growth.py reads it)
         self.fold_epochs: list[int] = []  # ...and the epochs it trained (early stopping ends some sooner)
         self.val_curves: list[list[float]] = []  # the planned folds' val loss each epoch (growth's evidence)
@@ -268,7 +269,7 @@ class TimePlanner:
     def tick(self, batch: int) -> bool:
         """After each training batch: time the first steps after warm-up (the first estimate)
         and say whether to stop now (deadline passed or SIGTERM)."""
-        if self.budget and not self.planned:
+        if self.budget and not self.planned and not self.growing:  # a grown fold never re-plans the folds
             if batch == self.WARMUP_BATCHES - 1:
                 self.sync()
                 self._measure_t0 = self.clock()
@@ -284,7 +285,7 @@ class TimePlanner:
     def end_epoch(self, epoch: int) -> None:
         self._epoch = epoch  # epochs of this fold done
         self.epoch_s.append(self.clock() - self._epoch_t0)
-        if self.budget and not self.planned:  # too few batches to time steps: plan from the epoch
+        if self.budget and not self.planned and not self.growing:  # too few batches to time steps: plan from the epoch
             self._first_plan(None)
         elif self.budget and not self.growing:
             self._replan(self._epoch_estimate(), f"re-plan at {fmt_s(self._epoch_estimate())}/epoch")
@@ -298,6 +299,27 @@ class TimePlanner:
             why = f"fold {fold} took {fmt_s(took)} = {100 * took / self.budget:.0f}% of the budget (> 20%)"
             if not self._replan(max(self._epoch_estimate(), took / max(1, self._epoch)), why):
                 self.log(f"TIME PLAN: {why} -> plan kept: folds={self.folds} epochs={self.epochs}")
+
+    def fold_timing(self) -> dict:
+        """This fold's measure, saved in its complete checkpoint: a rerun that resumes the fold
+        prices growth by it (resumed_fold) instead of by nothing."""
+        epochs = self.epoch_s[-self._epoch :] if self._epoch else []
+        fold_s = self.clock() - self._fold_t0 if self._fold_t0 is not None else 0.0
+        return {"fold_s": fold_s, "epochs": self._epoch, "epoch_s": epochs, "predict_fold_s": self.predict_fold_s}
+
+    def resumed_fold(self, timing) -> None:
+        """A planned fold skipped as complete (resume): the timing its checkpoint recorded stands for
+        this process's measure. Without one (an older checkpoint) nothing is timed, and growth waits
+        for a fold this process trains (before, it grew with TTA views priced at 0 s and a reserve for
+        one checkpoint while predict.py ensembled four)."""
+        if not isinstance(timing, dict) or not float(timing.get("fold_s") or 0) > 0:
+            return
+        self.fold_s.append(float(timing["fold_s"]))
+        self.fold_epochs.append(int(timing.get("epochs") or 0))
+        self.epoch_s.extend(float(t) for t in timing.get("epoch_s") or [])
+        if float(timing.get("predict_fold_s") or 0) > 0:
+            self.predict_fold_s = max(self.predict_fold_s, float(timing["predict_fold_s"]))
+            self.measured = True
 
     def can_start_epoch(self) -> bool:
         """Deadline guard: no epoch starts that would eat into the prediction reserve."""
@@ -399,7 +421,7 @@ class TimePlanner:
             self.log(f"TIME PLAN: {left} -> epochs {self.epochs}->{epochs} (given back)")
             self.epochs, self.plan_changed = epochs, True
             return True
-        if self.folds >= self.planned_folds or self.parallel > 1:
+        if self.folds >= self.planned_folds or self.parallel > 1 or self._folds_changed_in == self._fold:
             return False
         at = self.progress()
         folds = next(
@@ -408,7 +430,7 @@ class TimePlanner:
         if folds is None:
             return False
         self.log(f"TIME PLAN: {left} -> folds {self.folds}->{folds} (given back)")
-        self.folds, self.plan_changed = folds, True
+        self.folds, self.plan_changed, self._folds_changed_in = folds, True, self._fold
         return True
 
     def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:
@@ -422,6 +444,11 @@ class TimePlanner:
             return False if first else self._give_back(epoch_s)
         at = self.progress()
         folds, epochs = cut_plan(at, epoch_s, self.folds, self.epochs, self.min_epochs, limit, first)
+        if folds != self.folds and not first and self._folds_changed_in == self._fold:
+            # hysteresis: the folds change at most once a fold (a loaded machine's epochs flipped a
+            # table's plan 5->3->5->3->4->5->3 in 60 s); here only epochs are cut, the deadline guard holds
+            folds = self.folds
+            epochs = min(self.epochs, max(self.min_epochs, at.fit_epochs(epoch_s, folds, limit, self.epochs)))
         cuts = [
             f"{name} {a}->{b}"
             for name, a, b in (("folds", self.folds, folds), ("epochs", self.epochs, epochs))
@@ -435,5 +462,7 @@ class TimePlanner:
             f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, self.training_left() * self.share))} training "
             f"time left{share} -> {', '.join(cuts)}"
         )
+        if folds != self.folds and not first:
+            self._folds_changed_in = self._fold
         self.folds, self.epochs, self.plan_changed = folds, epochs, True
         return True

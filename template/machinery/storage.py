@@ -303,13 +303,15 @@ def load_model_state(model, state: dict) -> None:
     getattr(model, "load_checkpoint_state", model.load_state_dict)(state)
 
 
-def mark_complete(path: Path) -> bool:
-    """Flag a fold's best checkpoint as complete (a rerun then skips the fold)."""
+def mark_complete(path: Path, **meta) -> bool:
+    """Flag a fold's best checkpoint as complete (a rerun then skips the fold), with `meta` (the
+    fold's timing, which a rerun's growth prices by)."""
     import torch
 
     if not Path(path).exists():
         return False
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ckpt.update(meta)
     ckpt["complete"] = True
     atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
     return True
@@ -389,6 +391,17 @@ def fold_is_done(path: Path, config: dict, same_keys) -> bool:
             f"(other data, target or folds): retrained"
         )
     return not differ
+
+
+def recorded_timing(path: Path) -> dict | None:
+    """The timing a complete checkpoint recorded (fold.finish_fold), or None."""
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - whatever fails to load has no timing to give
+        return None
+    return ckpt.get("timing") if isinstance(ckpt, dict) else None
 
 
 def fold_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:
