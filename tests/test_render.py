@@ -27,6 +27,7 @@ MACHINERY = {
     "gpu.py",
     "growth.py",
     "hardware.py",
+    "locks.py",
     "logs.py",
     "machine.py",
     "parallel.py",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import planner, serving, storage
+from . import locks, planner, serving
 from .errors import DataError, RunError
 from .storage import read_csv, write_csv_atomic
 
@@ -378,7 +378,7 @@ def wait_for_train(after_train: bool, out_dir: Path) -> bool:
     out_dir = Path(out_dir)
     if not after_train:
         if out_dir.is_dir():
-            storage.lock_output(out_dir, "predict.py")
+            locks.lock_output(out_dir, "predict.py")
         return False
     ready = planner.process_age()
     t0 = time.time()
@@ -391,5 +391,5 @@ def wait_for_train(after_train: bool, out_dir: Path) -> bool:
     else:
         print("PREDICT: run.py ended before train.py did: waiting for train.py to save, then predicting on its own")
     if out_dir.is_dir():
-        storage.lock_output(out_dir, "predict.py", wait=0.0 if word == "go" else ORPHAN_WAIT_S)
+        locks.lock_output(out_dir, "predict.py", wait=0.0 if word == "go" else ORPHAN_WAIT_S)
     return word == "go"
