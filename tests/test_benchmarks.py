@@ -267,6 +267,9 @@ def test_segmentation_score_smoke():
     assert all(0 <= v <= 1 for v in scores) and "SUBMISSION: output/submission.csv (4 rows" in out, out
 
 
+# alone: each runs run.py under a 20-30 s budget; a 2-process run.py test on the other worker (tests/test_stops.py)
+# left detection's first step past its deadline (no validated epoch, no postprocess.json) and audio no ONNX export
+@pytest.mark.alone
 def test_audio_score_smoke():
     """Both sets, each its own run: the default's five words and the unheard style's eight."""
     out = bench("audio.py", "--budget", "30s", "--clips", "5", "--test", "2", "--windows", "4", "--rounds", "1")
@@ -302,6 +305,9 @@ def test_audio_tta_smoke():
     assert all(0 <= float(v) <= 1 for v in row.groups()), out
 
 
+# alone: each runs run.py under a 20-30 s budget; a 2-process run.py test on the other worker (tests/test_stops.py)
+# left detection's first step past its deadline (no validated epoch, no postprocess.json) and audio no ONNX export
+@pytest.mark.alone
 def test_detection_score_smoke():
     out = bench("detection.py", "--budget", "20s", "--train", "16", "--test", "4", "--size", "64")
     names = (

@@ -21,6 +21,12 @@ from .gpu import resolve_device, seed_everything
 from .machine import can_compile
 
 
+BUDGET_HELP = (
+    "wall time for train + predict: 9h, 45m, 600s; '' = none. Growth (more seeds, TTA views) needs it given "
+    "here or by run.py: the project's default alone is a limit, not time to fill"
+)
+
+
 class GivenBudget(argparse.Action):
     """--budget, and whether it was given (args.budget_given): growth fills a budget someone chose
     for this run, never the project's default (plain `python train.py` on a 1,200-row table of a T4
@@ -62,13 +68,7 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
         help="cuDNN autotunes every conv shape: up to 60 s per process on an H100 and no faster steps measured (off)",
     )
     # time budget: folds and epochs are cut to fit, prediction keeps a reserve (docs/time-budget.md)
-    p.add_argument(
-        "--budget",
-        default=budget,
-        action=GivenBudget,
-        help="wall time for train + predict: 9h, 45m, 600s; '' = none. Growth (more seeds, TTA views) needs it "
-        "given here or by run.py: the project's default alone is a limit, not time to fill",
-    )
+    p.add_argument("--budget", default=budget, action=GivenBudget, help=BUDGET_HELP)
     p.set_defaults(budget_given=False)
     p.add_argument("--start-time", type=float, default=time_planner.PROCESS_START, help="budget start (run.py sets it)")
     p.add_argument("--predict-beside", action="store_true", help="run.py's: predict.py's imports not in the reserve")
