@@ -20,7 +20,6 @@ from .errors import DataError, RunError, one_line_errors
 from .gpu import resolve_device, seed_everything
 from .machine import can_compile
 
-
 BUDGET_HELP = (
     "wall time for train + predict: 9h, 45m, 600s; '' = none. Growth (more seeds, TTA views) needs it given "
     "here or by run.py: the project's default alone is a limit, not time to fill"
