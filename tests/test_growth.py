@@ -86,20 +86,23 @@ def test_a_grown_oof_file_counts_only_with_its_whole_checkpoint_of_this_runs_set
         artifacts.signed(frame, "sig").to_csv(tmp_path / growth.oof_name(0, seed_no), index=False)
     ckpt = {"model": {"w": torch.zeros(1)}, "config": {"image_size": 32, "signature": "sig"}, "classes": [0, 1]}
     torch.save({**ckpt, "complete": True}, tmp_path / growth.checkpoint_name(0, 2))
-    first, averaged = artifacts.seeds_averaged(comp, tmp_path, 0, "sig", {"image_size": 32, "signature": "sig"})
+
+    def averaged_for(config):
+        return artifacts.seeds_averaged(comp, tmp_path, 0, "sig", artifacts.grown_seeds(comp, tmp_path, [0], config))
+
+    first, averaged = averaged_for({"image_size": 32, "signature": "sig"})
     assert averaged is not None and list(averaged["p1"]) == [0.5, 0.5]
-    first, averaged = artifacts.seeds_averaged(comp, tmp_path, 0, "sig", {"image_size": 24, "signature": "sig"})
+    first, averaged = averaged_for({"image_size": 24, "signature": "sig"})
     assert averaged is None and list(first["p1"]) == [0.2, 0.2]
     assert (
         "OOF: oof_fold0_seed2.csv left out: model_fold0_seed2.pth was made with other settings (image_size=32, "
         "this run 24)" in capsys.readouterr().out
     )
     torch.save({**ckpt, "complete": False}, tmp_path / growth.checkpoint_name(0, 2))  # cut, or since retrained
-    assert artifacts.seeds_averaged(comp, tmp_path, 0, "sig", {"image_size": 32, "signature": "sig"})[1] is None
+    assert averaged_for({"image_size": 32, "signature": "sig"})[1] is None
     assert "its checkpoint model_fold0_seed2.pth is not whole" in capsys.readouterr().out
-    assert (
-        growth.seeds_column([0], lambda k, s: artifacts.grown_counts(comp, tmp_path, k, s, {"image_size": 32})) == "1"
-    )
+    counted = artifacts.grown_seeds(comp, tmp_path, [0], {"image_size": 32, "signature": "sig"})
+    assert growth.seeds_column([0], lambda k, s: (k, s) in counted) == "1"
 
 
 def test_growth_rules_with_a_fake_clock(project_modules):

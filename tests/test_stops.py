@@ -408,12 +408,7 @@ def test_train_py_killed_outright_takes_its_fold_workers_before_predict_reads_th
     for pid in workers:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
     assert re.search(r"^ENSEMBLE: [1-4] checkpoint\(s\)", log, re.M), log[-3000:]
-    assert (
-        log.rstrip()
-        .splitlines()[-1]
-        .startswith(
-            f"RUN FAILED: train.py exited -9 (its message is above); handed in {out}/submission.csv, predict.py's ensemble"
-        )
-    ), log[-2000:]
+    failed = f"RUN FAILED: train.py exited -9 (its message is above); handed in {out}/submission.csv"
+    assert log.rstrip().splitlines()[-1].startswith(f"{failed}, predict.py's ensemble"), log[-2000:]
     from_folds(project, out, digits_dir)
     nothing_left(out)

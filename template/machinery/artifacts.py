@@ -177,39 +177,38 @@ def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
 
 
 def seeds_averaged(
-    comp, out: Path, k: int, signature: str, config: dict | None = None
+    comp, out: Path, k: int, signature: str, counted: set | None = None
 ) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """Fold k's OOF frame (the first seed's), and the same rows with their predictions averaged over
     every grown seed's whole fold (growth.py), as predict.py averages the checkpoints; None when no
     seed was grown or the competition's OOF cannot be averaged (`oof_averages = False`: boxes, masks).
-    With `config` (this run's), a grown seed's OOF file counts only when its checkpoint is whole and
-    has this run's resume keys: the signature alone let a 32-px run's seeds into a 24-px run's CV."""
+    `counted` (grown_seeds): the (fold, seed) pairs whose OOF file counts; None: every file there."""
     first = read_signed(out / growth.oof_name(k), signature)
     seeds = range(2, growth.MAX_SEEDS + 1) if getattr(comp, "oof_averages", True) else []
-    paths = [out / growth.oof_name(k, s) for s in seeds if grown_counts(comp, out, k, s, config)]
-    grown = [read_signed(p, signature) for p in paths]
+    paths = [out / growth.oof_name(k, s) for s in seeds if (k, s) in counted or counted is None]
+    grown = [read_signed(p, signature) for p in paths if p.exists()]
     return first, None if first is None else average_seeds(comp, first, [f for f in grown if f is not None])
 
 
-def grown_counts(comp, out: Path, k: int, seed_no: int, config: dict | None, say: bool = True) -> bool:
-    """Grown seed `seed_no` of fold k counts in the OOF: its OOF file is there and, given this run's
-    `config`, its checkpoint is whole and made with the same resume keys (else an OOF line says why)."""
-    oof = Path(out) / growth.oof_name(k, seed_no)
-    if not oof.is_file() or config is None:
-        return oof.is_file()
-    path = Path(out) / growth.checkpoint_name(k, seed_no)
-    ckpt = storage.load_checkpoint(path) if path.is_file() else None
-    if ckpt is None or not ckpt.get("complete"):
-        if say:
+def grown_seeds(comp, out: Path, folds: list[int], config: dict) -> set[tuple[int, int]]:
+    """The (fold, seed) pairs of grown seeds that count in the OOF: the OOF file is there and its
+    checkpoint is whole and made with this run's resume keys (the signature alone let a 32-px run's
+    seeds into a 24-px run's CV); an OOF line says why each other one is left out."""
+    counted = set()
+    for k, seed_no in ((k, s) for k in folds for s in range(2, growth.MAX_SEEDS + 1)):
+        oof, path = Path(out) / growth.oof_name(k, seed_no), Path(out) / growth.checkpoint_name(k, seed_no)
+        if not oof.is_file():
+            continue
+        ckpt = storage.load_checkpoint(path) if path.is_file() else None
+        differ = [] if ckpt is None else storage.differing_keys(ckpt, config, run_keys(comp))
+        if ckpt is None or not ckpt.get("complete"):
             print(f"OOF: {oof.name} left out: its checkpoint {path.name} is not whole")
-        return False
-    differ = [key for key in run_keys(comp) if ckpt["config"].get(key) != config.get(key)]
-    if differ:
-        said = ", ".join(f"{key}={ckpt['config'].get(key)!r}, this run {config.get(key)!r}" for key in differ[:3])
-        if say:
+        elif differ:
+            said = ", ".join(f"{key}={ckpt['config'].get(key)!r}, this run {config.get(key)!r}" for key in differ[:3])
             print(f"OOF: {oof.name} left out: {path.name} was made with other settings ({said})")
-        return False
-    return True
+        else:
+            counted.add((k, seed_no))
+    return counted
 
 
 def average_seeds(comp, first: pd.DataFrame, grown: list[pd.DataFrame]) -> pd.DataFrame | None:
@@ -225,10 +224,10 @@ def average_seeds(comp, first: pd.DataFrame, grown: list[pd.DataFrame]) -> pd.Da
     return averaged
 
 
-def oof_scores(comp, out: Path, folds: list[int], signature: str, config: dict | None = None) -> tuple:
-    """oof.csv from the folds' OOF files of this run signature (grown seeds of this run's `config`
-    averaged in), the OOF line, the metric per fold, and the rows the scores are over."""
-    pairs = [seeds_averaged(comp, out, k, signature, config) for k in folds]
+def oof_scores(comp, out: Path, folds: list[int], signature: str, counted: set | None = None) -> tuple:
+    """oof.csv from the folds' OOF files of this run signature (the `counted` grown seeds averaged
+    in: grown_seeds), the OOF line, the metric per fold, and the rows the scores are over."""
+    pairs = [seeds_averaged(comp, out, k, signature, counted) for k in folds]
     oofs = [averaged if averaged is not None else first for first, averaged in pairs if first is not None]
     if not oofs:
         return {}, [], 0

@@ -158,13 +158,13 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
         if queue is not None and not queue.take(k):
             continue  # another worker has it (to train, or found complete)
         path = out / f"model_fold{k}.pth"
-        done = storage.fold_is_done(
+        done = storage.finished_fold(
             path, artifacts.checkpoint_config(args, machine, batching), artifacts.run_keys(comp)
         )
         print(f"FOLD {k} ({k + 1} of {planner.folds}): {len(trn_idx)} train, {len(val_idx)} valid")
         if done:
             print(f"FOLD {k}: {path.name} is complete, skipping (resume)")
-            planner.resumed_fold(storage.recorded_timing(path))  # growth prices what it adds by it
+            planner.resumed_fold(done.get("timing"))  # growth prices what it adds by it
         else:
             first = not planner.epoch_s  # the first fold this process trains: probe, Model line, estimate
             planner.begin_fold(k)
@@ -299,7 +299,8 @@ def experiment_row(comp, args, batching: Batching, run_id: str) -> dict:
 def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trained: list[int], row: dict) -> dict:
     """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
     out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
-    scores, fold_scores, rows = artifacts.oof_scores(comp, out, trained, args.signature, config)
+    counted = artifacts.grown_seeds(comp, out, trained, config)  # each grown seed's checkpoint read once
+    scores, fold_scores, rows = artifacts.oof_scores(comp, out, trained, args.signature, counted)
     where = describe_gpu(machine.device)[0] if machine.device.type == "cuda" else "CPU"
     logs.write_report(jlog.records, out / "train_report.png", f"{comp.name} on {where}")
     experiments.append(
@@ -309,7 +310,7 @@ def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trai
             "batch": f"{batching.size}x{batching.accum_steps}",  # the probe or an OOM may have changed it
             "lr": f"{batching.lr:.2e}",
             "folds_done": len(fold_scores),
-            "seeds": growth.seeds_column(trained, lambda k, s: artifacts.grown_counts(comp, out, k, s, config, False)),
+            "seeds": growth.seeds_column(trained, lambda k, s: (k, s) in counted),
             "epochs_done": " ".join(str(sum(r["fold"] == k for r in jlog.records)) for k in trained),
             "cv": f"{list(scores.values())[-1]:.5f}" if scores else "",
             "fold_scores": " ".join(f"{s:.4f}" for s in fold_scores),

@@ -296,30 +296,30 @@ def weights_problem(e: Exception) -> str:
 
 def fold_is_done(path: Path, config: dict, same_keys) -> bool:
     """A rerun skips a fold whose checkpoint is complete, not a dry run, and made with the same split."""
+    return finished_fold(path, config, same_keys) is not None
+
+
+def finished_fold(path: Path, config: dict, same_keys) -> dict | None:
+    """fold_is_done's checkpoint (its recorded timing is a rerun's measure), or None when the fold
+    must be trained."""
     if not Path(path).exists():
-        return False
+        return None
     ckpt = load_checkpoint(path)
     if ckpt is None or not ckpt.get("complete") or ckpt["config"].get("dry_run"):
-        return False
-    differ = [k for k in same_keys if ckpt["config"].get(k) != config.get(k)]
+        return None
+    differ = differing_keys(ckpt, config, same_keys)
     if "signature" in differ:  # the data changed under it (relabelled or added rows, a new class)
         made = ckpt["config"].get("signature")
         print(
             f"FOLD: {Path(path).name} was trained with run signature {made}, this run is {config.get('signature')} "
             f"(other data, target or folds): retrained"
         )
-    return not differ
+    return None if differ else ckpt
 
 
-def recorded_timing(path: Path) -> dict | None:
-    """The timing a complete checkpoint recorded (fold.finish_fold), or None."""
-    import torch
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - whatever fails to load has no timing to give
-        return None
-    return ckpt.get("timing") if isinstance(ckpt, dict) else None
+def differing_keys(ckpt: dict, config: dict, keys) -> list[str]:
+    """The resume keys a checkpoint's config holds otherwise than this run's `config`."""
+    return [k for k in keys if ckpt["config"].get(k) != config.get(k)]
 
 
 def fold_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:
