@@ -289,9 +289,19 @@ def test_a_plan_that_fits_grows_a_second_seed_and_hands_in_inside_the_budget(tmp
     more = re.match(r"seed \d+\) in (\d) epochs \(the plan's 3\)", block)
     if more and int(more[1]) > 3:  # trained past the plan's epochs: its last Epoch line is that epoch
         assert improving and re.search(rf"^(Epoch {more[1]}: |EARLY STOP: )", block, re.M), block
-    assert re.search(r"^GROW: OOF logloss [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in", log, re.M)
-    n = 2 + len(grown)
-    assert re.search(rf"^ENSEMBLE: {n} checkpoint\(s\), .*model_fold0_seed2\.pth", log, re.M), log[-2000:]
+    verdict = re.search(
+        r"^GROW: OOF logloss [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in \(folds \[.*\]\): "
+        r"(kept|left out)",
+        log,
+        re.M,
+    )
+    assert verdict, log[-3000:]
+    # seeds that lose in the paired bootstrap (hand_in.py) are left out of predict.py's ensemble
+    n = 2 + len(grown) if verdict[1] == "kept" else 2
+    if verdict[1] == "left out":
+        assert re.search(r"^ENSEMBLE: left out model_fold0_seed2\.pth.*: grown seeds that lost", log, re.M), log[-3000:]
+    member = r", .*model_fold0_seed2\.pth" if verdict[1] == "kept" else r", folds \[0, 1\]: model_fold0\.pth, model_fold1\.pth$"
+    assert re.search(rf"^ENSEMBLE: {n} checkpoint\(s\){member}", log, re.M), log[-2000:]
     assert f"SUBMISSION: output/submission.csv (40 rows, {n} fold(s) ensembled)" in log
     share = float(re.search(r"^RUN: .* = ([\d.]+) of the 90s budget$", log, re.M).group(1))
     assert share <= 1.0 and wall <= 90, (share, wall)
@@ -378,15 +388,19 @@ def test_a_tables_boosters_grow_seeds_that_predict_and_the_blend_take_in_and_a_r
     sig = pd.read_csv(out / "oof_lgbm_fold0.csv", dtype=str)["run"].iloc[0]
     assert pd.read_csv(out / "oof_lgbm_fold0_seed2.csv", dtype=str)["run"].iloc[0] == f"{sig}-lr0.5"
     assert (out / "test_lgbm_fold0_seed2.csv").is_file() and (out / "tree_lgbm_fold0_seed2.json").is_file()
-    gain = r"^GROW: OOF auc [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in \(folds \[.*\]\) \(lgbm\)$"
-    assert re.search(gain, log, re.M), log[-3000:]
-    # every first-seed fold and every whole grown fold is a member: nothing cut is ever averaged in
+    gain = r"^GROW: OOF auc [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in \(folds \[.*\]\) \(lgbm\): "
+    verdict = re.search(gain + r"(kept|left out)", log, re.M)
+    assert verdict, log[-3000:]
+    # every first-seed fold and every whole grown fold is a member, unless the grown seeds lost on
+    # the OOF rows (the paired bootstrap): then only the first seeds'; nothing cut is ever averaged in
     members = int(re.search(r"^PREDICT: lgbm: (\d+) fold\(s\) from test_lgbm_fold\*\.csv$", log, re.M).group(1))
-    assert members == 3 + len(grown) == len(list(out.glob("test_lgbm_fold*.csv"))), log[-3000:]
+    assert len(list(out.glob("test_lgbm_fold*.csv"))) == 3 + len(grown)
+    assert members == (3 + len(grown) if verdict[1] == "kept" else 3), log[-3000:]
     assert wall <= budget + 2, f"{wall:.1f}s of a {budget}s budget"
     # the experiments table shows the seeds, and the CV with them averaged in
     row = pd.read_csv(out / "experiments.csv", dtype=str).query("model == 'lgbm'").iloc[-1]
-    assert row["seeds"] == f"{max(int(s) for _, s in grown)} (+{len(grown)} folds)", row.to_dict()
+    seeds = f"{max(int(s) for _, s in grown)} (+{len(grown)} folds)" if verdict[1] == "kept" else "1"
+    assert row["seeds"] == seeds, row.to_dict()
     cv = re.findall(r"^OOF: auc=([\d.]+) over \d+ rows from folds \[0, 1, 2\] \(lgbm\)$", log, re.M)[-1]
     assert float(row["cv"]) == pytest.approx(float(cv), abs=1e-4), (row.to_dict(), cv)
     sub = pd.read_csv(out / "submission.csv")

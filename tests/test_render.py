@@ -26,6 +26,7 @@ MACHINERY = {
     "fold.py",
     "gpu.py",
     "growth.py",
+    "hand_in.py",
     "hardware.py",
     "locks.py",
     "logs.py",

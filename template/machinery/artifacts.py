@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import growth, logs, parallel, serving, storage, submission
+from . import growth, hand_in, logs, parallel, serving, storage, submission
 from .errors import DataError
 
 # The flags that decide what a run's artifacts mean: which rows, which target, which features,
@@ -224,36 +224,57 @@ def average_seeds(comp, first: pd.DataFrame, grown: list[pd.DataFrame]) -> pd.Da
     return averaged
 
 
-def oof_scores(comp, out: Path, folds: list[int], signature: str, counted: set | None = None) -> tuple:
+def oof_scores(comp, out: Path, folds: list[int], signature: str, counted: set | None = None, judge=False) -> tuple:
     """oof.csv from the folds' OOF files of this run signature (the `counted` grown seeds averaged
-    in: grown_seeds), the OOF line, the metric per fold, and the rows the scores are over."""
+    in: kept_seeds), the OOF line, the metric per fold, and the rows the scores are over. `judge`
+    (--hand-in judged, not a dry run): folds that lose to the training prior leave the fallback."""
     pairs = [seeds_averaged(comp, out, k, signature, counted) for k in folds]
     oofs = [averaged if averaged is not None else first for first, averaged in pairs if first is not None]
     if not oofs:
         return {}, [], 0
-    grown_gain_line(comp, pairs)
     oof = pd.concat(oofs, ignore_index=True)
     storage.write_csv_atomic(oof, out / "oof.csv")
-    scores = comp.score(read_targets(oof), oof[comp.oof_columns].to_numpy())
+    y, pred = read_targets(oof), oof[comp.oof_columns].to_numpy()
+    scores = comp.score(y, pred)
     named = comp.name if getattr(comp, "oof_names_model", False) else None  # a table's MLP beside its boosters
     print(logs.oof_line(scores, len(oof), sorted(set(oof["fold"])), named))
+    hand_in.judge(comp, out, y, pred, scores if judge else {})  # folds that lose to the prior: the fallback stays
     per_fold = [list(comp.score(read_targets(f), f[comp.oof_columns].to_numpy()).values())[-1] for f in oofs]
     return scores, per_fold, len(oof)
 
 
-def grown_gain_line(comp, pairs: list, model: str | None = None) -> None:
+def kept_seeds(comp, out: Path, folds: list[int], signature: str, counted: set) -> set:
+    """The grown seeds (`counted`: grown_seeds) kept after the GROW: OOF line's test: all of
+    them, or none when averaged in they lose to the first seeds on the same rows."""
+    pairs = [seeds_averaged(comp, out, k, signature, counted) for k in folds]
+    files = [out / growth.checkpoint_name(k, s) for k, s in sorted(counted)]
+    return counted if grown_gain_line(comp, pairs, out, files) else set()
+
+
+def grown_gain_line(comp, pairs: list, out: Path, files: list[Path], model: str | None = None) -> bool:
     """GROW's proof, on the same OOF rows: the metric of the first seed alone against the grown
-    seeds averaged in (the folds that have grown seeds only); `model` names a table's booster."""
-    both = [(first, averaged) for first, averaged in pairs if averaged is not None]
+    seeds averaged in (the folds that have grown seeds only), and the verdict: kept, or left out
+    (hand_in.json's "seeds" section: predict.py leaves `files` out) when they lose in the paired
+    bootstrap. `model` names a table's booster. Whether they are kept."""
+    section = f"seeds_{model}" if model else "seeds"
+    both = [(first, averaged) for first, averaged in pairs if first is not None and averaged is not None]
     if not both:
-        return
+        hand_in.record(out, section, None)
+        return True
     first, averaged = (pd.concat(frames, ignore_index=True) for frames in zip(*both, strict=True))
-    name, one = list(comp.score(read_targets(first), first[comp.oof_columns].to_numpy()).items())[-1]
-    grown = list(comp.score(read_targets(averaged), averaged[comp.oof_columns].to_numpy()).values())[-1]
+    y, cols = read_targets(first), comp.oof_columns
+    name, one = list(comp.score(y, first[cols].to_numpy()).items())[-1]
+    grown = list(comp.score(y, averaged[cols].to_numpy()).values())[-1]
+    share = hand_in.seeds_lose(comp, y, first[cols].to_numpy(), averaged[cols].to_numpy())
+    keep = share < hand_in.CONFIDENCE
+    hand_in.record(out, section, None if keep else hand_in.mtimes(files))
     folds = sorted(set(first["fold"]))
     named = f" ({model})" if model else ""
     gain = f"{one:.4f} with one seed -> {grown:.4f} with the grown seeds averaged in"
-    print(f"GROW: OOF {name} {gain} (folds {folds}){named}")
+    test = f"worse in {share:.0%} of {hand_in.RESAMPLES} paired bootstrap resamples"
+    verdict = f"kept ({test})" if keep else f"left out: {test}; predict.py leaves out their {len(files)} file(s)"
+    print(f"GROW: OOF {name} {gain} (folds {folds}){named}: {verdict}")
+    return keep
 
 
 def target_columns(y: np.ndarray) -> dict:

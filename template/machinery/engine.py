@@ -300,7 +300,9 @@ def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trai
     """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
     out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
     counted = artifacts.grown_seeds(comp, out, trained, config)  # each grown seed's checkpoint read once
-    scores, fold_scores, rows = artifacts.oof_scores(comp, out, trained, args.signature, counted)
+    counted = artifacts.kept_seeds(comp, out, trained, args.signature, counted)  # none, when they lose
+    judge = args.hand_in == "judged" and not args.dry_run  # a dry run checks the path
+    scores, fold_scores, rows = artifacts.oof_scores(comp, out, trained, args.signature, counted, judge)
     where = describe_gpu(machine.device)[0] if machine.device.type == "cuda" else "CPU"
     logs.write_report(jlog.records, out / "train_report.png", f"{comp.name} on {where}")
     experiments.append(

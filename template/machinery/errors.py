@@ -24,6 +24,11 @@ class DataError(RunError):
     prefix = "PREFLIGHT ERROR"
 
 
+class KeptFallback(Exception):
+    """predict.py's end when the run's own evidence says its checkpoints are worse than train.py's
+    fallback (or there is none validated): its line on stdout, exit 0, the fallback handed in."""
+
+
 class WeightsUnavailable(RunError):
     """Pretrained weights asked for but not to be had (internet off, no --weights file)."""
 
@@ -90,6 +95,8 @@ def main(fn, argv=None) -> None:
         fn(argv)
     except RunError as e:
         sys.exit(f"{e.prefix}: {e}")
+    except KeptFallback as e:
+        print(e, flush=True)
     except KeyboardInterrupt:  # Ctrl-C before training, or twice: one line, not a traceback (every write is atomic)
         print("STOPPED: interrupted (Ctrl-C); every file written so far is whole", file=sys.stderr)
         sys.exit(130)

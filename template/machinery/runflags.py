@@ -35,6 +35,18 @@ class GivenBudget(argparse.Action):
         namespace.budget, namespace.budget_given = values, True
 
 
+COMPILE_HELP = (
+    "torch.compile: 17%% more img/s (resnet50, H100) after ~90 s of compiling; auto: on where each fold "
+    "trains 20x that long (a 9h Kaggle budget), off for dry runs, short budgets, tune.py's trials and CPUs"
+)
+HAND_IN = ("judged", "folds")
+HAND_IN_HELP = (
+    "judged: folds whose OOF predictions lose to the training prior (paired bootstrap) leave the fallback "
+    "submission in place (HAND-IN line); folds: hand in the folds whatever they score. Default: $KAGTPL_HAND_IN, "
+    "else judged"
+)
+
+
 def add_run_flags(p, gpu_profile: str, budget: str) -> None:
     """The flags every task's train.py shares: hardware, precision, the time budget, dry runs.
     argparse's own errors become one ERROR line too (errors.one_line_errors)."""
@@ -58,8 +70,7 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
         const="on",
         default="auto",
         choices=["auto", "on", "off"],
-        help="torch.compile: 17%% more img/s (resnet50, H100) after ~90 s of compiling; auto: on where each fold "
-        "trains 20x that long (a 9h Kaggle budget), off for dry runs, short budgets, tune.py's trials and CPUs",
+        help=COMPILE_HELP,
     )
     p.add_argument(
         "--cudnn-benchmark",
@@ -73,6 +84,7 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
     p.add_argument("--predict-beside", action="store_true", help="run.py's: predict.py's imports not in the reserve")
     p.add_argument("--dry-run", action="store_true", help="3 batches, 1 epoch, 2 folds: checks the whole path")
     p.add_argument("--no-grow", action="store_true", help="a plan that fits ends early (default: more seeds)")
+    p.add_argument("--hand-in", default=os.environ.get("KAGTPL_HAND_IN", "judged"), choices=HAND_IN, help=HAND_IN_HELP)
     # more than one GPU (docs/parallel.md): folds = one fold per GPU at a time; ddp = torchrun
     p.add_argument(
         "--parallel",

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import DataError, RunError
+from .errors import DataError, KeptFallback, RunError
 
 # A temporary file's name carries its writer's pid (".model_fold0.pth.4242.k3j_x9a1.tmp"), so a
 # later run can tell a killed run's leftovers from a live writer's file.
@@ -359,13 +359,34 @@ def same_run(found: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
 
 def ensemble_checkpoints(out_dir: Path, required: bool = True) -> list[tuple[Path, dict]]:
     """predict.py's start: every loadable fold checkpoint of the newest run, announced; none at
-    all is an error, unless not `required` (tables: the trees may have been trained alone)."""
+    all is an error, unless not `required` (tables: the trees may have been trained alone).
+    KeptFallback when the run judged them worse than its fallback, or none was ever validated."""
+    from . import hand_in  # it writes through this module
+
+    hand_in.check(out_dir)  # the run judged these checkpoints worse than its fallback: that stays
     found = fold_checkpoints(out_dir)
     if not found and not required:
         return []
     if not found:
         raise RunError(f"no loadable model_fold*.pth in {out_dir}: run train.py first (nothing was written)")
     found = same_run(found)
+    lost = hand_in.left_out(out_dir)  # grown seeds that lost on the OOF rows (artifacts.grown_gain_line)
+    if any(p.name in lost for p, _ in found):
+        print(
+            f"ENSEMBLE: left out {', '.join(p.name for p, _ in found if p.name in lost)}: grown seeds that lost on the OOF rows ({hand_in.FILE})"
+        )
+        found = [(p, c) for p, c in found if p.name not in lost]
+    unvalidated = [p.name for p, c in found if "val_loss" not in c]
+    if unvalidated:  # cut inside its first epoch: no evidence it beats the fallback (a 1-epoch budget's)
+        print(f"ENSEMBLE: left out {', '.join(unvalidated)}: never validated (stopped inside its first epoch)")
+        found = [(p, c) for p, c in found if "val_loss" in c]
+    if not found and not required:
+        return []
+    if not found:
+        raise KeptFallback(
+            f"SUBMISSION: {Path(out_dir) / 'submission.csv'} kept: no checkpoint was validated, so none is known to "
+            "beat train.py's fallback (the training prior)"
+        )
     cut = [p.name for p, c in found if c.get("seed_no", 1) > 1 and not c.get("complete")]
     if cut:  # growth.py's seeds count only for whole folds
         print(f"ENSEMBLE: left out {', '.join(cut)}: a grown seed's fold cut before its end")
@@ -376,8 +397,9 @@ def ensemble_checkpoints(out_dir: Path, required: bool = True) -> list[tuple[Pat
         print("WARNING: dry-run checkpoints (3 batches of training): fine for a smoke test, not for a score")
     for path, c in found:
         if not c.get("complete"):
-            how = "never validated" if "val_loss" not in c else f"its best epoch so far, {c.get('epoch')}"
-            print(f"WARNING: {path.name} is from an incomplete fold (stopped early: {how}); it is used")
+            print(
+                f"WARNING: {path.name} is from an incomplete fold (stopped early: its best epoch so far, {c.get('epoch')}); it is used"
+            )
     return found
 
 

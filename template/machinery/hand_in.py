@@ -1,0 +1,154 @@
+"""What the run hands in, by the run's own evidence: the folds or train.py's fallback, and the
+grown seeds or not. Both are decided on the OOF rows with a test that knows noise: a paired
+bootstrap (RESAMPLES resamples of the rows, both candidates scored on each with the
+competition's metric); a candidate loses when it scores worse in at least CONFIDENCE of them.
+
+- **Folds or the fallback.** The folds' OOF predictions against the training prior (what the
+  fallback submission holds, the same for every row). Folds that lose (a budget of one epoch:
+  OOF log loss 4.76 against the prior's 2.30 on ten classes) are not handed in: a HAND-IN line,
+  and predict.py keeps the fallback with one line. A table's MLP is judged with its boosters by
+  the blend, not alone; masks and boxes (no per-row probabilities) are not judged.
+- **Grown seeds.** A fold's first seed alone against its grown seeds averaged in (growth.py), on
+  the folds that have them: seeds that lose are left out of the OOF, the CV and predict.py's
+  ensemble, as the GROW: OOF line says (a table's MLP went 0.9000 -> 0.8583 with its seeds kept).
+
+Each verdict is a section of output/hand_in.json, with the files it judged and their
+modification times: a verdict on files rewritten since (a rerun retrained them) is ignored.
+Torch-free. It is machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .errors import KeptFallback
+from .storage import atomic_write
+
+FILE = "hand_in.json"
+RESAMPLES = 200  # paired bootstrap resamples of the OOF rows: the share is known to +-3% at 50%
+CONFIDENCE = 0.95  # a candidate loses when it scores worse in this share of the resamples
+
+
+def last_metric(comp):
+    """The competition's metric (the last of comp.score's) as a function of (y, predictions)."""
+    return lambda y, pred: float(list(comp.score(y, pred).values())[-1])
+
+
+def worse_share(score, y: np.ndarray, a: np.ndarray, b: np.ndarray, higher: bool, seed: int = 0) -> float:
+    """Paired bootstrap over the rows: the share of RESAMPLES resamples in which `a` scores worse
+    than `b` on the same rows (a tie is not worse). A resample the metric does not define (an AUC
+    on one class) is not counted."""
+    rng, worse, counted = np.random.default_rng(seed), 0, 0
+    for _ in range(RESAMPLES):
+        idx = rng.integers(0, len(y), len(y))
+        try:
+            sa, sb = score(y[idx], a[idx]), score(y[idx], b[idx])
+        except (ValueError, ZeroDivisionError, IndexError):
+            continue
+        counted += 1
+        worse += bool(sa < sb if higher else sa > sb)
+    return worse / counted if counted else 0.0
+
+
+def prior_score(comp, y: np.ndarray, pred: np.ndarray) -> tuple[float, np.ndarray] | None:
+    """The metric of the training prior on the OOF rows `y` (class frequencies, each tag's share,
+    or the mean, tiled like `pred`) and the tiled prior, or None where the task's OOF is not one
+    row of values a row, or the metric does not take a constant answer."""
+    from .submission import prior_prediction
+
+    if not getattr(comp, "oof_averages", True) or getattr(comp, "oof_names_model", False) or pred.ndim != 2:
+        return None
+    n_classes = pred.shape[1] if len(comp.classes) and y.ndim == 1 else 0
+    try:
+        prior = np.atleast_1d(prior_prediction(y, n_classes))
+        if prior.shape != (pred.shape[1],):
+            return None
+        tiled = np.tile(prior, (len(y), 1))
+        return last_metric(comp)(y, tiled), tiled
+    except (ValueError, TypeError, IndexError):  # a metric that a constant answer does not define
+        return None
+
+
+def read(out: Path) -> dict:
+    """hand_in.json's sections; a file that does not read is no verdict."""
+    try:
+        found = json.loads((Path(out) / FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def record(out: Path, section: str, verdict: dict | None) -> None:
+    """One section of hand_in.json written (None: removed), the others kept."""
+    found = read(out)
+    if verdict is None and section not in found:
+        return
+    found.pop(section, None)
+    if verdict is not None:
+        found[section] = verdict
+    text = json.dumps(found, indent=1)
+    atomic_write(Path(out) / FILE, lambda tmp: Path(tmp).write_text(text))
+
+
+def mtimes(paths) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in sorted(paths) if p.is_file()}
+
+
+def still(out: Path, judged) -> bool:
+    """The files a verdict judged are all there, unchanged since."""
+    return isinstance(judged, dict) and bool(judged) and judged == mtimes(Path(out) / n for n in judged)
+
+
+def judge(comp, out: Path, y: np.ndarray, pred: np.ndarray, scores: dict) -> None:
+    """The HAND-IN line and hand_in.json's "fallback" section, when the folds' OOF predictions
+    lose to the training prior's on the same rows (the paired bootstrap)."""
+    found = prior_score(comp, y, pred) if scores else None
+    if found is None:
+        record(out, "fallback", None)
+        return
+    (prior, tiled), (name, value) = found, list(scores.items())[-1]
+    share = worse_share(last_metric(comp), y, pred, tiled, comp.higher_is_better)
+    if share < CONFIDENCE:
+        record(out, "fallback", None)
+        return
+    print(
+        f"HAND-IN: the fallback: the folds' OOF {name} {value:.4f} is worse than the training prior's {prior:.4f} on "
+        f"the same {len(y)} rows (in {share:.0%} of {RESAMPLES} paired bootstrap resamples); "
+        f"predict.py keeps train.py's fallback ({FILE})"
+    )
+    judged = mtimes(Path(out).glob("model_fold*.pth"))
+    record(out, "fallback", {"metric": name, "oof": value, "prior": prior, "checkpoints": judged})
+
+
+def check(out: Path, submission: str = "submission.csv") -> None:
+    """predict.py's and serve.py's start: KeptFallback when the run that made the checkpoints
+    there judged them worse than its fallback (the same checkpoints, unchanged since)."""
+    found = read(out).get("fallback")
+    try:
+        judged, name, value, prior = found["checkpoints"], found["metric"], found["oof"], found["prior"]
+    except (TypeError, KeyError):
+        return
+    if not still(out, judged) or judged != mtimes(Path(out).glob("model_fold*.pth")):
+        return
+    raise KeptFallback(
+        f"SUBMISSION: {Path(out) / submission} kept: train.py's fallback (the training prior), because the folds' "
+        f"OOF {name} {value:.4f} is worse than the prior's {prior:.4f} ({Path(out) / FILE}; delete it to hand in the folds)"
+    )
+
+
+def seeds_lose(comp, y: np.ndarray, first: np.ndarray, averaged: np.ndarray) -> float:
+    """The share of resamples in which the grown seeds averaged in score worse than the first seed alone."""
+    return worse_share(last_metric(comp), y, averaged, first, comp.higher_is_better)
+
+
+def left_out(out: Path) -> set[str]:
+    """The grown seeds' files (checkpoints, a booster's test files) a "seeds*" verdict left out,
+    while they are unchanged."""
+    names = set()
+    for section, judged in read(out).items():
+        if section.startswith("seeds") and still(out, judged):
+            names |= set(judged)
+    return names

@@ -1,0 +1,163 @@
+"""Issue 57, item 3: the submission is never one the run's own evidence says is worse than the
+fallback. The folds' OOF metric against the training prior's on the same rows (hand_in.py), and
+checkpoints never validated (stopped inside their first epoch) left out of the ensemble."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import JUDGED_ENV, render, run_script
+
+
+def log_loss(y, pred):
+    return {"Acc": float((pred.argmax(1) == y).mean()), "logloss": float(-np.log(pred[np.arange(len(y)), y]).mean())}
+
+
+COMP = SimpleNamespace(classes=["a", "b", "c"], higher_is_better=False, score=log_loss)
+
+
+def test_folds_worse_than_the_prior_on_their_oof_rows_hand_in_the_fallback(project_modules, tmp_path, capsys):
+    hand_in, errors = project_modules.hand_in, project_modules.errors
+    rng = np.random.default_rng(0)
+    y = rng.choice(3, size=300, p=[0.6, 0.3, 0.1])
+    prior, tiled = hand_in.prior_score(COMP, y, np.zeros((300, 3)))
+    freq = np.bincount(y, minlength=3) / 300
+    assert abs(prior - float(-np.log(freq[y]).mean())) < 1e-9  # the class frequencies, on the same rows
+    assert np.allclose(tiled, freq)
+    for k in (0, 1):
+        torch.save(
+            {"model": {"w": torch.zeros(1)}, "config": {}, "classes": COMP.classes}, tmp_path / f"model_fold{k}.pth"
+        )
+    confident_wrong = np.full((300, 3), 0.05)
+    confident_wrong[np.arange(300), (y + 1) % 3] = 0.9  # a diverged epoch: sure, and wrong
+    hand_in.judge(COMP, tmp_path, y, confident_wrong, log_loss(y, confident_wrong))
+    said = capsys.readouterr().out
+    assert said.startswith("HAND-IN: the fallback: the folds' OOF logloss 2.9957 is worse than the training prior's")
+    assert "(in 100% of 200 paired bootstrap resamples)" in said
+    with pytest.raises(
+        errors.KeptFallback, match=r"kept: train.py's fallback \(the training prior\), because the folds'"
+    ):
+        hand_in.check(tmp_path)
+    later = tmp_path / "model_fold1.pth"
+    os.utime(later, ns=(later.stat().st_atime_ns, later.stat().st_mtime_ns + 10**9))  # retrained since
+    hand_in.check(tmp_path)  # a judgment of other checkpoints: ignored
+    good = np.full((300, 3), 0.05)
+    good[np.arange(300), y] = 0.9
+    hand_in.judge(COMP, tmp_path, y, good, log_loss(y, good))  # better than the prior: the folds
+    assert "fallback" not in hand_in.read(tmp_path) and "HAND-IN" not in capsys.readouterr().out
+    (tmp_path / hand_in.FILE).write_text("[1, 2")  # garbled: ignored, the folds are handed in
+    hand_in.check(tmp_path)
+    assert hand_in.left_out(tmp_path) == set()
+    # masks, boxes and a table's MLP (judged with its boosters by the blend) are not judged
+    assert hand_in.prior_score(SimpleNamespace(**vars(COMP), oof_averages=False), y, good) is None
+    assert hand_in.prior_score(SimpleNamespace(**vars(COMP), oof_names_model=True), y, good) is None
+
+
+def test_folds_no_better_than_the_prior_within_noise_are_handed_in(project_modules, capsys, tmp_path):
+    """The paired bootstrap: predictions whose per-row loss is the prior's plus noise of mean zero
+    are not judged worse (the share of resamples they lose in is neither 0 nor 1); a confident,
+    wrong model is judged worse in every resample (the test above)."""
+    hand_in = project_modules.hand_in
+    rng = np.random.default_rng(1)
+    y = rng.choice(3, size=240)
+    eps = rng.normal(0, 0.3, 240)
+    sure = np.exp(eps - eps.mean()) / 3  # the true class's probability: 1/3 give or take, the prior's loss on average
+    noisy = np.repeat(((1 - sure) / 2)[:, None], 3, axis=1)
+    noisy[np.arange(240), y] = sure
+    uniform = np.full((240, 3), 1 / 3)
+    share = hand_in.worse_share(hand_in.last_metric(COMP), y, noisy, uniform, False)
+    assert 0.05 < share < hand_in.CONFIDENCE, share
+    hand_in.judge(COMP, tmp_path, y, noisy, log_loss(y, noisy))
+    assert "HAND-IN" not in capsys.readouterr().out and "fallback" not in hand_in.read(tmp_path)
+
+
+def test_grown_seeds_that_lose_on_the_oof_rows_are_left_out_of_the_ensemble(project_modules, tmp_path, capsys):
+    """Item 4: the grown seeds averaged in against the first seed alone, paired on the same rows:
+    seeds that lose (the table's MLP: 0.9000 -> 0.8583) are left out of the OOF and of predict.py's
+    ensemble; seeds within noise are kept."""
+    artifacts, hand_in = project_modules.artifacts, project_modules.hand_in
+    rng = np.random.default_rng(2)
+    y = rng.choice(3, size=600)
+    good = np.full((600, 3), 0.1)
+    good[np.arange(600), y] = 0.8
+    bad = np.full((600, 3), 0.1)
+    bad[np.arange(600), (y + rng.integers(1, 3, 600)) % 3] = 0.8  # a seed that learned the wrong thing
+    comp = SimpleNamespace(**vars(COMP), id_col="id", oof_columns=["a", "b", "c"])
+
+    def frame(pred):
+        return pd.DataFrame({"id": np.arange(600), "fold": 0, "target": y, "a": pred[:, 0], "b": pred[:, 1], "c": pred[:, 2]})
+
+    files = [tmp_path / "model_fold0_seed2.pth"]
+    files[0].write_bytes(b"x")
+    averaged = artifacts.average_seeds(comp, frame(good), [frame(bad)])
+    assert not artifacts.grown_gain_line(comp, [(frame(good), averaged)], tmp_path, files)
+    said = capsys.readouterr().out
+    assert said.startswith("GROW: OOF logloss 0.2231 with one seed -> ")
+    assert "left out: worse in 100% of 200 paired bootstrap resamples; predict.py leaves out their 1 file(s)" in said
+    assert hand_in.left_out(tmp_path) == {"model_fold0_seed2.pth"}
+    # two seeds as good, each sure by its own draw per row: averaged, within noise of the first
+    first, second = (np.full((600, 3), 0.0) for _ in range(2))
+    for pred in (first, second):
+        sure = rng.uniform(0.5, 0.95, 600)
+        pred += ((1 - sure) / 2)[:, None]
+        pred[np.arange(600), y] = sure
+    averaged = artifacts.average_seeds(comp, frame(first), [frame(second)])
+    assert artifacts.grown_gain_line(comp, [(frame(first), averaged)], tmp_path, files)
+    said = capsys.readouterr().out
+    assert re.search(r": kept \(worse in \d+% of 200 paired bootstrap resamples\)$", said, re.M), said
+    assert hand_in.left_out(tmp_path) == set()
+
+
+@pytest.mark.slow
+def test_predict_keeps_the_fallback_over_folds_judged_worse_or_never_validated(tmp_path, digits_dir):
+    """The issue's run, for real: folds that learned nothing useful (one epoch at LR 3: OOF log
+    loss ~31 against the prior's 2.28 on the digits) are judged by train.py, and run.py hands in
+    the fallback with one line saying why. A checkpoint never validated is left out by predict.py."""
+    project = render(tmp_path / "proj", data_dir=str(digits_dir))
+    out = tmp_path / "out"
+    flags = ["--device", "cpu", f"--out-dir={out}", "--epochs", "1", "--folds", "2", "--lr", "3", "--no-grow"]
+    log = run_script(project, "run.py", "--budget", "3m", *flags, env=JUDGED_ENV).stdout
+    assert re.search(
+        r"^HAND-IN: the fallback: the folds' OOF logloss \d+\.\d{4} is worse than the training prior's 2\.\d{4} on "
+        r"the same 240 rows \(in 100% of 200 paired bootstrap resamples\); predict.py keeps train.py's fallback",
+        log,
+        re.M,
+    ), log[-3000:]
+    assert re.search(r"^SUBMISSION: \S+ kept: train.py's fallback \(the training prior\), because the folds'", log, re.M)
+    assert log.rstrip().splitlines()[-1] == (
+        f"RUN: handed in {out}/submission.csv, this run's fallback (the training prior): "
+        "predict.py kept it (its SUBMISSION line above says why)"
+    ), log[-2000:]
+    sub = pd.read_csv(out / "submission.csv")
+    assert (sub.iloc[:, 1:].to_numpy() == sub.iloc[0, 1:].to_numpy()).all()  # the prior, every row alike
+    fallback = (out / "submission.csv").read_bytes()
+    r = run_script(project, "predict.py", "--device", "cpu", f"--out-dir={out}")  # predict.py alone: the same
+    assert r.stdout.strip().splitlines()[-1].endswith(f"({out}/hand_in.json; delete it to hand in the folds)")
+    assert (out / "submission.csv").read_bytes() == fallback and "ENSEMBLE" not in r.stdout
+    (out / "hand_in.json").unlink()
+    # a budget smaller than one epoch: a checkpoint from inside the first epoch has no val loss
+    cut = tmp_path / "cut"
+    shutil.copytree(out, cut, ignore=shutil.ignore_patterns(".train.lock"))
+    for path in cut.glob("model_fold*.pth"):
+        ckpt = torch.load(path, weights_only=True)
+        del ckpt["val_loss"]
+        ckpt["complete"] = False
+        torch.save(ckpt, path)
+    r = run_script(project, "predict.py", "--device", "cpu", f"--out-dir={cut}")
+    lines = r.stdout.strip().splitlines()
+    assert (
+        "ENSEMBLE: left out model_fold0.pth, model_fold1.pth: never validated (stopped inside its first epoch)" in lines
+    )
+    assert lines[-1].startswith(f"SUBMISSION: {cut}/submission.csv kept: no checkpoint was validated")
+    assert (cut / "submission.csv").read_bytes() == fallback
+    sub = pd.read_csv(cut / "submission.csv")
+    assert (sub.iloc[:, 1:].to_numpy() == sub.iloc[0, 1:].to_numpy()).all()  # the prior, every row alike
