@@ -4,7 +4,6 @@ checkpoints never validated (stopped inside their first epoch) left out of the e
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -94,7 +93,8 @@ def test_grown_seeds_that_lose_on_the_oof_rows_are_left_out_of_the_ensemble(proj
     comp = SimpleNamespace(**vars(COMP), id_col="id", oof_columns=["a", "b", "c"])
 
     def frame(pred):
-        return pd.DataFrame({"id": np.arange(600), "fold": 0, "target": y, "a": pred[:, 0], "b": pred[:, 1], "c": pred[:, 2]})
+        cols = {c: pred[:, j] for j, c in enumerate("abc")}
+        return pd.DataFrame({"id": np.arange(600), "fold": 0, "target": y, **cols})
 
     files = [tmp_path / "model_fold0_seed2.pth"]
     files[0].write_bytes(b"x")
@@ -132,7 +132,8 @@ def test_predict_keeps_the_fallback_over_folds_judged_worse_or_never_validated(t
         log,
         re.M,
     ), log[-3000:]
-    assert re.search(r"^SUBMISSION: \S+ kept: train.py's fallback \(the training prior\), because the folds'", log, re.M)
+    kept = r"^SUBMISSION: \S+ kept: train.py's fallback \(the training prior\), because the folds'"
+    assert re.search(kept, log, re.M), log[-3000:]
     assert log.rstrip().splitlines()[-1] == (
         f"RUN: handed in {out}/submission.csv, this run's fallback (the training prior): "
         "predict.py kept it (its SUBMISSION line above says why)"
