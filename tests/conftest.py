@@ -114,9 +114,13 @@ RUN_UID = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
 MACHINE_LOCK, TURNSTILE = (Path(f"/tmp/kagtpl-tests-{RUN_UID}.{name}") for name in ("machine", "turnstile"))
 
 
-@pytest.fixture(autouse=True)
-def machine_share(request):
-    alone = request.node.get_closest_marker("alone") is not None
+# The lock is taken around a test's whole protocol, its fixtures' setup and teardown included: as an
+# autouse fixture it was taken after the module- and session-scoped fixtures, so a fixture that
+# trains a project (59-82 s of setup) ran beside an `alone` test, whose 30 s budget then trained 1
+# epoch where 4 were needed.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    alone = item.get_closest_marker("alone") is not None
     with open(MACHINE_LOCK, "a") as machine, open(TURNSTILE, "a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)  # alone: held until the machine is ours; shared: passed through
         try:

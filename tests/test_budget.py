@@ -155,8 +155,10 @@ def test_a_large_model_on_a_slowed_machine_with_a_test_set_ten_times_larger_ends
     # or (its start slowed by the hogs past the deadline) run.py stopped it and said which file stays
     made = re.search(r"^SUBMISSION: output/submission.csv \(400 rows, \d fold\(s\) ensembled\)$", log, re.M)
     kept = "SUBMISSION: output/submission.csv kept: no fold finished before the deadline" in log
+    # a checkpoint from inside the first epoch was never validated: no evidence it beats the fallback
+    unvalidated = "SUBMISSION: output/submission.csv kept: no checkpoint was validated" in log
     stopped = "RUN: predict.py stopped at the budget: output/submission.csv is the last submission this run wrote"
-    assert made or kept or stopped in log, log[-3000:]
+    assert made or kept or unvalidated or stopped in log, log[-3000:]
     assert "killed" not in log
     assert_valid_submission(project, data)
 
@@ -176,7 +178,7 @@ def test_a_budget_too_small_for_one_epoch_still_ends_inside_it_with_a_valid_subm
     assert "SUBMISSION: output/submission.csv is a fallback (class priors for every row)" in log, log[-3000:]
     ends = (
         r"^SUBMISSION: output/submission.csv \(400 rows, \d fold\(s\) ensembled\)$",
-        r"^SUBMISSION: output/submission.csv kept: no fold finished before the deadline",
+        r"^SUBMISSION: output/submission.csv kept: (no fold finished before the deadline|no checkpoint was validated)",
         r"^RUN: predict.py stopped at the budget: output/submission.csv is the last submission this run wrote$",
         r"^RUN FAILED: predict.py exited 1 \(its message is above\); output/submission.csv is this run's fallback",
     )

@@ -410,3 +410,48 @@ def test_a_tables_boosters_grow_seeds_that_predict_and_the_blend_take_in_and_a_r
     rerun = run_script(project, "train.py", "--budget", f"{budget}s", "--models", "lgbm").stdout
     assert "GROW: lgbm seed 2 fold 0: complete, skipping (resume)" in rerun, rerun[-3000:]
     assert not re.search(r"^FOLD 0 lgbm \(seed 2\):", rerun, re.M)
+
+
+CUT_PLAN = '''"""train.py with its planner in the state a loaded machine's re-plans left (issue 57, item 1: a
+table's plan flipped 5->3->5->3->4->5->3 and ended at 3): the plan cut to 2 of the split's 4 folds."""
+import sys
+
+import train
+from machinery import engine
+
+make_planner = engine.make_planner
+
+
+def cut(args, machine):
+    plan = make_planner(args, machine)
+    plan.folds = plan.planned_folds = 2  # cut, and nothing to give back: the re-plans will not restore them
+    return plan
+
+
+engine.make_planner = cut
+train.main(sys.argv[1:])
+'''
+
+
+@pytest.mark.slow
+def test_a_cut_plan_gets_its_folds_back_before_any_seed_grows(tmp_path, digits_dir):
+    """Item 1: a plan the planner cut (4 -> 2 folds) with time left trains folds 2 and 3 of the
+    split, at the plan's epochs, before any seed grows; the OOF then holds every row. Before, the
+    seeds of folds 0 and 1 grew and folds 2 and 3 were never trained."""
+    project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=4, epochs=2)
+    (project / "cut_plan.py").write_text(CUT_PLAN)
+    args = ["cut_plan.py", "--device", "cpu", "--no-pretrained", "--budget", "5m", "--out-dir=output"]
+    proc, seen = start_until(
+        project, args, lambda line: line.startswith(("GROW: seed 2 fold 0 ", "GROW: none", "GROW: stop"))
+    )
+    os.killpg(proc.pid, signal.SIGTERM)  # the order is the subject, not the seeds: save and end
+    rest, _ = proc.communicate(timeout=120)
+    log = "".join(seen) + rest
+    assert proc.returncode == 0, log[-3000:]
+    assert re.search(r"^GROW: fold 2 back \(the plan had cut it to 2 folds\): a fold takes ~", log, re.M), log[-3000:]
+    assert re.search(r"^GROW: fold 3 back \(the plan had cut it to 3 folds\): ", log, re.M), log[-3000:]
+    lines = log.splitlines()
+    last_fold = next(i for i, line in enumerate(lines) if line.startswith("FOLD 3 DONE: "))
+    first_seed = next(i for i, line in enumerate(lines) if line.startswith(("GROW: more seeds", "GROW: seed")))
+    assert last_fold < first_seed, log[-3000:]
+    assert re.search(r"^OOF: .* over 240 rows from folds \[0, 1, 2, 3\]$", log, re.M), log[-3000:]

@@ -305,6 +305,32 @@ def test_fold_workers_train_4_folds_that_predict_ensembles(tmp_path, digits_dir)
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # two fold workers on 2 cores under a budget: beside another test, no seed fits
+def test_fold_workers_grow_the_seed_units_they_claim_once_each(tmp_path, digits_dir):
+    """Issue 57, item 8: with fold workers (Kaggle's T4x2) a plan that fits grows too. Each worker,
+    its planned folds done, claims (seed, fold) units from the shared queue as it claimed folds,
+    each while it fits: no unit is trained twice, and predict.py ensembles what they grew. Before,
+    growth was off under --parallel folds and the budget's rest went unused."""
+    project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=2, epochs=2)
+    flags = ["--device", "cpu", "--parallel", "folds", "--devices", "cpu,cpu", "--no-pretrained"]
+    log = run_script(project, "run.py", "--budget", "75s", *flags).stdout
+    assert re.search(r"^\[cpu\d\] GROW: more seeds: ", log, re.M), log[-3000:]
+    grown = re.findall(r"^\[cpu\d\] GROW: seed (\d) fold (\d) DONE: ", log, re.M)
+    assert grown and len(grown) == len(set(grown)), log[-3000:]  # each unit once
+    out = project / "output"
+    for seed_no, k in grown:
+        assert torch.load(out / f"model_fold{k}_seed{seed_no}.pth", weights_only=True)["complete"]
+    verdict = re.search(r"^GROW: OOF logloss .*: (kept|left out)", log, re.M)
+    n = 2 + len(grown) if verdict and verdict[1] == "kept" else 2
+    assert re.search(rf"^ENSEMBLE: {n} checkpoint\(s\)", log, re.M), log[-3000:]
+    made = re.search(r"^SUBMISSION: output/submission.csv \(40 rows, (\d+) fold\(s\) ensembled\)$", log, re.M)
+    assert made, log[-3000:]  # every checkpoint, or those predict.py's deadline left time for (best first)
+    assert int(made[1]) == n or f"PREDICT: deadline: {made[1]} of {n} fold(s) used" in log, log[-3000:]
+    share = float(re.search(r"^RUN: .* = ([\d.]+) of the 75s budget$", log, re.M).group(1))
+    assert share <= 1.0, log[-3000:]
+
+
+@pytest.mark.slow
 def test_sigterm_to_train_py_reaches_every_fold_worker(tmp_path):
     """A container stop signals train.py; it forwards SIGTERM to its workers, each saves the fold
     it is on and exits 0, and train.py scores what there is and exits 0 so predict.py runs."""

@@ -265,13 +265,13 @@ def grown_gain_line(comp, pairs: list, out: Path, files: list[Path], model: str 
     y, cols = read_targets(first), comp.oof_columns
     name, one = list(comp.score(y, first[cols].to_numpy()).items())[-1]
     grown = list(comp.score(y, averaged[cols].to_numpy()).values())[-1]
-    share = hand_in.seeds_lose(comp, y, first[cols].to_numpy(), averaged[cols].to_numpy())
+    share, n = hand_in.seeds_lose(comp, y, first[cols].to_numpy(), averaged[cols].to_numpy())
     keep = share < hand_in.CONFIDENCE
     hand_in.record(out, section, None if keep else hand_in.mtimes(files))
     folds = sorted(set(first["fold"]))
     named = f" ({model})" if model else ""
     gain = f"{one:.4f} with one seed -> {grown:.4f} with the grown seeds averaged in"
-    test = f"worse in {share:.0%} of {hand_in.RESAMPLES} paired bootstrap resamples"
+    test = f"worse in {share:.0%} of {n} paired bootstrap resamples"
     verdict = f"kept ({test})" if keep else f"left out: {test}; predict.py leaves out their {len(files)} file(s)"
     print(f"GROW: OOF {name} {gain} (folds {folds}){named}: {verdict}")
     return keep

@@ -49,11 +49,11 @@ import statistics
 import time
 from pathlib import Path
 
-from . import artifacts, experiments, growth, logs, parallel, storage, tta_views, workers
+from . import artifacts, experiments, growth, logs, parallel, serving, storage, tta_views, workers
 from .artifacts import copy_oof, fallback_submission, fixed_folds, read_targets, target_columns
 from .errors import RunError
 from .fold import Fold, train_fold, watchers_started, watchers_stopped, watching
-from .gpu import describe_gpu, seed_everything
+from .gpu import describe_gpu, device_memory, seed_everything
 from .machine import (
     Batching,
     Machine,
@@ -66,7 +66,7 @@ from .machine import (
     profile,
 )
 from .planner import TimePlanner, fmt_s
-from .runflags import FLAG_RANGES, add_run_flags, begin, check_flags, check_folds, parse_args
+from .runflags import FLAG_RANGES, Given, add_run_flags, begin, check_flags, check_folds, parse_args
 from .steps import TensorBatches, predict
 
 # The names train.py and predict.py call as engine.<name>; each lives in the module imported from.
@@ -76,6 +76,7 @@ __all__ = [
     "Fold",
     "Machine",
     "TensorBatches",
+    "Given",
     "add_run_flags",
     "batch_set_by_user",
     "begin",
@@ -127,8 +128,9 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
             jlog.records = logs.read_records(jlog.path, run_id)
         else:
             trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
-            if worker is None and parallel.writes():
-                grow_seeds(comp, list(splits)[: len(trained)], args, (machine, batching, planner, jlog))
+            queue = workers.FoldQueue(out / ".folds") if worker else None  # a fold worker grows claimed units
+            if worker or parallel.writes():
+                trained = grow(comp, splits, trained, args, (machine, batching, planner, jlog), queue)
     if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
         if worker and planner.stop_reason:
             print(logs.stopped_line(planner.stop_reason))
@@ -178,19 +180,67 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
     return trained
 
 
-def grow_seeds(comp, splits: list, args, run: tuple) -> None:
-    """The plan's folds are trained with time to spare: the same folds again from other seeds
-    (growth.py's rules), each fold added only when it and its prediction fit; a GROW line says each
-    step and why. A fold cut by the deadline or SIGTERM is never ensembled (growth.partial_oof_name)."""
+def grow(comp, splits: list, trained: list[int], args, run: tuple, queue=None) -> list[int]:
+    """The plan's folds are trained with time to spare: first the folds a cut plan left out (each
+    while it fits), then TTA views, then the same folds again from other seeds (growth.py's
+    rules), each fold added only when it and its prediction fit; a GROW line says each step and
+    why. A fold cut by the deadline or SIGTERM is never ensembled (growth.partial_oof_name).
+    A fold worker (`queue`) grows the seeds' folds it claims, as it claimed the plan's folds
+    (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused). Returns the folds trained
+    (the plan's, and those given back)."""
     machine, batching, planner, jlog = run
-    why = growth.why_not(args, planner) or (None if len(splits) == planner.folds else "a planned fold is missing")
+    why = growth.why_not(args, planner, worker=queue is not None)
     if why:
         print(f"GROW: none ({why})")
-        return
+        return trained
     if growth_fold_s(planner) <= 0:
         print("GROW: none (nothing timed: every planned fold was resumed from checkpoints that record no timing)")
-        return
+        return trained
+    planner.growing = True  # each added fold is checked to fit before it starts: no re-plan inside it
+    if queue is not None:  # the folds every worker shares; the views need every fold's OOF: the plan's
+        grow_seeds(comp, splits[: queue.cap(planner.folds)], args, run, queue)
+        return trained
+    trained = folds_back(comp, splits, trained, args, run)
+    if len(trained) < len(splits):  # a fold of the split does not fit: nor does a seed's (the same size)
+        return trained
     tta_views.grow(comp, splits, args, run)  # first: the seeds' fit checks count the views' price
+    grow_seeds(comp, splits, args, run)
+    return trained
+
+
+def folds_back(comp, splits: list, trained: list[int], args, run: tuple) -> list[int]:
+    """The folds of the split a cut plan left out, trained before any seed grows, at the plan's
+    epochs, each while it and its share of prediction fit (a loaded 2-core machine cut a table's
+    plan 5->3 and its MLP spent 61% of the training time on seeds while folds 3 and 4 were never
+    trained: the blend was fitted on 720 of 1,200 rows). Returns the folds trained."""
+    machine, batching, planner, jlog = run
+    for k in range(len(splits)):
+        if k in trained:
+            continue
+        epochs, said = grown_epochs(planner, planner.epochs)
+        if planner.stop_reason or not epochs:
+            print(f"GROW: stop before fold {k} of the split ({planner.stop_reason or said}): no seeds either")
+            break
+        print(f"GROW: fold {k} back (the plan had cut it to {planner.folds} folds): {said}")
+        planner.folds = k + 1  # predict.py ensembles it: the reserve counts it
+        trn_idx, val_idx = splits[k]
+        print(f"FOLD {k} ({k + 1} of {len(splits)}): {len(trn_idx)} train, {len(val_idx)} valid")
+        planner.begin_fold(k)
+        fold = comp.fold(k, trn_idx, val_idx)
+        best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, False)
+        planner.end_fold(k, False)
+        planner.val_curves.append(fold.val_losses)
+        print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
+        trained.append(k)
+        if planner.stop_reason:
+            break
+    return trained
+
+
+def grow_seeds(comp, splits: list, args, run: tuple, queue=None) -> None:
+    """The same folds again from other seeds, each fold added only when it and its prediction fit;
+    a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
+    machine, batching, planner, jlog = run
     training_s = planner.budget - planner.reserve() - planner.FINISH_S
     target, more = growth.epochs_target(planner.epochs, planner.val_curves)
     fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
@@ -199,6 +249,10 @@ def grow_seeds(comp, splits: list, args, run: tuple) -> None:
     planner.growing = ok
     for seed_no in range(2, growth.MAX_SEEDS + 1 if ok else 2):
         for k, (trn_idx, val_idx) in enumerate(splits):
+            if queue is not None and not queue.take(k, seed_no):
+                continue  # another worker has it
+            if queue is not None:  # every worker's grown folds: predict.py ensembles them all (the reserve)
+                planner.extra_models = queue.grown() - 1
             if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, args, run, target):
                 return
 
@@ -224,6 +278,15 @@ def grown_epochs(planner, target: int) -> tuple[int, str]:
     return growth.grown_epochs(target, left, fold, epoch_s, planner.predict_fold_s, planner.epochs), said
 
 
+def served_room(args, machine: Machine, planner) -> str | None:
+    """growth.served_room for this run: its device's room for serve.py's folds, its first fold's
+    checkpoint as the size of each, the plan's folds and the grown ones with the next."""
+    first = Path(args.out_dir) / "model_fold0.pth"
+    size = first.stat().st_size if first.is_file() else 0
+    room = int(serving.HELD_SHARE * device_memory(machine.device))
+    return growth.served_room(args.data_dir, room, size, planner.folds + planner.extra_models + 1)
+
+
 def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple, target: int) -> bool:
     """One grown seed's fold of `target` epochs (or fewer, the last, to fit): skipped when complete
     (resume), else trained if it fits. Returns whether growth goes on."""
@@ -234,8 +297,9 @@ def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple, target: int) -
         print(f"GROW: seed {seed_no} fold {k}: {name} is complete, skipping (resume)")
         return True
     epochs, said = grown_epochs(planner, target)
-    if planner.stop_reason or not epochs:
-        print(f"GROW: stop before seed {seed_no} fold {k} ({planner.stop_reason or said})")
+    held = served_room(args, machine, planner)
+    if planner.stop_reason or not epochs or held:
+        print(f"GROW: stop before seed {seed_no} fold {k} ({planner.stop_reason or held or said})")
         return False
     seed, planned = growth.seed_value(args.seed, seed_no), planner.epochs
     fold_s, left = growth_fold_s(planner), planner.training_left()

@@ -186,6 +186,14 @@ SHARE_ENV = "KAGTPL_GPU_SHARE"
 CONTEXT_GB = 0.5  # a process's CUDA context and library handles, outside the allocator (~0.3-0.5 GB)
 
 
+def device_memory(device) -> int:
+    """Bytes of the memory a process on `device` has: this process's share of the card
+    (memory_share), or the host's RAM on a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory * memory_share())
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def memory_share() -> float:
     """This process's share of its GPU (1.0 unless tune.py's workers split it), from SHARE_ENV."""
     try:

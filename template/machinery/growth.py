@@ -9,6 +9,7 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from .planner import fmt_s
 
@@ -56,10 +57,11 @@ def partial_oof_name(k: int, seed_no: int) -> str:
     return f"{oof_name(k, seed_no)}.part"
 
 
-def why_not(args, planner) -> str | None:
+def why_not(args, planner, worker: bool = False) -> str | None:
     """Why this run does not grow at all (None: it may). Growth needs a budget, every fold of the
     plan trained (a plan the planner cut grows too: the cut keeps 20% slack, and the audio benchmark's
-    cut plan ended with 20% of its training time left) and one process training every fold."""
+    cut plan ended with 20% of its training time left) and one process training every fold, or a
+    fold worker (`worker`: it grows the (seed, fold) units it claims); not DDP."""
     if getattr(args, "no_grow", False):
         return "--no-grow"
     if not planner.budget:
@@ -70,7 +72,7 @@ def why_not(args, planner) -> str | None:
         return "--dry-run"
     if getattr(args, "train_folds", 0) or getattr(args, "predict_reserve", -1) == 0:
         return "--train-folds or --predict-reserve 0 (tune.py's trials)"
-    if args.parallel != "none":
+    if args.parallel != "none" and not worker:  # a fold worker grows the units it claims; DDP does not
         return f"--parallel {args.parallel}"
     if planner.share < 1:  # a table's MLP before other models (--models mlp,...): their time is not spare
         return "models still to train after this one"
@@ -113,6 +115,22 @@ def grown_epochs(target: int, left: float, fold: tuple[float, int], epoch_s: flo
     fit = epochs + math.floor((FIT_FRACTION * left - predict_fold_s - fold_s) / epoch_s)
     n = min(target, fit)
     return n if n >= least else 0
+
+
+def served_room(data_dir, room: int, model_bytes: int, models: int) -> str | None:
+    """Why one more checkpoint is not grown for serve.py (None: it may be): a competition served
+    through Kaggle's evaluation API (its data ships kaggle_evaluation/) gets an ensemble serve.py
+    keeps loaded, within `room` bytes of the device (serving.HELD_SHARE of its memory): `models`
+    checkpoints of `model_bytes` each, the next one included, must fit. A file-based competition's
+    predict.py loads one checkpoint at a time (its weights memory-mapped): no cap."""
+    if not room or not model_bytes or not (Path(data_dir) / "kaggle_evaluation").is_dir():
+        return None
+    if models * model_bytes <= room:
+        return None
+    return (
+        f"serve.py keeps every checkpoint loaded: {models} of {model_bytes / 1e6:.0f} MB would pass the "
+        f"{room / 1e6:.0f} MB the device has for them"
+    )
 
 
 def fold_line(which: str, epochs: tuple[int, int, int], said: str, fold_s: float, left: float) -> str:

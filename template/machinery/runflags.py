@@ -26,13 +26,15 @@ BUDGET_HELP = (
 )
 
 
-class GivenBudget(argparse.Action):
-    """--budget, and whether it was given (args.budget_given): growth fills a budget someone chose
-    for this run, never the project's default (plain `python train.py` on a 1,200-row table of a T4
-    project grew into its 9 h default: 7.5 minutes and 372 files in output/)."""
+class Given(argparse.Action):
+    """A flag, and whether it was given (args.<flag>_given; set_defaults gives False). --budget:
+    growth fills a budget someone chose for this run, never the project's default (plain `python
+    train.py` on a 1,200-row table of a T4 project grew into its 9 h default: 7.5 minutes and 372
+    files in output/). --model: a model you name is trained as named, even from scratch."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        namespace.budget, namespace.budget_given = values, True
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
 
 
 COMPILE_HELP = (
@@ -78,7 +80,7 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
         help="cuDNN autotunes every conv shape: up to 60 s per process on an H100 and no faster steps measured (off)",
     )
     # time budget: folds and epochs are cut to fit, prediction keeps a reserve (docs/time-budget.md)
-    p.add_argument("--budget", default=budget, action=GivenBudget, help=BUDGET_HELP)
+    p.add_argument("--budget", default=budget, action=Given, help=BUDGET_HELP)
     p.set_defaults(budget_given=False)
     p.add_argument("--start-time", type=float, default=time_planner.PROCESS_START, help="budget start (run.py sets it)")
     p.add_argument("--predict-beside", action="store_true", help="run.py's: predict.py's imports not in the reserve")

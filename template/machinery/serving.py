@@ -32,6 +32,7 @@ from .storage import atomic_write
 DEFAULTS_FILE = "serve_defaults.json"  # train.py's fallback values, one row's worth
 LIMIT_SHARE = 0.8  # a call still running at this share of its limit is answered with the fallback
 STARTUP_SHARE = 0.9  # of the serving deadline for loading folds: the rest starts the server
+HELD_SHARE = 0.5  # of the device's memory, for the folds serve.py keeps loaded (the rest: activations, the batch)
 PROGRESS_EVERY = 100  # calls between SERVE progress lines
 
 
@@ -211,10 +212,11 @@ class Answerer:
 
 
 class StartClock:
-    """The serving deadline: `limit` seconds from `started`; folds load while it has time."""
+    """The serving deadline: `limit` seconds from `started`; folds load while it has time, and
+    while their weights fit `room` bytes (HELD_SHARE of the device's memory; 0: no limit)."""
 
-    def __init__(self, started: float, limit: float, clock=time.time):
-        self.started, self.limit, self.clock = started, limit, clock
+    def __init__(self, started: float, limit: float, clock=time.time, room: int = 0):
+        self.started, self.limit, self.clock, self.room = started, limit, clock, room
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -224,19 +226,38 @@ class StartClock:
         return self.limit * STARTUP_SHARE - self.elapsed()
 
 
+def weights_bytes(ckpt: dict) -> int:
+    """The bytes of a checkpoint's weights (its state dict's tensors; a booster's spec: 0)."""
+    state = ckpt.get("model") if isinstance(ckpt, dict) else None
+    if not isinstance(state, dict):
+        return 0
+    return sum(t.numel() * t.element_size() for t in state.values() if hasattr(t, "element_size"))
+
+
 def load_folds(checkpoints: list, load, clock: StartClock) -> list:
-    """(path, checkpoint, model) for the folds that load before the serving deadline, best
-    validation loss first (the first always: a server answering from one fold beats none). A
-    fold whose load (the slowest so far) would pass what is left is dropped with the rest."""
+    """(path, checkpoint, model) for the folds that load before the serving deadline and whose
+    weights fit the room the device has for them (`clock.room`), best validation loss first (the
+    first always: a server answering from one fold beats none). serve.py keeps every fold it
+    serves loaded: 25 grown checkpoints of deberta-v3-base are ~18.5 GB, past a T4's 15 GB. A fold
+    whose load (the slowest so far) would pass what is left, or whose weights would pass the
+    room, is dropped with the rest."""
     check_run(checkpoints)
     ordered = sorted(checkpoints, key=lambda pc: pc[1].get("val_loss", float("inf")))
-    loaded, slowest = [], 0.0
+    loaded, slowest, held = [], 0.0, 0
     for i, (path, ckpt) in enumerate(ordered):
+        names = ", ".join(p.name for p, _ in ordered[i:])
         if loaded and slowest > clock.left():
-            names = ", ".join(p.name for p, _ in ordered[i:])
             print(
                 f"SERVE: start-up: {len(ordered) - i} fold(s) dropped ({names}): one loads in {slowest:.1f}s and "
                 f"{max(clock.left(), 0):.1f}s is left of the {clock.limit:g}s serving deadline's {STARTUP_SHARE:.0%}"
+            )
+            break
+        size = weights_bytes(ckpt)
+        if loaded and clock.room and held + size > clock.room:
+            print(
+                f"SERVE: start-up: {len(ordered) - i} fold(s) dropped ({names}): {len(loaded)} fold(s) hold "
+                f"{held / 1e6:.0f} MB and the next {size / 1e6:.0f} MB would pass the {clock.room / 1e6:.0f} MB "
+                f"the device has for them ({HELD_SHARE:.0%} of its memory)"
             )
             break
         t0 = clock.clock()
@@ -244,6 +265,7 @@ def load_folds(checkpoints: list, load, clock: StartClock) -> list:
         slowest = max(slowest, clock.clock() - t0)
         if model is not None:  # weights that do not fit: skipped, as predict.py does
             loaded.append((path, ckpt, model))
+            held += size
     if not loaded:
         raise RunError("no checkpoint could be loaded: serve.py has no model to answer with")
     return loaded

@@ -239,8 +239,9 @@ def load_checkpoint(path: Path) -> dict | None:
     """The checkpoint, or None (with a warning) when it is corrupt or not ours."""
     import torch
 
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # mmap: the weights stay in the file's pages until used (predict.py reads every checkpoint
+        # first: 25 grown checkpoints of deberta-v3-base are ~18.5 GB, Kaggle has 30 GB of RAM)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # truncated, foreign or tampered file: skip it, keep the others
         why = (str(e).strip().splitlines() or ["the file is empty or cut short"])[0][:120]
         print(f"WARNING: skipping {path}: cannot load ({type(e).__name__}: {why})")

@@ -29,13 +29,15 @@ class FoldQueue:
     def reset(self, folds: int) -> None:
         """A new run (the parent holds the output folder's lock): no claims, the plan's folds."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        for f in self.folder.glob("fold*.claim"):
+        for f in [*self.folder.glob("fold*.claim"), *self.folder.glob("seed*_fold*.claim")]:
             f.unlink()
         (self.folder / "cap").write_text(str(folds))
 
-    def take(self, fold: int) -> bool:
+    def take(self, fold: int, seed_no: int = 1) -> bool:
+        """Claim fold `fold` of seed `seed_no` (a grown seed's fold is a unit of its own: growth)."""
+        name = f"fold{fold}.claim" if seed_no == 1 else f"seed{seed_no}_fold{fold}.claim"
         try:
-            fd = os.open(self.folder / f"fold{fold}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(self.folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return False
         os.write(fd, str(os.getpid()).encode())
@@ -49,6 +51,10 @@ class FoldQueue:
             text = f.read_text().strip()
             found[int(f.stem[4:])] = int(text) if text.isdigit() else -1
         return found
+
+    def grown(self) -> int:
+        """Grown seeds' folds claimed by every worker so far: predict.py ensembles them too."""
+        return len(list(self.folder.glob("seed*_fold*.claim")))
 
     def cap(self, folds: int) -> int:
         """min(folds, the shared cap), written back; under a lock (two workers may cut at once)."""
