@@ -138,7 +138,7 @@ def check(out: Path, submission: str = "submission.csv") -> None:
         judged, name, value, prior = found["checkpoints"], found["metric"], found["oof"], found["prior"]
     except (TypeError, KeyError):
         return
-    if not still(out, judged) or judged != mtimes(Path(out).glob("model_fold*.pth")):
+    if not isinstance(judged, dict) or not judged or judged != mtimes(Path(out).glob("model_fold*.pth")):
         return
     raise KeptFallback(
         f"SUBMISSION: {Path(out) / submission} kept: train.py's fallback (the training prior), because the folds' "
