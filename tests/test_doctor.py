@@ -202,3 +202,27 @@ def test_no_log_given_reads_the_projects_own_or_says_where_it_looked(tmp_path):
     assert "MEMORY: 2 epoch lines, first 41.0%, last 42.0%" in r.stdout
     assert "MODEL: resnet18 (small model: the target is 50-60% of GPU memory)" in r.stdout
     assert "DECISION: < 50%: double the batch: batch 64 -> 128" in r.stdout
+
+
+def test_a_060_log_without_set_by_reads_the_reason_from_its_batch_line(tmp_path):
+    """0.6.0's VALIDATION line has no `set by`: on two real H100 logs of that version the doctor
+    said ACTION NEEDED and asked to grow a small-data batch x16. The BATCH line gives the reason."""
+    log = log_with(tmp_path, 3.2, batch=8)
+    text = log.read_text().replace(
+        "GPU Memory: 24.0 GB\n",
+        "GPU Memory: 24.0 GB\nBATCH: 8 x 1 accumulation = effective batch 8 (small data: 8000 training rows, at "
+        "least 30 optimizer steps an epoch; lr 1.00e-03)\n",
+    )
+    text += "VALIDATION: If <50% memory, batch_size=8 is TOO SMALL - should be 16+\n"  # 0.6.0's line
+    log.write_text(text)
+    r = doctor(log)
+    assert r.returncode == 0, r.stdout
+    assert "keep batch 8: set by small-data (8000 training rows, at least 30 optimizer steps an epoch)" in r.stdout, (
+        r.stdout
+    )
+    assert "STATUS: OK" in r.stdout
+    # the same log without the small-data reason is still a batch to grow
+    log.write_text(
+        text.replace("(small data: 8000 training rows, at least 30 optimizer steps an epoch; lr 1.00e-03)", "(rule)")
+    )
+    assert "ACTION NEEDED" in doctor(log).stdout

@@ -356,3 +356,28 @@ def test_the_folds_change_at_most_once_a_fold_after_the_first_plan(project_modul
     clock.t += 60.0  # a slow epoch in the next fold: now the folds may be cut
     planner.end_epoch(1)
     assert planner.folds < 5, lines
+
+
+def test_epochs_are_given_back_at_most_once_a_fold_and_never_after_a_cut_in_it(project_modules):
+    """Issue 57, item 1, the epochs' half: under a busy loop per core a table's MLP epochs took
+    0.2-5 s, and fold 2 alone gave epochs back and cut them 6 times (21->38->19->18->21->50->48).
+    A fold now gives epochs back once, and nothing back after a cut in it (the folds keep their
+    own once-a-fold rule); a cut always may (the deadline's guard); the next fold may give back."""
+    planner, clock, lines = make(project_modules.planner, budget=600, folds=3, epochs=60)
+    first_epoch(planner, clock, 0.25)  # the first plan cuts the epochs (a folds-3 plan keeps its folds)
+    assert planner.epochs < 60, lines
+    for epoch, epoch_s in enumerate([1.0, 1.0, 40.0, *[1.0] * 4, 40.0, *[1.0] * 4], start=2):  # fast, slow, fast...
+        planner.begin_epoch(40, 10)
+        clock.t += epoch_s
+        planner.end_epoch(epoch)
+    in_fold_0 = [line for line in lines if line.startswith("TIME PLAN: ") and "estimate" not in line]
+    assert sum("-> epochs" in line and "given back" in line for line in in_fold_0) == 1, lines
+    cut = next(i for i, line in enumerate(in_fold_0) if line.startswith("TIME PLAN: re-plan at "))
+    assert all("given back" not in line for line in in_fold_0[cut:]), lines  # none after the cut
+    assert len(in_fold_0) <= 4, lines  # epochs back, folds back, then cuts only (the old planner: 7)
+    planner.begin_fold(1)
+    for epoch, epoch_s in enumerate([1.0, 1.0, 1.0, 1.0], start=1):  # fast again in the next fold
+        planner.begin_epoch(40, 10)
+        clock.t += epoch_s
+        planner.end_epoch(epoch)
+    assert lines[-1].endswith("(given back)"), lines

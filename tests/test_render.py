@@ -27,6 +27,7 @@ MACHINERY = {
     "gpu.py",
     "growth.py",
     "hand_in.py",
+    "compiling.py",
     "hardware.py",
     "locks.py",
     "logs.py",

@@ -16,10 +16,12 @@ import textdata
 import torch
 from typer.testing import CliRunner
 
-from conftest import dry_run_into_output, render, run_script, start_until
+from conftest import dry_run_into_output, needs_text, render, run_script, start_until
 from kagtpl import detect, new
 from kagtpl.cli import app
 from kagtpl.template import hardware
+
+pytestmark = needs_text  # README command 1 has no text libraries: skipped there, with the way to install them
 
 
 def minilm_dir() -> Path:

@@ -356,3 +356,33 @@ def test_update_from_0_5_0_moves_the_engine_into_machinery(tmp_path, env, layout
     for leftover in [*project.glob("*.rej"), project / "engine.py"]:
         leftover.unlink(missing_ok=True)
     assert_project_tests_pass(project)
+
+
+def test_check_and_update_compare_a_checkouts_commits_when_it_has_no_release_tags(tmp_path):
+    """A source checkout with no version tags (this repository has none): `kagtpl check` said "Up
+    to date" after any template commit, and `update --to 0.5.0` answered "available: none". Now
+    check compares the project's template commit with the checkout's HEAD, and update says how
+    to take it."""
+    repo = Release(tmp_path / "src")
+    git(repo.root, "add", "-A")
+    git(repo.root, "commit", "-q", "-m", "a checkout")
+    environ = {**os.environ, "PYTHONPATH": str(repo.root / "generator"), "KAGTPL_HOME": str(tmp_path / "home")}
+    kagtpl(environ, tmp_path, "new", "comp", "--task", "image", "--gpu", "t4")
+    project = tmp_path / "comp"
+    git(project, "init", "-q", "-b", "main")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "kagtpl new")
+    assert kagtpl(environ, project, "check").stdout.startswith("Up to date: the project is on template ")
+
+    repo.edit("template/machinery/gpu.py", KIT_ANCHOR, KIT_V2)  # a template commit after the project's
+    git(repo.root, "commit", "-q", "-am", "a template change")
+    said = kagtpl(environ, project, "check").stdout
+    assert said.startswith("Template HEAD (") and "1 commit newer) is available" in said, said
+    assert said.rstrip().endswith("run kagtpl update --to HEAD ."), said
+
+    r = kagtpl(environ, project, "update", "--to", "0.5.0", check=False)
+    assert r.returncode == 1 and "has no release tags (a source checkout); --to HEAD takes its newest" in r.stderr
+    kagtpl(environ, project, "update", "--to", "HEAD")
+    assert "TEMPLATE_FEATURE_V2 = True" in (project / "machinery" / "gpu.py").read_text()
+    git(project, "commit", "-q", "-am", "kagtpl update")
+    assert kagtpl(environ, project, "check").stdout.startswith("Up to date")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from kagtpl.errors import KagtplError
@@ -26,7 +27,10 @@ def unresolved(path: Path) -> list[str]:
 
 
 def check_project(path: Path) -> tuple[str, str | None]:
-    """(the project's version, a newer available version or None)."""
+    """(the project's version, a newer available version or None). Release tags first (a wheel's
+    bundle holds every release); a source with no tag newer than the project's (a checkout of
+    kagtpl: developing, or `git pull`ed) is compared by commit instead, so a template commit after
+    the project's is never "Up to date"."""
     answers = read_answers(path.resolve())
     if bad := unresolved(path.resolve()):
         raise KagtplError(
@@ -36,6 +40,33 @@ def check_project(path: Path) -> tuple[str, str | None]:
     current = str(answers.get("_commit"))
     available = sorted(tags(src), key=version_key)
     newest = available[-1] if available else None
-    if newest is None or version_key(newest) <= version_key(current.split("-")[0]):
-        return current, None
-    return current, newest
+    if newest is not None and version_key(newest) > version_key(current.split("-")[0]):
+        return current, newest
+    return current, newer_commit(src, current)
+
+
+def newer_commit(src: str, current: str) -> str | None:
+    """A source checkout's HEAD when it is newer than the project's template commit: "HEAD
+    (abc1234, 3 commits newer)"; None when they are the same commit, or for a bundle (releases
+    only). A commit the checkout does not hold (a project rendered from uncommitted changes, or
+    from another clone) is an error that says so: an update could not compute the user's edits."""
+    if not Path(src, ".git").exists():
+        return None
+    head = _git(src, "rev-parse", "HEAD")
+    mine = _git(src, "rev-parse", "--verify", "--quiet", current.split("-g")[-1] + "^{commit}")
+    if head is None:
+        return None
+    if mine is None:
+        raise KagtplError(
+            f"the project's template commit {current} is not in {src} (rendered from uncommitted changes, or "
+            f"another clone): check and update cannot compare it; render a new project, or fetch that commit there"
+        )
+    if mine == head:
+        return None
+    ahead = _git(src, "rev-list", "--count", f"{mine}..{head}") or "?"
+    return f"HEAD ({head[:7]}, {ahead} commit{'s' if ahead != '1' else ''} newer)"
+
+
+def _git(src: str, *args: str) -> str | None:
+    r = subprocess.run(["git", "-C", src, *args], capture_output=True, text=True)
+    return r.stdout.strip() or None if r.returncode == 0 else None

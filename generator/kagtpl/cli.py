@@ -76,8 +76,10 @@ def run() -> None:
             markup=False,
         )
         code = 1
-    except typer.Abort:  # Ctrl-C
+    except typer.Abort:  # EOF at a prompt
         code = 130
+    if code == 130:  # Ctrl-C (Typer returns 130 for a KeyboardInterrupt): one line; each command writes nothing
+        err.print("interrupted (Ctrl-C): nothing was written", style="red", markup=False)
     sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -295,6 +297,11 @@ def new_cmd(
     target = new.new_project(answers)
     print("\n".join(summary.lines(update.read_answers(target))))
     print(f"Created {target}\nNext: cd {target} && python train.py --dry-run && python train.py && python predict.py")
+    if not new.in_git(target):
+        print(
+            f"Updates (kagtpl check / kagtpl update) merge into a git repository: cd {target} && git init && "
+            "git add -A && git commit -m 'kagtpl new'"
+        )
 
 
 @app.command("gpus")
@@ -560,7 +567,9 @@ def check_cmd(
 ) -> None:
     """Say whether a newer template version than the project's exists."""
     current, newer = check.check_project(path)
-    if newer:
+    if newer and newer.startswith("HEAD"):  # a source checkout: its newest commit, not a release
+        print(f"Template {newer} is available (project is on {current}): run kagtpl update --to HEAD {path}")
+    elif newer:
         print(f"Template {newer} is available (project is on {current}): run kagtpl update {path}")
     else:
         print(f"Up to date: the project is on template {current}")

@@ -24,7 +24,10 @@ LOSS = re.compile(r"\bLoss=([\d.]+)")
 VAL_LOSS = re.compile(r"ValLoss=([\d.]+)")
 METRIC = re.compile(r", ([A-Za-z]+)=([\d.]+), LR=")
 THROUGHPUT = re.compile(r"Throughput=([\d.]+) samples/s")
-BATCH = re.compile(r"^BATCH: (\d+) (?:per GPU x \d+ GPUs )?x \d+ accumulation")  # the probe's or the user's
+BATCH = re.compile(
+    r"^BATCH: (\d+) (?:per GPU x \d+ GPUs )?x \d+ accumulation.*?(?:\((small data: .*?)(?:; lr [^)]*)?\))?$"
+)
+PROBED = re.compile(r"^BATCH PROBE: batch \d+ x \d+ -> (\d+) x \d+ \((.*)\)")  # the probe's choice
 OOM = re.compile(r"^OOM: .* micro-batch \d+ -> (\d+)")  # a step that did not fit: the micro-batch halves
 # the batch judged with its reason (rule, user, small-data, probe, oom): the engine's own choices are kept
 VALIDATION = re.compile(r"^VALIDATION: batch_size=(\d+), [\d.]+% of GPU memory, set by ([\w-]+) \((.*)\): ")
@@ -67,6 +70,10 @@ def parse(text: str) -> Log:
             log.batch, log.set_by, log.set_why = int(m[1]), "oom", "a step ran out of memory: the micro-batch halved"
         elif m := BATCH.match(line):  # the batch the run ended with is the last one
             log.batch = int(m[1])
+            if m[2]:  # logs before 0.7 (VALIDATION without `set by`) say the small-data floor only here
+                log.set_by, log.set_why = "small-data", m[2].removeprefix("small data: ")
+        elif m := PROBED.match(line):
+            log.batch, log.set_by, log.set_why = int(m[1]), "probe", m[2]
         elif m := TOTAL.search(line):
             log.total_gb = float(m[1])
         elif m := LOADER.search(line):

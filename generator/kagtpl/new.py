@@ -233,7 +233,7 @@ def detection_size(folder: Path, data: dict) -> None:
 def render(answers: NewAnswers, data: dict) -> Path:
     """Render into a temporary sibling folder, then move it into place: a failure leaves nothing."""
     import copier
-    from copier.errors import CopierError, DirtyLocalWarning
+    from copier.errors import CopierAnswersInterrupt, CopierError, DirtyLocalWarning
 
     src = source()
     target = answers.target
@@ -258,6 +258,9 @@ def render(answers: NewAnswers, data: dict) -> Path:
                 shutil.copytree(staging, target, dirs_exist_ok=True)
             else:
                 staging.rename(target)
+    except CopierAnswersInterrupt:  # Ctrl-C at a question: its str() is Copier's whole answers map
+        paths.remove_empty(created)
+        raise KeyboardInterrupt from None
     except (CopierError, ValueError) as e:
         paths.remove_empty(created)
         raise KagtplError(f"copier could not render the template: {str(e).splitlines()[0]}") from e
@@ -276,3 +279,14 @@ def new_project(answers: NewAnswers) -> Path:
     check_destination(answers)
     data = copier_data(answers)
     return render(answers, data)
+
+
+def in_git(path: Path) -> bool:
+    """Whether `path` is inside a git work tree (kagtpl update needs one to merge and undo)."""
+    try:
+        r = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True
+        )
+    except OSError:
+        return False
+    return r.returncode == 0 and r.stdout.strip() == "true"

@@ -81,9 +81,16 @@ def target_ref(src: str, to: str | None) -> str | None:
     if to is not None:
         ref = version_tag(to)
         if ref != "HEAD" and ref not in available:
-            raise KagtplError(f"template version {ref} not found; available: {', '.join(available) or 'none'}")
+            if not available:
+                raise KagtplError(
+                    f"template version {ref} not found: {src} has no release tags (a source checkout); "
+                    "--to HEAD takes its newest commit (git pull there first for a newer one)"
+                )
+            raise KagtplError(f"template version {ref} not found; available: {', '.join(available)}")
         return ref
     mine = version_tag(__version__)
+    if not available:
+        return "HEAD"  # a checkout without release tags: its newest commit
     return mine if mine in available else None  # None: Copier takes the latest tag
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import artifacts, growth, logs, parallel, probe, storage
-from .machine import Batching, Machine, batch_set_by_user, can_compile
+from . import artifacts, compiling, growth, logs, parallel, probe, storage
+from .machine import Batching, Machine, batch_set_by_user
 from .steps import loader, make_optimizer, predict, run_epoch, to_device, warmup_cosine
 
 
@@ -87,8 +87,8 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
     model, bare, optimizer, grads, model_s = build(comp, fold, n_train, args, machine, batching, first)
     train_sampler = parallel.sampler(fold.train, train=True, seed=args.seed)  # None without DDP
     train_batches = loader(comp, fold.train, batching.size, True, train_sampler)
-    valid_sampler = parallel.sampler(fold.valid, train=False, seed=args.seed)
-    valid_batches = loader(comp, fold.valid, batching.eval_rows, False, valid_sampler)  # sized on its own
+    valid_batches = loader(comp, fold.valid, batching.eval_rows, False, parallel.sampler(fold.valid, False, args.seed))
+    model = compiling.settle(model, bare, train_batches, comp.batch_loss, args, machine, batching.parts, first)
     n_batches = min(len(train_batches), 3 if args.dry_run else len(train_batches))
     scheduler = warmup_cosine(optimizer, math.ceil(n_batches / batching.accum_steps), lambda: planner.epochs)
     k, out = fold.index, Path(args.out_dir)
@@ -187,7 +187,7 @@ def train_epoch(
 
 def build(comp, fold: Fold, n_train: int, args, machine: Machine, batching: Batching, first: bool):
     """The fold's model on the device (the Model line and the batch probe before the first fold),
-    its optimizer, the DDP wrap and --compile. Returns (model, bare model, optimizer, GradSync,
+    its optimizer and the DDP wrap (--compile: compiling.settle). Returns (model, bare model, optimizer, GradSync,
     seconds to build the model: predict.py builds one per fold, part of the reserve)."""
     t_model = time.time()
     model = comp.build_model(fold).to(machine.device)
@@ -208,12 +208,6 @@ def build(comp, fold: Fold, n_train: int, args, machine: Machine, batching: Batc
     bare = model  # validation runs on the module itself: DDP's forward holds collectives
     model = parallel.wrap(model, machine.device)  # DDP: rank 0's weights broadcast to every rank
     grads = parallel.GradSync(model, machine.device)  # DDP: local backward, OOM agreed, one all-reduce
-    if args.compile == "on":  # runflags.compile_choice: auto resolved, the card checked (a WARNING if it cannot)
-        ok, why = can_compile(machine.device)
-        if ok:
-            model = torch.compile(model)
-        elif first:
-            print(f"WARNING: {why}: running without it")
     return model, bare, optimizer, grads, model_s
 
 

@@ -199,6 +199,7 @@ class TimePlanner:
         self._epoch_t0 = self._measure_t0 = self._fold_t0 = None
         self._said_too_small = False  # the too-small-budget line, said once
         self._folds_changed_in: int | None = None  # the fold in which a re-plan last changed the folds
+        self._cut_in = self._epochs_back_in = None  # the fold of the last re-plan's cut / epochs given back
         self.fold_s: list[float] = []  # each fold's wall time, as trained by this process (growth.py reads it)
         self.fold_epochs: list[int] = []  # ...and the epochs it trained (early stopping ends some sooner)
         self.val_curves: list[list[float]] = []  # the planned folds' val loss each epoch (growth's evidence)
@@ -220,8 +221,7 @@ class TimePlanner:
         return self.budget - self.reserve() - self.FINISH_S - self.elapsed()
 
     def status_line(self) -> str:
-        """The TIME line: after each fold, and after an epoch that changed the plan (not every
-        epoch: 18 lines that said nothing new in the demo)."""
+        """The TIME line: after each fold and after an epoch that changed the plan (18 said nothing new)."""
         self.plan_changed = False
         plan = f"plan folds={self.folds} epochs={self.epochs}"
         if not self.budget:
@@ -352,8 +352,7 @@ class TimePlanner:
         start_s = self.PREDICT_MARGIN * (self.startup_s + decode_s_per_image * test_rows)
         self.predict_base_s = start_s + self.PREDICT_END_S
 
-    def add_model(self) -> None:
-        """A grown seed's fold is whole: predict.py ensembles one more checkpoint (the reserve grows)."""
+    def add_model(self) -> None:  # a grown seed's fold is whole: predict.py ensembles one more (the reserve grows)
         self.extra_models += 1
 
     def note_startup(self) -> None:
@@ -412,14 +411,16 @@ class TimePlanner:
         CV), as many as fit 75% of the time left. Fold workers share the fold count: not there."""
         if len(self.epoch_s) < 2:  # measured: an epoch after the first
             return False
+        if self._cut_in == self._fold:  # no give-back after a cut in this fold, epochs back once a fold (a
+            return False  # loaded machine gave back and cut 6 times in one fold); folds back still may
         limit = self.GIVE_BACK_FRACTION * self.training_left() * self.share
         left = f"measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, self.training_left()))} left"
-        if self.epochs < self.planned_epochs:
+        if self.epochs < self.planned_epochs and self._epochs_back_in != self._fold:
             epochs = give_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_epochs, limit)
             if epochs is None:
                 return False
             self.log(f"TIME PLAN: {left} -> epochs {self.epochs}->{epochs} (given back)")
-            self.epochs, self.plan_changed = epochs, True
+            self.epochs, self.plan_changed, self._epochs_back_in = epochs, True, self._fold
             return True
         if self.folds >= self.planned_folds or self.parallel > 1 or self._folds_changed_in == self._fold:
             return False
@@ -462,7 +463,8 @@ class TimePlanner:
             f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, self.training_left() * self.share))} training "
             f"time left{share} -> {', '.join(cuts)}"
         )
-        if folds != self.folds and not first:
-            self._folds_changed_in = self._fold
+        if not first:
+            self._cut_in = self._fold
+            self._folds_changed_in = self._fold if folds != self.folds else self._folds_changed_in
         self.folds, self.epochs, self.plan_changed = folds, epochs, True
         return True

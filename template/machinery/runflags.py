@@ -38,8 +38,10 @@ class Given(argparse.Action):
 
 
 COMPILE_HELP = (
-    "torch.compile: 17%% more img/s (resnet50, H100) after ~90 s of compiling; auto: on where each fold "
-    "trains 20x that long (a 9h Kaggle budget), off for dry runs, short budgets, tune.py's trials and CPUs"
+    "torch.compile: 17%% more img/s (resnet50, H100) after ~90 s of compiling; auto: where each fold trains 20x "
+    "that long (a 9h Kaggle budget), compiled steps are timed against eager ones before the first epoch and the "
+    "faster kept (off for dry runs, short budgets, tune.py's trials and CPUs); on: compiled whatever it measures; "
+    "a compile that fails trains eager with a WARNING"
 )
 HAND_IN = ("judged", "folds")
 HAND_IN_HELP = (
@@ -222,8 +224,9 @@ COMPILE_AMORTISE = 20  # auto compiles where each fold trains at least 20x that 
 
 
 def compile_choice(args, device: torch.device) -> tuple[str, str]:
-    """--compile auto -> on or off, with the reason: on CUDA (compute capability >= 7, Triton)
-    where the budget gives each fold COMPILE_AMORTISE x COMPILE_COST_S of training; off for dry
+    """--compile auto -> try or off, with the reason: try (compiling.py times compiled steps against
+    eager ones before the first epoch, and keeps the faster) on CUDA (compute capability >= 7,
+    Triton) where the budget gives each fold COMPILE_AMORTISE x COMPILE_COST_S of training; off for dry
     runs, tune.py's one-fold trials, no budget (nothing to amortise over: --compile on), CPUs."""
     if args.compile != "auto":
         return args.compile, "--compile " + args.compile
@@ -241,7 +244,10 @@ def compile_choice(args, device: torch.device) -> tuple[str, str]:
     if per_fold < COMPILE_AMORTISE * COMPILE_COST_S:
         have = f"{time_planner.fmt_s(per_fold)} of training a fold" if budget else "no --budget to amortise it over"
         return "off", f"auto: {have}, under {COMPILE_AMORTISE}x its ~{cost} s cost; --compile on forces it"
-    return "on", f"auto: ~{time_planner.fmt_s(per_fold)} of training a fold pays {COMPILE_AMORTISE}x+ for ~{cost} s"
+    return "try", (
+        f"auto: ~{time_planner.fmt_s(per_fold)} of training a fold pays {COMPILE_AMORTISE}x+ for ~{cost} s; "
+        "kept only if its steps time faster than eager ones before the first epoch"
+    )
 
 
 def speed_settings(args, device: torch.device) -> None:
