@@ -9,14 +9,15 @@ import sys
 
 import pytest
 
-from conftest import ROOT, RUN_ENV, run_script
+from conftest import GROW_ENV, ROOT, RUN_ENV, run_script
 
 pytestmark = pytest.mark.slow
 
 
 def bench(script, *args):
-    """`python SCRIPT ARGS` in benchmarks/, through the fork server (its imports paid once): its stdout."""
-    return run_script(ROOT / "benchmarks", script, *args).stdout
+    """`python SCRIPT ARGS` in benchmarks/, through the fork server (its imports paid once): its stdout.
+    Growth on, as a user's runs have it (the suite's other runs turn it off: conftest.RUN_ENV)."""
+    return run_script(ROOT / "benchmarks", script, *args, env=GROW_ENV).stdout
 
 
 NUMBER = r"(\d+(?:\.\d+)?)"

@@ -18,7 +18,7 @@ import torch
 from test_run import assert_valid_submission
 from test_tabular import new_tabular
 
-from conftest import RUN_ENV, epoch_at_least, render, run_script, start_until
+from conftest import GROW_ENV, RUN_ENV, epoch_at_least, render, run_script, start_until
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 ONE_THREAD = {**RUN_ENV, "OMP_NUM_THREADS": "1"}  # 2 processes on 2 cores
@@ -313,7 +313,7 @@ def test_fold_workers_grow_the_seed_units_they_claim_once_each(tmp_path, digits_
     growth was off under --parallel folds and the budget's rest went unused."""
     project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=2, epochs=2)
     flags = ["--device", "cpu", "--parallel", "folds", "--devices", "cpu,cpu", "--no-pretrained"]
-    log = run_script(project, "run.py", "--budget", "75s", *flags).stdout
+    log = run_script(project, "run.py", "--budget", "75s", *flags, env=GROW_ENV).stdout
     assert re.search(r"^\[cpu\d\] GROW: more seeds: ", log, re.M), log[-3000:]
     grown = re.findall(r"^\[cpu\d\] GROW: seed (\d) fold (\d) DONE: ", log, re.M)
     assert grown and len(grown) == len(set(grown)), log[-3000:]  # each unit once

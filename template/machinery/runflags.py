@@ -87,7 +87,12 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
     p.add_argument("--start-time", type=float, default=time_planner.PROCESS_START, help="budget start (run.py sets it)")
     p.add_argument("--predict-beside", action="store_true", help="run.py's: predict.py's imports not in the reserve")
     p.add_argument("--dry-run", action="store_true", help="3 batches, 1 epoch, 2 folds: checks the whole path")
-    p.add_argument("--no-grow", action="store_true", help="a plan that fits ends early (default: more seeds)")
+    p.add_argument(
+        "--no-grow",
+        action="store_true",
+        default=os.environ.get("KAGTPL_GROW", "on") == "off",
+        help="a plan that fits ends early (default: more seeds; KAGTPL_GROW=off makes this the default)",
+    )
     p.add_argument("--hand-in", default=os.environ.get("KAGTPL_HAND_IN", "judged"), choices=HAND_IN, help=HAND_IN_HELP)
     # more than one GPU (docs/parallel.md): folds = one fold per GPU at a time; ddp = torchrun
     p.add_argument(

@@ -1,0 +1,92 @@
+"""predict.py's start, one for every task: the flags every predict.py shares and the steps before
+its first fold (the flags checked, run.py's wait for train.py, the device, the ensemble's
+checkpoints and their config). Each task's predict.py keeps what is its own: its test data, its
+decoding, its TTA and what it writes.
+
+Before, the six predict.py files each held these ~20 lines word for word (issue 58: 37% of
+predict.py's lines stood in another task's); a change to how predict.py starts (`--after-train`)
+was made six times. It is machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import gpu, hardware, storage, submission
+from .errors import one_line_errors
+from .runflags import check_flags
+
+RANGES = {"deadline": (0, 1e11), "batch_size": (0, 65_536), "workers": (-1, 64)}  # those a predict.py has
+
+
+def parser(doc: str, data_dir: str, out_dir: str, test_data: str, models: str = "model_fold*.pth"):
+    """predict.py's parser with the flags every task's has; `test_data` says what --data-dir holds."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=data_dir, help=f"competition folder with the test {test_data}")
+    p.add_argument("--out-dir", default=out_dir, help=f"where train.py wrote {models}; submission goes here")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--submission", default="submission.csv", help="file name inside --out-dir")
+    p.add_argument("--deadline", type=float, default=0, help="unix time to finish by (run.py sets it); 0 = none")
+    p.add_argument("--after-train", action="store_true", help="run.py's: import now, predict when train.py ends")
+    return p
+
+
+def loader_flags(p: argparse.ArgumentParser, batch_help: str, workers_help: str = "") -> None:
+    """--batch-size and --workers, for the tasks that read their test set through a DataLoader."""
+    p.add_argument("--batch-size", type=int, default=0, help=batch_help)
+    p.add_argument("--workers", type=int, default=-1, help="-1 = min(12, usable CPUs - 1)" + workers_help)
+
+
+def tta_flag(p: argparse.ArgumentParser, what: str = "average with a horizontal flip") -> None:
+    """--tta / --no-tta: the mirrored image's view, only where training used --hflip."""
+    p.add_argument(
+        "--tta", action=argparse.BooleanOptionalAction, default=True, help=f"{what} (only if training used --hflip)"
+    )
+
+
+def parse(p: argparse.ArgumentParser, argv=None, ranges: dict | None = None) -> argparse.Namespace:
+    """The flags parsed (argparse's errors as one ERROR line) and checked against their ranges."""
+    one_line_errors(p)
+    args = p.parse_args(argv)
+    check_flags(args, {k: v for k, v in {**RANGES, **(ranges or {})}.items() if hasattr(args, k)})
+    return args
+
+
+@dataclass
+class Start:
+    """Where predict.py stands before its first fold."""
+
+    supervised: bool  # run.py started it beside train.py: a hard stop at the deadline (submission.FoldClock)
+    device: torch.device
+    out: Path
+    data: Path
+    checkpoints: list  # (path, checkpoint) of the ensemble: one run's folds, best first
+    config: dict  # the first checkpoint's resolved config (one run: the same for all)
+    classes: list
+
+
+def start(args, required: bool = True) -> Start:
+    """run.py's wait for train.py, the device (a card this torch cannot run: one ERROR line before
+    any reading), the ensemble's checkpoints (storage.ensemble_checkpoints: the fallback's verdict,
+    the folds left out) and stale temp files of killed runs swept. `required=False` (the table,
+    whose trees need no checkpoint): with none, the config train.py wrote beside its models."""
+    supervised = submission.wait_for_train(args.after_train, Path(args.out_dir))
+    device = gpu.resolve_device(args.device)
+    out, data = Path(args.out_dir), Path(args.data_dir)
+    checkpoints = storage.ensemble_checkpoints(out, required=required)
+    storage.sweep_stale_tmp(out)
+    if checkpoints:
+        config, classes = checkpoints[0][1]["config"], checkpoints[0][1]["classes"]
+    else:
+        config, classes = storage.read_config(out)
+    return Start(supervised, device, out, data, checkpoints, config, classes)
+
+
+def loader(args, device: torch.device) -> dict:
+    """The test set's DataLoader settings: --workers, or min(12, usable CPUs - 1)."""
+    cpus = hardware.usable_cpus() if args.workers < 0 else args.workers + 1
+    return hardware.loader_settings(cpus, device.type == "cuda")
