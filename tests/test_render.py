@@ -28,6 +28,7 @@ MACHINERY = {
     "growth.py",
     "hand_in.py",
     "compiling.py",
+    "prediction.py",
     "hardware.py",
     "locks.py",
     "logs.py",
@@ -253,9 +254,9 @@ def test_the_competition_code_shared_between_tasks_stays_under_20_lines(tmp_path
 
 
 # The share of each task's entry scripts that stands word for word in another task's (issue 58's measure,
-# benchmarks/entry_duplication.py). Measured at 26.4% / 37.3% when first counted; the goal is 10%. A
-# ratchet: copy-paste between tasks may shrink, never grow, and each step down lowers these figures.
-ENTRY_SHARED_CEILING = {"train.py": 0.265, "predict.py": 0.374}
+# benchmarks/entry_duplication.py): 26.4% / 37.3% when first counted, 26.4% / 29.5% with machinery/prediction.py;
+# the goal is 10%. A ratchet: copy-paste between tasks may shrink, never grow; each step down lowers these.
+ENTRY_SHARED_CEILING = {"train.py": 0.265, "predict.py": 0.296}
 
 
 @pytest.mark.slow

@@ -43,6 +43,7 @@ COMPILE_HELP = (
     "faster kept (off for dry runs, short budgets, tune.py's trials and CPUs); on: compiled whatever it measures; "
     "a compile that fails trains eager with a WARNING"
 )
+NO_GROW_HELP = "a plan that fits ends early (default: more seeds; KAGTPL_GROW=off makes this the default)"
 HAND_IN = ("judged", "folds")
 HAND_IN_HELP = (
     "judged: folds whose OOF predictions lose to the training prior (paired bootstrap) leave the fallback "
@@ -87,12 +88,7 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
     p.add_argument("--start-time", type=float, default=time_planner.PROCESS_START, help="budget start (run.py sets it)")
     p.add_argument("--predict-beside", action="store_true", help="run.py's: predict.py's imports not in the reserve")
     p.add_argument("--dry-run", action="store_true", help="3 batches, 1 epoch, 2 folds: checks the whole path")
-    p.add_argument(
-        "--no-grow",
-        action="store_true",
-        default=os.environ.get("KAGTPL_GROW", "on") == "off",
-        help="a plan that fits ends early (default: more seeds; KAGTPL_GROW=off makes this the default)",
-    )
+    p.add_argument("--no-grow", action="store_true", default=os.environ.get("KAGTPL_GROW") == "off", help=NO_GROW_HELP)
     p.add_argument("--hand-in", default=os.environ.get("KAGTPL_HAND_IN", "judged"), choices=HAND_IN, help=HAND_IN_HELP)
     # more than one GPU (docs/parallel.md): folds = one fold per GPU at a time; ddp = torchrun
     p.add_argument(
