@@ -1,0 +1,52 @@
+"""One run of train.py as one object: the parsed flags, the device, the machine (precision,
+loader), the batching (batch, accumulation, LR) and the time planner, built by one function
+and passed by name.
+
+The tasks that read their data through a DataLoader (image, segmentation, detection, audio) each
+held the same ten lines of set-up in their `main()` (issue 58: the run setup, word for word in four
+train.py files); `start` is those lines once. Each train.py keeps what is the competition's: its
+recommendation's inputs (model, image or spectrogram size), its data, its splits. It is machinery:
+`copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import hardware
+from .engine import cross_validate, fit_steps, make_machine, make_planner, print_start
+from .machine import Batching, Machine, batch_set_by_user
+from .planner import TimePlanner
+
+
+@dataclass
+class Run:
+    args: object  # train.py's parsed flags (engine.begin checked them)
+    device: torch.device
+    machine: Machine
+    batching: Batching
+    planner: TimePlanner
+
+    def fit_steps(self, rows: int) -> None:
+        """Small data: the batch shrinks so an epoch of a fold's training rows keeps enough optimizer
+        steps (machine.fit_steps); a batch you set (--batch-size / --accum-steps) is kept as given."""
+        if not batch_set_by_user(self.args):
+            fit_steps(self.batching, rows * (self.args.folds - 1) // self.args.folds, self.args.lr)
+
+    def cross_validate(self, comp, splits):
+        """engine.cross_validate with this run's machine, batching and planner."""
+        return cross_validate(comp, splits, self.args, self.machine, self.batching, self.planner)
+
+
+def start(args, device: torch.device, rec) -> Run:
+    """The run from `rec` (hardware.recommend's batch, accumulation, memory layout): the loader's
+    workers (--workers, else the usable CPUs less one), the machine, the batching at the rule's
+    LR, the start lines (RESOURCES, GPU Memory, DataLoader, BATCH) and the time planner."""
+    cpus = hardware.usable_cpus() if args.workers < 0 else args.workers + 1  # workers = CPUs - 1
+    machine = make_machine(device, args.amp, hardware.loader_settings(cpus, device.type == "cuda"), rec.channels_last)
+    accum = args.accum_steps or rec.accum_steps
+    batching = Batching(rec.batch_size, accum, hardware.scaled_lr(args.lr, rec.batch_size * accum))
+    print_start(machine, batching, rec.why["batch_size"])
+    return Run(args, device, machine, batching, make_planner(args, machine))
