@@ -13,7 +13,7 @@ import yaml
 
 from conftest import ROOT
 from kagtpl import new
-from kagtpl.template import hardware, planner
+from kagtpl.template import hardware, planner, tasks
 
 COPIER = yaml.safe_load((ROOT / "copier.yml").read_text())
 
@@ -56,6 +56,21 @@ def test_validators_enforce_the_ranges(key):
         jinja(validator, task="image", **{key: low - 1}) != ""
         and jinja(validator, task="image", **{key: high + 1}) != ""
     )
+
+
+def test_copier_yml_offers_the_registrys_tasks_and_the_generator_knows_each():
+    """machinery/tasks.py is the one list of tasks (issue 58): copier.yml's choices, kagtpl new's
+    names and layout detectors, kagtpl kaggle's weights rule and the planner's defaults all read it
+    or are checked against it here. A task added to one and not the others fails this test."""
+    registry = tasks()
+    assert COPIER["task"]["choices"] == list(registry.NAMES)
+    assert new.TASKS == registry.NAMES and set(new.DETECTORS) == set(registry.NAMES)
+    assert set(planner().DEFAULT_PLAN) == set(registry.NAMES)
+    for task in registry.TASKS:  # the template renders each task's own scripts under its name
+        for script in ("train.py{% endif %}.jinja", "predict.py{% endif %}"):
+            assert (ROOT / "template" / f"{{% if task == '{task.name}' %}}{script}").is_file(), (task.name, script)
+    assert registry.names(pretrained=True) == ("image", "segmentation", "detection", "audio")
+    assert registry.names(image_size=True) == ("image", "segmentation", "detection")
 
 
 @pytest.mark.parametrize("task", new.TASKS)

@@ -30,6 +30,7 @@ MACHINERY = {
     "compiling.py",
     "prediction.py",
     "runs.py",
+    "tasks.py",
     "hardware.py",
     "locks.py",
     "logs.py",

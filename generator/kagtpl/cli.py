@@ -27,12 +27,15 @@ from kagtpl import (
     update,
 )
 from kagtpl.errors import KagtplError
+from kagtpl.template import tasks as template_tasks
 
 try:  # Typer >= 0.20 carries its own copy of Click
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 except ImportError:  # older Typer runs on Click itself
     from click.exceptions import NoArgsIsHelpError, UsageError
 
+# the template's task registry (machinery/tasks.py): each task's name and what it trains
+TASK_HELP = "Competition type: " + "; ".join(f"{t.name} ({t.what})" for t in template_tasks().TASKS) + "."
 app = typer.Typer(
     help="Kaggle competition projects that keep the GPU busy and always hand in a submission.",
     no_args_is_help=True,
@@ -104,7 +107,7 @@ def new_cmd(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Project folder name, e.g. dog-breed.")],
     task: Annotated[
         Optional[str],
-        typer.Option(metavar="TASK", help="Competition type: image, tabular, text, segmentation, detection or audio."),
+        typer.Option(metavar="TASK", help=TASK_HELP),
     ] = None,
     gpu: Annotated[
         Optional[str], typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus), or auto to detect.")
@@ -316,7 +319,7 @@ def gpus_cmd() -> None:
 def recommend_cmd(
     task: Annotated[
         str,
-        typer.Option(metavar="TASK", help="Competition type: image, tabular, text, segmentation, detection or audio."),
+        typer.Option(metavar="TASK", help=TASK_HELP),
     ] = "image",
     gpu: Annotated[str, typer.Option(metavar="GPU", help="GPU profile (kagtpl gpus).")] = "t4",
     model: Annotated[

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kagtpl.errors import KagtplError
+from kagtpl.template import tasks
 
 # Kaggle slugs (competitions, datasets, kernels): lowercase letters, digits and hyphens, 3 to 50
 # characters, no hyphen at either end; anything else is rejected or rewritten by Kaggle.
@@ -253,7 +254,7 @@ def plan(req: KaggleRequest) -> Package:
         raise KagtplError(f"--model-dir {req.model_dir}: no such folder")
     # an image model, a segmentation model's encoder (its decoder starts from scratch), or a
     # detector's backbone (a torchvision classifier's weights, or a whole COCO detector's)
-    pretrained_tasks = ("image", "segmentation", "detection", "audio")
+    pretrained_tasks = tasks().names(pretrained=True)  # the template's registry
     wants_weights = answers.get("task") in pretrained_tasks and answers.get("pretrained") and req.pretrained
     wants_weights = wants_weights and not (req.serve or req.predict)  # nothing trains: the trained folds travel
     if req.serve and req.predict:

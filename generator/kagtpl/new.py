@@ -15,9 +15,9 @@ from pathlib import Path
 
 from kagtpl import detect, detect_audio, kaggle, paths
 from kagtpl.errors import KagtplError
-from kagtpl.template import hardware, planner, profiles, source
+from kagtpl.template import hardware, planner, profiles, source, tasks
 
-TASKS = ("image", "tabular", "text", "segmentation", "detection", "audio")
+TASKS = tasks().NAMES  # the template's task registry (machinery/tasks.py)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -147,7 +147,7 @@ FOR_TASK = {
         "competitions; tables get an MLP",
     ),
     "model_dir": (("text",), "for text competitions (the local Hugging Face folder)"),
-    "image_size": (("image", "segmentation", "detection"), "for image, segmentation and detection competitions"),
+    "image_size": (tasks().names(image_size=True), "for image, segmentation and detection competitions"),
     "work_size": (("segmentation",), "for segmentation competitions"),
 }
 DETECTORS = {

@@ -8,15 +8,18 @@ from rich.table import Table
 
 from kagtpl import detect, paths
 from kagtpl.errors import KagtplError
-from kagtpl.template import adapters, hardware, planner
+from kagtpl.template import adapters, hardware, planner, tasks
 
 
 def recommend_table(
     task: str, gpu: str, model: str | None, image_size: int | None, budget: str | None = None, data: Path | None = None
 ) -> Table:
     hw = hardware()
-    if task not in ("image", "tabular", "text", "segmentation"):
-        raise KagtplError(f"unknown task {task!r}; valid tasks: image, tabular, text, segmentation, detection, audio")
+    names = tasks().NAMES  # the template's task registry
+    if task not in names:
+        raise KagtplError(f"unknown task {task!r}; valid tasks: {', '.join(names)}")
+    if task in ("detection", "audio"):  # their own tables: detection_table, audio_table (cli.recommend_cmd)
+        raise KagtplError(f"no image or table rules for {task}: kagtpl recommend --task {task} gives its own table")
     if gpu not in hw.PROFILES:
         raise KagtplError(f"unknown GPU {gpu!r}; valid GPUs: {', '.join(hw.PROFILES)}")
     low, high = hw.RANGES["image_size"]

@@ -112,7 +112,7 @@ def source() -> Source:
 # The template's torch-free machinery modules the generator shares. They are loaded as modules of
 # the template's own `machinery` package (under another name, so nothing in sys.modules clashes),
 # so their relative imports find each other exactly as in the generated project.
-SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report", "storage", "adapters")
+SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report", "storage", "adapters", "tasks")
 PACKAGE = "kagtpl_template_machinery"
 
 
@@ -165,6 +165,11 @@ def profiles() -> ModuleType:
 def hardware() -> ModuleType:
     """template/hardware.py: the GPU table and rules the generated train.py uses."""
     return template_module("hardware")
+
+
+def tasks() -> ModuleType:
+    """template/machinery/tasks.py: the task registry (names, plan defaults, what each needs)."""
+    return template_module("tasks")
 
 
 def planner() -> ModuleType:

@@ -16,17 +16,11 @@ from dataclasses import dataclass
 from . import hardware
 from .durations import fmt_s, parse_duration, process_age
 from .errors import RunError
+from .tasks import TASKS
 
 PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
 KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet off
-DEFAULT_PLAN = {
-    "image": (5, 10),
-    "tabular": (5, 50),
-    "text": (5, 4),
-    "segmentation": (5, 20),
-    "detection": (5, 20),
-    "audio": (5, 20),
-}  # folds, epochs: copier.yml's defaults (a test keeps them so)
+DEFAULT_PLAN = {task.name: (task.folds, task.epochs) for task in TASKS}  # folds, epochs: the registry's (tasks.py)
 
 
 def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=None, beside=False) -> TimePlanner:

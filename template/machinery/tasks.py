@@ -1,0 +1,47 @@
+"""The task registry: every competition type kagtpl renders, and what each needs, in one place.
+
+Pure Python, no torch: kagtpl's generator imports this same file (`kagtpl.template.tasks()`), so
+`kagtpl new`, `kagtpl recommend`, `kagtpl kaggle` and the generated project's planner read one
+list. copier.yml's `task` choices and its folds/epochs defaults are checked against it by
+tests/test_contract.py. Adding a task: its entry here, its scripts and modules under template/
+(named `{% if task == 'NAME' %}...{% endif %}`), its questions in copier.yml, and its docs
+(docs/generated-project.md, "Adding a task"). It is machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    folds: int  # the plan's default folds and epochs (copier.yml's defaults; planner.DEFAULT_PLAN)
+    epochs: int
+    pretrained: bool  # trains from pretrained weights a Kaggle kernel cannot download (kagtpl kaggle: --weights)
+    image_size: bool  # reads images at a size it is given (--image-size)
+    what: str  # one line, for kagtpl new's help and errors
+
+
+TASKS = (
+    Task("image", 5, 10, True, True, "image classification (timm)"),
+    Task("tabular", 5, 50, False, False, "tables: LightGBM, XGBoost, CatBoost and an MLP, blended"),
+    Task("text", 5, 4, False, False, "text: transformers encoders, decoder LLMs with LoRA"),
+    Task("segmentation", 5, 20, True, True, "masks (segmentation_models_pytorch), RLE submissions"),
+    Task("detection", 5, 20, True, True, "boxes (torchvision detectors), weighted box fusion"),
+    Task("audio", 5, 20, True, False, "audio: spectrogram CNNs over windows of recordings"),
+)
+BY_NAME = {task.name: task for task in TASKS}
+NAMES = tuple(BY_NAME)
+
+
+def get(name: str) -> Task:
+    """The task called `name`; a KeyError names the valid ones."""
+    if name not in BY_NAME:
+        raise KeyError(f"unknown task {name!r}; valid tasks: {', '.join(NAMES)}")
+    return BY_NAME[name]
+
+
+def names(**needs: bool) -> tuple[str, ...]:
+    """The tasks whose fields equal `needs`: names(pretrained=True) -> the tasks that need weights."""
+    return tuple(t.name for t in TASKS if all(getattr(t, key) == value for key, value in needs.items()))
