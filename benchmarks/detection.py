@@ -154,6 +154,8 @@ def predict(project: Path, out_dir: Path, name: str, *flags: str) -> Path:
     run = subprocess.run([*command, *flags], cwd=project, capture_output=True, text=True)
     if run.returncode:
         sys.exit(f"predict.py exited {run.returncode}: {run.stdout[-1500:]} {run.stderr[-1500:]}")
+    if not (out_dir / name).is_file():  # it kept the fallback: no fold was validated inside the budget
+        sys.exit(f"predict.py wrote no {name}: {run.stdout.strip().splitlines()[-1:]}; give the run a larger --budget")
     return out_dir / name
 
 

@@ -124,9 +124,11 @@ def test_gpu_throughput_smoke():
     rows = dict(re.findall(rf"^(train.py|hand loop)\s+{NUMBER}\s+", out, re.M))
     assert set(rows) == {"train.py", "hand loop"} and all(float(v) > 0 for v in rows.values()), out
     ratio = re.search(rf"^train.py\s+{NUMBER}\s+{NUMBER}x\s+{NUMBER}s\s+{NUMBER}x", out, re.M)
-    assert ratio and float(ratio.group(2)) == pytest.approx(
-        float(rows["train.py"]) / float(rows["hand loop"]), abs=0.01
-    )
+    # the rows are printed rounded to whole images/s: at ~45 img/s (a loaded CPU) that alone moves their
+    # quotient by ~2% (44 / 49.5 printed as 44 / 50: 0.88 against the exact 0.896)
+    train, hand = float(rows["train.py"]), float(rows["hand loop"])
+    rounding = (train / hand) * (0.5 / train + 0.5 / hand)
+    assert ratio and float(ratio.group(2)) == pytest.approx(train / hand, abs=0.005 + rounding)
     assert "goals: steady >= 0.98 of the hand loop: " in out and "GPU util >= 85%: n/a (no GPU)" in out, out
     assert "train.py's own choice: COMPILE: off (--compile off)" in out, out
 
@@ -311,7 +313,9 @@ def test_audio_tta_smoke():
 # left detection's first step past its deadline (no validated epoch, no postprocess.json) and audio no ONNX export
 @pytest.mark.alone
 def test_detection_score_smoke():
-    out = bench("detection.py", "--budget", "20s", "--train", "16", "--test", "4", "--size", "64")
+    # 30 s: beside another process's load a 20 s budget's deadline came at the first step, no fold was
+    # validated, and predict.py rightly kept the fallback (the benchmark now says so instead of a traceback)
+    out = bench("detection.py", "--budget", "30s", "--train", "16", "--test", "4", "--size", "64")
     names = (
         "FCOS/ResNet-18 (kagtpl): folds + flip TTA, WBF",
         "  folds by WBF, no TTA",

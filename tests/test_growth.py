@@ -351,7 +351,10 @@ def after_grown_epoch(n: int):
 @pytest.mark.slow
 def test_a_kill_during_the_second_seed_hands_in_the_whole_folds_and_resumes_there(tmp_path, digits_dir):
     project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=2, epochs=4)
-    args = ["train.py", "--budget", "90s", "--device", "cpu", "--no-pretrained"]
+    # 120 s: the planned folds take ~25 s quiet and ~50 s under load, and a second seed must still fit
+    # (at 90 s a loaded run ended its folds at 47 s with 23 s of training time left: no seed grew); the run is
+    # killed at the grown fold's epoch 2, so the budget's size costs no time
+    args = ["train.py", "--budget", "120s", "--device", "cpu", "--no-pretrained"]
     proc, seen = start_until(project, args, after_grown_epoch(2))
     os.killpg(proc.pid, signal.SIGKILL)  # no handler runs: the second seed's fold 0 is cut mid-way
     proc.wait(timeout=30)
