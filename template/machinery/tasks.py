@@ -4,7 +4,7 @@ Pure Python, no torch: kagtpl's generator imports this same file (`kagtpl.templa
 `kagtpl new`, `kagtpl recommend`, `kagtpl kaggle` and the generated project's planner read one
 list. copier.yml's `task` choices and its folds/epochs defaults are checked against it by
 tests/test_contract.py. Adding a task: its entry here, its scripts and modules under template/
-(named `{% if task == 'NAME' %}...{% endif %}`), its questions in copier.yml, and its docs
+(each named by the Jinja condition on the task's name), its questions in copier.yml, and its docs
 (docs/generated-project.md, "Adding a task"). It is machinery: `copier update` may replace it.
 """
 
