@@ -299,7 +299,7 @@ def test_update_across_the_engine_change_keeps_an_edit_that_did_not_move(tmp_pat
     assert "from template v0.1.0 to v0.2.0" in r.stdout and "No conflicts" in r.stdout
     train = (project / "train.py").read_text()
     assert USER_EDIT[1] in train  # the user's edit survived...
-    assert "engine.cross_validate(" in train and "def train_fold" not in train  # ...in the new layout
+    assert "run.cross_validate(" in train and "def train_fold" not in train  # ...in the new layout
     assert not (project / "kit.py").exists()  # the old machinery is gone, the new is there
     assert {"engine.py", "planner.py", "storage.py", "images.py"} <= {p.name for p in (project / "machinery").iterdir()}
     # the updated project works: its own tests (model, loss, metric, checkpoints) pass
