@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import hardware
-from .engine import cross_validate, fit_steps, make_machine, make_planner, print_start
+from . import engine, hardware  # engine's functions through the module: tests and tune.py wrap them there
 from .machine import Batching, Machine, batch_set_by_user
 from .planner import TimePlanner
 
@@ -33,11 +32,11 @@ class Run:
         """Small data: the batch shrinks so an epoch of a fold's training rows keeps enough optimizer
         steps (machine.fit_steps); a batch you set (--batch-size / --accum-steps) is kept as given."""
         if not batch_set_by_user(self.args):
-            fit_steps(self.batching, rows * (self.args.folds - 1) // self.args.folds, self.args.lr)
+            engine.fit_steps(self.batching, rows * (self.args.folds - 1) // self.args.folds, self.args.lr)
 
     def cross_validate(self, comp, splits):
         """engine.cross_validate with this run's machine, batching and planner."""
-        return cross_validate(comp, splits, self.args, self.machine, self.batching, self.planner)
+        return engine.cross_validate(comp, splits, self.args, self.machine, self.batching, self.planner)
 
 
 def start(args, device: torch.device, rec) -> Run:
@@ -45,8 +44,9 @@ def start(args, device: torch.device, rec) -> Run:
     workers (--workers, else the usable CPUs less one), the machine, the batching at the rule's
     LR, the start lines (RESOURCES, GPU Memory, DataLoader, BATCH) and the time planner."""
     cpus = hardware.usable_cpus() if args.workers < 0 else args.workers + 1  # workers = CPUs - 1
-    machine = make_machine(device, args.amp, hardware.loader_settings(cpus, device.type == "cuda"), rec.channels_last)
+    loader = hardware.loader_settings(cpus, device.type == "cuda")
+    machine = engine.make_machine(device, args.amp, loader, rec.channels_last)
     accum = args.accum_steps or rec.accum_steps
     batching = Batching(rec.batch_size, accum, hardware.scaled_lr(args.lr, rec.batch_size * accum))
-    print_start(machine, batching, rec.why["batch_size"])
-    return Run(args, device, machine, batching, make_planner(args, machine))
+    engine.print_start(machine, batching, rec.why["batch_size"])
+    return Run(args, device, machine, batching, engine.make_planner(args, machine))
