@@ -270,6 +270,7 @@ PROJECT_MODULES = (
     "logs",
     "parallel",
     "planner",
+    "reserve",
     "storage",
     "submission",
     "tuning",

@@ -68,16 +68,16 @@ def test_growth_prices_a_rerun_by_the_timing_its_checkpoints_recorded_or_does_no
         plan.begin_epoch(10, 2)
         clock.t += 5.0
         plan.end_epoch(epoch)
-    plan.predict_fold_s = 2.0
+    plan.prediction.fold_s = 2.0
     timing = plan.fold_timing()
     assert timing == {"fold_s": 10.0, "epochs": 2, "epoch_s": [5.0, 5.0], "predict_fold_s": 2.0}
     rerun = planner_module.TimePlanner(600, 3, 10, clock=Clock(), log=lambda line: None)
     rerun.resumed_fold(None)  # an older checkpoint: nothing recorded, nothing timed
-    assert rerun.fold_s == [] and rerun.predict_fold_s == 0.0
+    assert rerun.fold_s == [] and rerun.prediction.fold_s == 0.0
     for _ in range(3):
         rerun.resumed_fold(timing)
     assert rerun.fold_s == [10.0] * 3 and rerun.fold_epochs == [2] * 3 and rerun.epoch_s == [5.0] * 6
-    assert rerun.predict_fold_s == 2.0 and rerun.measured
+    assert rerun.prediction.fold_s == 2.0 and rerun.prediction.measured
 
 
 def test_a_grown_oof_file_counts_only_with_its_whole_checkpoint_of_this_runs_settings(
@@ -184,7 +184,7 @@ def test_growth_rules_with_a_fake_clock(project_modules):
         clock.t += extra
         plan.end_fold(k, False)
     assert engine.growth_fold(plan) == (57.0, 8) and plan.fold_epochs == [10, 8, 10]
-    plan.planned, plan.growing, plan.predict_fold_s = True, True, 2.0
+    plan.planned, plan.growing, plan.prediction.fold_s = True, True, 2.0
     clock.t = plan.t0 + 600 - 90 - 5 - 90.0  # 90 s of training time left (15%: nothing measured)
     # 15 epochs (validation still improving): 57 + 7 x 6 + 2 = 101 s > 85.5 s; 12 epochs fit
     assert engine.grown_epochs(plan, 15) == (12, "a fold takes ~57s, 90s training time left")
@@ -209,19 +209,20 @@ def test_growth_rules_with_a_fake_clock(project_modules):
 
     # each grown fold is one more checkpoint for predict.py: the reserve grows by its measured share
     plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
-    plan.note_inference(2.0, 100, 400, 1, 0.0, model_s=1.0)  # 8 s of test rows a fold, 1 s to build
-    one = plan.predict_fold_s
+    kept = plan.prediction
+    kept.note_inference(2.0, 100, 400, 1, 0.0, model_s=1.0)  # 8 s of test rows a fold, 1 s to build
+    one = kept.fold_s
     assert one == pytest.approx(1.25 * 9.0)
     before = plan.reserve()
     assert before == pytest.approx(1.25 * (10.0 + 3 * 9.0) + 5.0)  # start, 3 folds, predict.py's end
-    plan.predict_base_s += 200.0 - plan.predict_s  # a slower start: the measured need is the reserve
-    plan.add_model()
-    assert plan.reserve() == pytest.approx(200.0 + one) and plan.extra_models == 1
-    plan.note_inference(0.5, 100, 400, 1, 0.0, model_s=1.0)  # a later fold, warm: 4x faster
-    assert plan.predict_fold_s == one  # the first fold's share stays: predict.py pays its warm-up too
-    assert plan.predict_s == pytest.approx(1.25 * 10.0 + 5.0 + (3 + 1) * one)  # 3 folds and the grown seed
+    kept.base_s += 200.0 - kept.need_s(plan.folds)  # a slower start: the measured need is the reserve
+    kept.add_model()
+    assert plan.reserve() == pytest.approx(200.0 + one) and kept.extra_models == 1
+    kept.note_inference(0.5, 100, 400, 1, 0.0, model_s=1.0)  # a later fold, warm: 4x faster
+    assert kept.fold_s == one  # the first fold's share stays: predict.py pays its warm-up too
+    assert kept.need_s(plan.folds) == pytest.approx(1.25 * 10.0 + 5.0 + (3 + 1) * one)  # 3 folds, the grown seed
     plan.folds = 1  # cut (or given back): the reserve follows the checkpoints predict.py will have
-    assert plan.predict_s == pytest.approx(1.25 * 10.0 + 5.0 + (1 + 1) * one)
+    assert kept.need_s(plan.folds) == pytest.approx(1.25 * 10.0 + 5.0 + (1 + 1) * one)
     # while growing, a slow epoch never re-plans (each grown fold was checked to fit before it began)
     lines = []
     plan = planner_module.TimePlanner(100, 3, 10, clock=clock, log=lines.append)
@@ -241,10 +242,11 @@ def test_tta_views_rules_and_the_views_predict_py_reads(project_modules, tmp_pat
     assert views.choose({2: 0.20, 3: 0.20, 4: 0.21}, 2) == 2
     assert views.choose({1: 0.5, 2: 0.4}, 1) == 2
     # their price: predict.py's extra share for every checkpoint it ensembles, within 95% of the time left
-    plan = SimpleNamespace(folds=5, extra_models=0, predict_fold_s=2.0, training_left=lambda: 10.0)
+    kept = SimpleNamespace(extra_models=0, fold_s=2.0)
+    plan = SimpleNamespace(folds=5, prediction=kept, training_left=lambda: 10.0)
     assert not views.affordable(plan, 2, 4)  # 5 x 2.0 x (4/2 - 1) = 10 > 9.5
     assert views.affordable(plan, 2, 3)  # 5.0
-    plan.extra_models = 5  # grown seeds' checkpoints pay for their views too
+    kept.extra_models = 5  # grown seeds' checkpoints pay for their views too
     assert not views.affordable(plan, 2, 3)
     plan.training_left = lambda: -1.0  # the evidence spent the last of it: the plan's views still stand
     assert views.affordable(plan, 2, 2) and not views.affordable(plan, 2, 3)

@@ -126,16 +126,16 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
     planner, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
     assert planner.reserve() == pytest.approx(540)  # 15% before anything is measured
     # validation: 2,000 images in 40 s -> 0.02 s/image; test: 10,000 images x 5 folds x 2 TTA views
-    planner.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004, model_s=2.0)
-    expected = 1.25 * (8.0 + 5 * (2.0 + 0.02 * 10_000 * 2) + 0.004 * 10_000) + planner.PREDICT_END_S
+    planner.prediction.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004, model_s=2.0)
+    expected = 1.25 * (8.0 + 5 * (2.0 + 0.02 * 10_000 * 2) + 0.004 * 10_000) + planner.prediction.END_S
     assert planner.reserve() == pytest.approx(expected) and planner.reserve() > 0.15 * 3600
     assert planner.training_left() == pytest.approx(3600 - expected - planner.FINISH_S)
     # a prediction measured at seconds keeps 8% of the budget, not 15%: the time between is training's
     quick, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
-    quick.note_inference(1.0, 2000, test_rows=1000, views=1, decode_s_per_image=0.0, model_s=1.0)
-    assert quick.predict_s < 0.08 * 3600 and quick.reserve() == pytest.approx(0.08 * 3600)
+    quick.prediction.note_inference(1.0, 2000, test_rows=1000, views=1, decode_s_per_image=0.0, model_s=1.0)
+    assert quick.prediction.need_s(quick.folds) < 0.08 * 3600 and quick.reserve() == pytest.approx(0.08 * 3600)
     trees, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
-    trees.note_startup()  # the trees measure no validation pass: their start is the measure
+    trees.prediction.note_startup()  # the trees measure no validation pass: their start is the measure
     assert trees.reserve() == pytest.approx(0.08 * 3600)
 
 
@@ -154,10 +154,11 @@ def test_a_predict_started_beside_train_is_reserved_without_its_imports(project_
         beside = plan.make_planner("60", 0.0, folds=3, epochs=8, beside=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    alone, beside = alone.prediction, beside.prediction
     assert alone.startup_s == 12.0 and beside.startup_s == pytest.approx(2.0, abs=0.5)
-    for planner in (alone, beside):
-        planner.note_inference(1.0, 100, test_rows=100, views=1, decode_s_per_image=0.0, model_s=1.0)
-    assert alone.predict_s - beside.predict_s == pytest.approx(1.25 * 10.0, abs=0.7)
+    for reserve in (alone, beside):
+        reserve.note_inference(1.0, 100, test_rows=100, views=1, decode_s_per_image=0.0, model_s=1.0)
+    assert alone.need_s(3) - beside.need_s(3) == pytest.approx(1.25 * 10.0, abs=0.7)
 
 
 def test_the_reserve_keeps_predict_pys_own_end(project_modules):
@@ -170,12 +171,12 @@ def test_the_reserve_keeps_predict_pys_own_end(project_modules):
     run_py = (Path(__file__).parents[1] / "template" / "run.py.jinja").read_text()
     end_s = float(re.search(r"^END_S = ([\d.]+)", run_py, re.M).group(1))
     margin = project_modules.submission.FoldClock.MARGIN_S
-    assert project_modules.planner.TimePlanner.PREDICT_END_S == 2 * end_s + margin
+    assert project_modules.reserve.PredictionReserve.END_S == 2 * end_s + margin
 
 
 def test_run_py_safety_net_comes_after_the_planned_end_of_training(project_modules):
     """run.py SIGTERMs a train.py still running at SAFETY_NET of the budget. A healthy run ends
-    training by 1 - RESERVE_FRACTION (1 - MEASURED_FRACTION once measured) less FINISH_S, then
+    training by 1 - the reserve's FRACTION (1 - MEASURED_FRACTION once measured) less FINISH_S, then
     scores, reports and exits: the net must leave room for that, or it kills runs that did
     nothing wrong (it once sat at exactly 85%)."""
     rules = project_modules.planner.TimePlanner
@@ -183,7 +184,7 @@ def test_run_py_safety_net_comes_after_the_planned_end_of_training(project_modul
         planner = rules(budget, folds=5, epochs=10)
         end_of_training = budget - planner.reserve() - planner.FINISH_S
         assert rules.SAFETY_NET * budget - end_of_training >= 0.05 * budget
-        planner.note_inference(0.1, 1000, test_rows=10, views=1, decode_s_per_image=0.0, model_s=0.1)
+        planner.prediction.note_inference(0.1, 1000, test_rows=10, views=1, decode_s_per_image=0.0, model_s=0.1)
         latest = budget - planner.reserve() - planner.FINISH_S  # measured: the 8% floor, the latest end
         assert rules.SAFETY_NET * budget - latest >= max(5.0, 0.03 * budget), (budget, latest)
 

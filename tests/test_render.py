@@ -201,7 +201,7 @@ def test_template_has_no_tasks_migrations_or_extensions():
 
 # ----------------------------------------------------------------------------- the engine by concern (issue 23)
 
-MAX_FILE_LINES, MAX_FUNCTION_LINES = 470, 60  # "no machinery file over ~450 lines, no function over ~60"
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 450, 60  # issue 58: "no machinery file over 450", no function over ~60
 
 
 @pytest.mark.parametrize("task", ["image", "tabular", "text", "segmentation", "audio"])

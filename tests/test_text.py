@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from conftest import dry_run_into_output, needs_text, render, run_script, start_until
 from kagtpl import detect, new
 from kagtpl.cli import app
-from kagtpl.template import hardware
+from kagtpl.template import hardware, text_sizing
 
 pytestmark = needs_text  # README command 1 has no text libraries: skipped there, with the way to install them
 
@@ -95,14 +95,14 @@ def test_kagtpl_new_text_records_the_detected_layout_and_model_folder(text_data,
 
 
 def test_text_rules_shrink_the_batch_and_checkpoint_large_models_on_small_gpus():
-    hw = hardware()
+    hw, ts = hardware(), text_sizing()
     t4, a100 = hw.PROFILES["t4"], hw.PROFILES["a100-80"]
-    assert hw.text_batch(t4, 184, 512)[:2] == (8, 4)  # the anchor: deberta-v3-base, 512 tokens, T4
-    assert hw.text_batch(t4, 435, 512)[0] < 8 and hw.text_batch(a100, 435, 512)[0] > 8
-    assert hw.text_batch(t4, 184, 256)[0] == 2 * hw.text_batch(t4, 184, 512)[0]  # half the tokens, twice the rows
-    assert hw.text_checkpointing(t4, 435)[0] and not hw.text_checkpointing(a100, 435)[0]
-    assert not hw.text_checkpointing(t4, 184)[0]
-    assert hw.text_max_len_cap(t4)[0] == 512 and hw.text_max_len_cap(a100)[0] == 1024
+    assert ts.text_batch(t4, 184, 512)[:2] == (8, 4)  # the anchor: deberta-v3-base, 512 tokens, T4
+    assert ts.text_batch(t4, 435, 512)[0] < 8 and ts.text_batch(a100, 435, 512)[0] > 8
+    assert ts.text_batch(t4, 184, 256)[0] == 2 * ts.text_batch(t4, 184, 512)[0]  # half the tokens, twice the rows
+    assert ts.text_checkpointing(t4, 435)[0] and not ts.text_checkpointing(a100, 435)[0]
+    assert not ts.text_checkpointing(t4, 184)[0]
+    assert ts.text_max_len_cap(t4)[0] == 512 and ts.text_max_len_cap(a100)[0] == 1024
 
 
 def test_recommend_text_explains_each_setting():

@@ -84,12 +84,12 @@ def test_pruner_is_hyperband_only_when_the_search_has_room_for_its_brackets(proj
 
 
 def test_auto_workers_follow_model_size_and_each_worker_gets_its_share_of_the_card(project_modules):
-    tuning, gpu = project_modules.tuning, project_modules.gpu
-    assert tuning.auto_workers("small", "cuda", 1, 24.0)[0] == 3
-    assert tuning.auto_workers("small", "cuda", 2, 16.0)[0] == 4  # Kaggle T4x2: 2 per card
-    assert tuning.auto_workers("large", "cuda", 1, 80.0)[0] == 1
-    assert tuning.auto_workers("small", "cpu", 0, 0.0)[0] == 1
-    env = [tuning.worker_env(i, 3, 2) for i in range(3)]
+    workers, gpu = project_modules.workers, project_modules.gpu
+    assert workers.auto_tune_workers("small", "cuda", 1, 24.0)[0] == 3
+    assert workers.auto_tune_workers("small", "cuda", 2, 16.0)[0] == 4  # Kaggle T4x2: 2 per card
+    assert workers.auto_tune_workers("large", "cuda", 1, 80.0)[0] == 1
+    assert workers.auto_tune_workers("small", "cpu", 0, 0.0)[0] == 1
+    env = [workers.tune_worker_env(i, 3, 2) for i in range(3)]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in env] == ["0", "1", "0"]
     assert [e[gpu.SHARE_ENV] for e in env] == ["0.5000", "1.0000", "0.5000"]  # two on card 0, one on card 1
     total = 16 * gpu.GB

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from kagtpl import detect, paths
 from kagtpl.errors import KagtplError
-from kagtpl.template import adapters, hardware, planner, tasks
+from kagtpl.template import adapters, hardware, planner, tasks, text_sizing
 
 
 def recommend_table(
@@ -278,9 +278,9 @@ def text_table(
     if config is not None:
         params_m, size_why = adapters().params_m(config), f"read from {model_dir / 'config.json'}"
     else:
-        params_m, size_why = hw.text_params(model)
+        params_m, size_why = text_sizing().text_params(model)
     profile = hw.PROFILES[gpu]
-    cap, cap_why = hw.text_max_len_cap(profile)
+    cap, cap_why = text_sizing().text_max_len_cap(profile)
     if max_len is None:
         max_len, len_why = cap, f"{cap_why}; train.py takes the 99th percentile of the token lengths below it"
     elif not 8 <= max_len <= 32768:
@@ -320,9 +320,8 @@ def read_model_config(model_dir: Path) -> dict:
 
 
 def encoder_rows(profile, params_m: float, max_len: int, len_why: str) -> list[tuple]:
-    hw = hardware()
-    batch, accum, batch_why = hw.text_batch(profile, params_m, max_len)
-    checkpointing, ckpt_why = hw.text_checkpointing(profile, params_m)
+    batch, accum, batch_why = text_sizing().text_batch(profile, params_m, max_len)
+    checkpointing, ckpt_why = text_sizing().text_checkpointing(profile, params_m)
     return [
         ("max_len", max_len, len_why),
         ("batch_size", batch, batch_why + ("; the probe refines it on CUDA" if profile.is_gpu else "")),
@@ -337,7 +336,7 @@ def encoder_rows(profile, params_m: float, max_len: int, len_why: str) -> list[t
 def llm_rows(config: dict, profile, max_len: int, len_why: str) -> list[tuple]:
     """A decoder LLM: LoRA always; 4-bit where the 16-bit weights leave no room for a batch of 4
     (or on a card without 16-bit room at all); the batch and checkpointing from the memory model."""
-    ad, hw = adapters(), hardware()
+    ad, sizing = adapters(), text_sizing()
     r, memory = ad.LORA_R, profile.memory_gb
     full = ad.params_m(config) * 16 / 1024  # GB: weights, gradients and AdamW for full fine-tuning
     lora_m = ad.lora_params_m(config, r)
@@ -347,7 +346,7 @@ def llm_rows(config: dict, profile, max_len: int, len_why: str) -> list[tuple]:
         sixteen = ad.lora_fit(config, memory, "none", r, max_len)
         quant = "none" if sixteen[0] >= 4 and not sixteen[1] else "4bit"
         batch, checkpointing, parts, fit_why = ad.lora_fit(config, memory, quant, r, max_len)
-        accum = max(1, hw.TEXT_TARGET_EFFECTIVE_BATCH // batch)
+        accum = max(1, sizing.TEXT_TARGET_EFFECTIVE_BATCH // batch)
         quant_why = (
             f"16-bit weights ({w16:.1f} GB) leave room for a batch of {sixteen[0]}"
             if quant == "none"
@@ -355,7 +354,7 @@ def llm_rows(config: dict, profile, max_len: int, len_why: str) -> list[tuple]:
             "needs CUDA and bitsandbytes)"
         )
     else:  # CPU: fp32 weights, the CPU batch rule; fine for a tiny model's smoke test only
-        batch, accum, _ = hw.text_batch(profile, ad.params_m(config), max_len)
+        batch, accum, _ = sizing.text_batch(profile, ad.params_m(config), max_len)
         checkpointing, quant, quant_why = False, "none", "4-bit kernels need CUDA: fp32 weights on CPU"
         parts = ad.memory_gb(config, "32bit", r, batch * max_len, False)
         fit_why = f"{ad.memory_line(parts)} of CPU RAM at batch {batch}"
@@ -389,16 +388,16 @@ def budget_rows(gpu: str, budget: str | None, task: str = "image") -> list[tuple
         raise KagtplError(f"--budget: {e}") from None
     if seconds is None:
         return [("budget", "none", f"no time limit: nothing is cut (on Kaggle train.py uses {plan.KAGGLE_BUDGET})")]
-    rules = plan.TimePlanner
-    reserve = rules.RESERVE_FRACTION * seconds
+    rules, kept = plan.TimePlanner, plan.PredictionReserve
+    reserve = kept.FRACTION * seconds
     folds, epochs = plan.DEFAULT_PLAN[task]
     return [
         ("budget", budget, "wall time for train.py + predict.py together (python run.py --budget ...)"),
         (
             "reserve",
             f">= {reserve / 60:.1f} min",
-            f"{rules.RESERVE_FRACTION:.0%} of the budget until predict.py's time is measured, then "
-            f"{rules.MEASURED_FRACTION:.0%}, or the measured prediction estimate if larger",
+            f"{kept.FRACTION:.0%} of the budget until predict.py's time is measured, then "
+            f"{kept.MEASURED_FRACTION:.0%}, or the measured prediction estimate if larger",
         ),
         (
             "training",

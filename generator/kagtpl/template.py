@@ -112,7 +112,7 @@ def source() -> Source:
 # The template's torch-free machinery modules the generator shares. They are loaded as modules of
 # the template's own `machinery` package (under another name, so nothing in sys.modules clashes),
 # so their relative imports find each other exactly as in the generated project.
-SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report", "storage", "adapters", "tasks")
+SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report", "storage", "adapters", "tasks", "text_sizing")
 PACKAGE = "kagtpl_template_machinery"
 
 
@@ -160,6 +160,11 @@ def adapters() -> ModuleType:
 def profiles() -> ModuleType:
     """template/machinery/profiles.py: the GPU table and the detected card's profile."""
     return template_module("profiles")
+
+
+def text_sizing() -> ModuleType:
+    """template/machinery/text_sizing.py (text): a transformer's batch, max_len cap and checkpointing rules."""
+    return template_module("text_sizing")
 
 
 def hardware() -> ModuleType:

@@ -244,7 +244,9 @@ def grow_seeds(comp, splits: list, args, run: tuple, queue=None) -> None:
     training_s = planner.budget - planner.reserve() - planner.FINISH_S
     target, more = growth.epochs_target(planner.epochs, planner.val_curves)
     fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
-    ok, said = growth.start(planner.training_left(), training_s, growth_fold_s(planner), planner.predict_fold_s, fits)
+    ok, said = growth.start(
+        planner.training_left(), training_s, growth_fold_s(planner), planner.prediction.fold_s, fits
+    )
     print(f"GROW: {'more seeds' if ok else 'none'}: {said}{'; ' + more if ok and more else ''}")
     planner.growing = ok
     for seed_no in range(2, growth.MAX_SEEDS + 1 if ok else 2):
@@ -252,7 +254,7 @@ def grow_seeds(comp, splits: list, args, run: tuple, queue=None) -> None:
             if queue is not None and not queue.take(k, seed_no):
                 continue  # another worker has it
             if queue is not None:  # every worker's grown folds: predict.py ensembles them all (the reserve)
-                planner.extra_models = queue.grown() - 1
+                planner.prediction.set_grown(queue.grown() - 1)
             if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, args, run, target):
                 return
 
@@ -275,7 +277,7 @@ def grown_epochs(planner, target: int) -> tuple[int, str]:
     fold, left = growth_fold(planner), planner.training_left()
     said = f"a fold takes ~{fmt_s(fold[0])}, {fmt_s(max(0.0, left))} training time left"
     epoch_s = statistics.median(planner.epoch_s) if planner.epoch_s else 0.0
-    return growth.grown_epochs(target, left, fold, epoch_s, planner.predict_fold_s, planner.epochs), said
+    return growth.grown_epochs(target, left, fold, epoch_s, planner.prediction.fold_s, planner.epochs), said
 
 
 def served_room(args, machine: Machine, planner) -> str | None:
@@ -284,7 +286,7 @@ def served_room(args, machine: Machine, planner) -> str | None:
     first = Path(args.out_dir) / "model_fold0.pth"
     size = first.stat().st_size if first.is_file() else 0
     room = int(serving.HELD_SHARE * device_memory(machine.device))
-    return growth.served_room(args.data_dir, room, size, planner.folds + planner.extra_models + 1)
+    return growth.served_room(args.data_dir, room, size, planner.folds + planner.prediction.extra_models + 1)
 
 
 def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple, target: int) -> bool:
@@ -317,7 +319,7 @@ def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple, target: int) -
     if planner.stop_reason:
         print(f"GROW: seed {seed_no} fold {k} cut ({planner.stop_reason}): not ensembled")
         return False
-    planner.add_model()
+    planner.prediction.add_model()
     print(f"GROW: seed {seed_no} fold {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
     return True
 

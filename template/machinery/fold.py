@@ -232,7 +232,7 @@ def validate(comp, fold: Fold, bare, valid_batches, machine: Machine, args, plan
             t_setup = time.time()
             model_s += setup(bare)
             planner.leave_out(time.time() - t_setup)  # timed once: not an epoch's cost
-        planner.note_inference(valid_s, len(pred), comp.test_rows, comp.test_views, comp.decode_s, model_s)
+        planner.prediction.note_inference(valid_s, len(pred), comp.test_rows, comp.test_views, comp.decode_s, model_s)
     pred = parallel.gather_rows(pred, len(fold.y_valid), machine.device)  # DDP: every rank's share, in order
     planner.end_epoch(epoch)
     return fold.y_valid[: len(pred)], pred

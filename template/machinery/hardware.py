@@ -303,6 +303,11 @@ def loader_settings(cpus: int, on_cuda: bool) -> dict:
     }
 
 
+def flag_loader(workers: int, on_cuda: bool) -> dict:
+    """loader_settings for a script's --workers flag: -1 = the rule (usable CPUs less one), else that many."""
+    return loader_settings(usable_cpus() if workers < 0 else workers + 1, on_cuda)
+
+
 @dataclass(frozen=True)
 class Recommendation:
     batch_size: int
@@ -388,83 +393,3 @@ def tabular_batch_why(profile: Profile, n_rows: int) -> tuple[str, str]:
     cap, batch = TABULAR_GPU_BATCH if profile.is_gpu else TABULAR_CPU_BATCH, tabular_batch(profile, n_rows)
     detail = f"{'GPU' if profile.is_gpu else 'CPU'}: {cap}, capped at the power of two <= {n_rows} rows / "
     return ("small-data" if batch < cap else "rule"), f"{detail}{MIN_TABULAR_STEPS} steps -> {batch}"
-
-
-# Text: a transformer's memory is its weights and optimizer (fixed) plus activations, which grow
-# with batch x max_len. Anchor (issue 15's baseline): deberta-v3-base (184M) at max_len 512 on a
-# 16 GB T4 with fp16 trains at batch 8; batch scales with memory / (max_len x size) from there.
-TEXT_ANCHOR_BATCH, TEXT_ANCHOR_MEMORY_GB, TEXT_ANCHOR_LEN, TEXT_ANCHOR_PARAMS_M = 8, 16.0, 512, 184.0
-TEXT_CPU_BATCH, TEXT_MAX_BATCH = 16, 256
-TEXT_TARGET_EFFECTIVE_BATCH = 32  # accumulation tops a small micro-batch up to this (fine-tuning recipes: 16-32)
-TEXT_LARGE_PARAMS_M = 300.0  # deberta-v3-large (435M), roberta-large (355M): checkpointing on small GPUs
-TEXT_CHECKPOINTING_MEMORY_GB = 24.0
-
-
-# Sizes of the usual Kaggle text models (million parameters), for the rules before a folder is read
-TEXT_MODEL_PARAMS_M = (
-    ("mdeberta-v3-base", 278.0),
-    ("deberta-v3-xsmall", 70.0),
-    ("deberta-v3-small", 141.0),
-    ("deberta-v3-base", 184.0),
-    ("deberta-v3-large", 435.0),
-    ("roberta-large", 355.0),
-    ("roberta-base", 125.0),
-    ("distilbert", 66.0),
-    ("distilroberta", 82.0),
-    ("bert-large", 335.0),
-    ("bert-base", 110.0),
-    ("electra-large", 335.0),
-    ("electra-base", 110.0),
-    ("minilm-l6", 22.7),
-    ("minilm-l12", 33.4),
-)
-
-
-def text_params(model: str) -> tuple[float, str]:
-    """(million parameters, where the figure comes from) for a hub name."""
-    name = model.lower()
-    for pattern, params in TEXT_MODEL_PARAMS_M:
-        if pattern in name:
-            return params, f"kagtpl's table ({pattern})"
-    return TEXT_ANCHOR_PARAMS_M, "not in kagtpl's table: a base-size model assumed"
-
-
-def text_max_len_cap(profile: Profile) -> tuple[int, str]:
-    """The longest max_len a profile trains at: attention's memory grows with its square."""
-    if not profile.is_gpu:
-        return 256, "the CPU profile's 256"
-    cap = 512 if profile.memory_gb < 40 else 1024
-    return cap, f"the {profile.name} profile's {cap} ({profile.memory_gb:g} GB)"
-
-
-def text_batch(profile: Profile, params_m: float, max_len: int) -> tuple[int, int, str]:
-    """(micro-batch, accumulation, why) for a transformer of params_m million at max_len."""
-    if not profile.is_gpu:
-        return TEXT_CPU_BATCH, 1, f"CPU: {TEXT_CPU_BATCH}, no accumulation"
-    raw = (
-        TEXT_ANCHOR_BATCH
-        * (profile.memory_gb / TEXT_ANCHOR_MEMORY_GB)
-        * (TEXT_ANCHOR_LEN / max(max_len, 8))
-        * (TEXT_ANCHOR_PARAMS_M / max(params_m, 1.0)) ** 0.5
-    )
-    batch = max(1, min(TEXT_MAX_BATCH, 1 << max(0, int(math.log2(max(raw, 1.0))))))
-    accum = max(1, TEXT_TARGET_EFFECTIVE_BATCH // batch)
-    why = (
-        f"{TEXT_ANCHOR_BATCH} at {TEXT_ANCHOR_LEN} tokens for a {TEXT_ANCHOR_PARAMS_M:g}M model on "
-        f"{TEXT_ANCHOR_MEMORY_GB:g} GB, x memory {profile.memory_gb:g} GB, / max_len {max_len}, "
-        f"/ sqrt(size {params_m:.0f}M) -> {batch}"
-        + (f", accumulation {accum} to an effective {batch * accum}" if accum > 1 else "")
-    )
-    return batch, accum, why
-
-
-def text_checkpointing(profile: Profile, params_m: float) -> tuple[bool, str]:
-    """Gradient checkpointing by default for large models on GPUs of 24 GB or less."""
-    large = params_m >= TEXT_LARGE_PARAMS_M
-    small_gpu = profile.is_gpu and profile.memory_gb <= TEXT_CHECKPOINTING_MEMORY_GB
-    if large and small_gpu:
-        return True, f"{params_m:.0f}M params on {profile.memory_gb:g} GB: activations would crowd out the batch"
-    if not large:
-        return False, f"{params_m:.0f}M params: small enough without"
-    where = f"{profile.memory_gb:g} GB" if profile.is_gpu else "CPU memory"
-    return False, f"{where} holds a {params_m:.0f}M model's activations"

@@ -85,9 +85,10 @@ def make_planner(args, machine: Machine) -> TimePlanner:
     sync = torch.cuda.synchronize if machine.device.type == "cuda" else None
     folds = min(args.folds, args.train_folds or args.folds)  # --train-folds 1: fold 0 only (tune.py's trials)
     # --predict-beside (run.py's): predict.py started beside this train.py and paid its imports there
-    planner = time_planner.make_planner(args.budget, args.start_time, folds, args.epochs, sync, args.predict_beside)
-    if args.predict_reserve >= 0:
-        planner.fixed_reserve = args.predict_reserve
+    fixed = args.predict_reserve if args.predict_reserve >= 0 else None  # --predict-reserve: seconds, not the rule
+    planner = time_planner.make_planner(
+        args.budget, args.start_time, folds, args.epochs, sync, args.predict_beside, fixed
+    )
     worker = parallel.fold_worker()
     planner.parallel = worker[1] if worker else 1  # the folds left are shared by this many workers
     return planner

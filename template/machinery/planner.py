@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from . import hardware
 from .durations import fmt_s, parse_duration, process_age
 from .errors import RunError
+from .reserve import PredictionReserve
 from .tasks import TASKS
 
 PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
@@ -23,7 +24,9 @@ KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet
 DEFAULT_PLAN = {task.name: (task.folds, task.epochs) for task in TASKS}  # folds, epochs: the registry's (tasks.py)
 
 
-def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=None, beside=False) -> TimePlanner:
+def make_planner(
+    budget: str, start_time: float, folds: int, epochs: int, sync=None, beside=False, fixed_reserve=None
+) -> TimePlanner:
     """The run's planner: --budget parsed (on Kaggle with none, 9h), SIGTERM handled.
     `sync` is torch.cuda.synchronize on CUDA, so the timed steps are real. `beside`: run.py started
     predict.py beside train.py, so its interpreter start and imports are paid by the time train.py
@@ -40,6 +43,7 @@ def make_planner(budget: str, start_time: float, folds: int, epochs: int, sync=N
     # libraries, then machinery)
     startup_s = time.time() - PROCESS_START if beside else process_age()
     planner = TimePlanner(seconds, folds, epochs, elapsed_s=time.time() - start_time, startup_s=startup_s, sync=sync)
+    planner.prediction.fixed_s = fixed_reserve  # --predict-reserve: seconds instead of the rule
     planner.install_sigterm()
     return planner
 
@@ -128,8 +132,7 @@ class TimePlanner:
     """Plans folds and epochs to fit a wall-time budget, re-plans with measured times, and
     guards the deadline so prediction always gets its reserve.
 
-    The rules (docs/time-budget.md): keep max(15% of the budget, 8% once predict.py's time is
-    measured, the measured prediction estimate) for predict.py; if the plan needs more than 80%
+    The rules (docs/time-budget.md): keep the prediction reserve (reserve.py) for predict.py; if the plan needs more than 80%
     of the training time left, cut folds to 3, then epochs by 30% and 50% (never below
     `min_epochs`), then folds towards 1 (giving back as many epochs as then fit, up to the
     plan's), and at 1 fold fit the epochs.
@@ -140,24 +143,18 @@ class TimePlanner:
     step timings are real); a fake clock drives every decision deterministically.
     """
 
-    RESERVE_FRACTION, FIRST_FOLD_FRACTION = 0.15, 0.20
-    # Once the prediction estimate is measured (the first validation pass, or the trees' start) the
-    # floor under it is 8%: 15% held 81 minutes of Kaggle's 9 hours for a predict.py of minutes, and
-    # capped a 10-minute image run at 0.83 of its budget (predict.py took 8.6 s of a 90 s reserve)
-    MEASURED_FRACTION = 0.08
+    FIRST_FOLD_FRACTION = 0.20
     # After the last epoch train.py still scores the OOF predictions, draws the report and exits;
     # the interpreter's exit alone (torch, timm) took 1-2 s of the 3 s measured on 2 CPU cores.
     FINISH_S = 5.0
     # run.py's safety net: SIGTERM to a train.py still running at this share of the budget. It
-    # must come after the planner's own end of training (1 - MEASURED_FRACTION at the latest, less
-    # FINISH_S): at 85%, equal to the end of that time, a healthy run was killed while its
+    # must come after the planner's own end of training (1 - reserve.py's MEASURED_FRACTION at the
+    # latest, less FINISH_S): at 85%, equal to the end of that time, a healthy run was killed while its
     # interpreter exited. 95% leaves 3% of the budget and 5 s after it.
     SAFETY_NET = 0.95
     PLAN_FRACTION, REPLAN_FRACTION = 0.80, 0.95  # an estimate gets 20% slack; measured epochs 5%
     GIVE_BACK_FRACTION = 0.75  # epochs come back only with 25% slack: no cut / give-back see-saw
     WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
-    PREDICT_MARGIN = 1.25  # +25% on the measured prediction estimate
-    PREDICT_END_S = 5.0  # predict.py's end, not for folds: run.py's END_S twice + FoldClock.MARGIN_S (3 s)
 
     def __init__(
         self,
@@ -177,14 +174,11 @@ class TimePlanner:
         self.min_epochs = min(min_epochs, epochs)
         self.clock, self.sync, self.log = clock, sync or (lambda: None), log
         self.t0 = clock() - elapsed_s
-        self.predict_base_s = 0.0  # predict.py's start, test decoding and end, measured (the checkpoints: predict_s)
-        self.measured = False  # predict.py's time estimated from a measure: the reserve's floor is MEASURED_FRACTION
-        self.startup_s = startup_s  # train.py's start before planning: predict.py's too (less its imports beside)
+        self.prediction = PredictionReserve(budget_s, startup_s)  # what predict.py keeps of the budget
         self.epoch_s: list[float] = []
         self.stop_reason: str | None = None
         self.planned = False  # the first estimate (after warm-up) has been made
         self.parallel = 1  # fold workers sharing the folds (--parallel folds); DDP ranks share each fold
-        self.fixed_reserve = None  # seconds, instead of the rule (train.py --predict-reserve)
         self.share = 1.0  # of the training time left, what this model's plan may use (tables: 1 / models left)
         self._fold = self._epoch = self._batches = self._valid_batches = 0
         self._fold_finished = False
@@ -197,8 +191,6 @@ class TimePlanner:
         self.fold_s: list[float] = []  # each fold's wall time, as trained by this process (growth.py reads it)
         self.fold_epochs: list[int] = []  # ...and the epochs it trained (early stopping ends some sooner)
         self.val_curves: list[list[float]] = []  # the planned folds' val loss each epoch (growth's evidence)
-        self.extra_models = 0  # grown seeds' whole folds: predict.py ensembles them too (the reserve counts them)
-        self.predict_fold_s = 0.0  # one checkpoint's share of prediction, measured (the largest measure)
         self.growing = False  # growth.py's folds: no re-plan (each added fold is checked to fit before it starts)
 
     # --- where we stand
@@ -206,10 +198,8 @@ class TimePlanner:
         return self.clock() - self.t0
 
     def reserve(self) -> float:
-        if self.fixed_reserve is not None:  # --predict-reserve: a run that never predicts keeps 0
-            return self.fixed_reserve if self.budget else 0.0
-        floor = self.MEASURED_FRACTION if self.measured else self.RESERVE_FRACTION
-        return max(floor * self.budget, self.predict_s) if self.budget else 0.0
+        """predict.py's share of what is left: the plan's folds as they stand (cut or given back)."""
+        return self.prediction.seconds(self.folds)
 
     def training_left(self) -> float:
         return self.budget - self.reserve() - self.FINISH_S - self.elapsed()
@@ -299,7 +289,7 @@ class TimePlanner:
         prices growth by it (resumed_fold) instead of by nothing."""
         epochs = self.epoch_s[-self._epoch :] if self._epoch else []
         fold_s = self.clock() - self._fold_t0 if self._fold_t0 is not None else 0.0
-        return {"fold_s": fold_s, "epochs": self._epoch, "epoch_s": epochs, "predict_fold_s": self.predict_fold_s}
+        return {"fold_s": fold_s, "epochs": self._epoch, "epoch_s": epochs, "predict_fold_s": self.prediction.fold_s}
 
     def resumed_fold(self, timing) -> None:
         """A planned fold skipped as complete (resume): the timing its checkpoint recorded stands for
@@ -311,9 +301,7 @@ class TimePlanner:
         self.fold_s.append(float(timing["fold_s"]))
         self.fold_epochs.append(int(timing.get("epochs") or 0))
         self.epoch_s.extend(float(t) for t in timing.get("epoch_s") or [])
-        if float(timing.get("predict_fold_s") or 0) > 0:
-            self.predict_fold_s = max(self.predict_fold_s, float(timing["predict_fold_s"]))
-            self.measured = True
+        self.prediction.resumed(float(timing.get("predict_fold_s") or 0))
 
     def can_start_epoch(self) -> bool:
         """Deadline guard: no epoch starts that would eat into the prediction reserve."""
@@ -328,32 +316,6 @@ class TimePlanner:
             )
             return False
         return True
-
-    @property
-    def predict_s(self) -> float:
-        """predict.py's measured need: its start, decoding and end, and a share for each checkpoint
-        it ensembles: the plan's folds as they stand (cut or given back) and the grown seeds."""
-        return self.predict_base_s + (self.folds + self.extra_models) * self.predict_fold_s
-
-    def note_inference(self, seconds, samples, test_rows, views, decode_s_per_image, model_s=1.0) -> None:
-        """Measured validation speed -> the prediction estimate (and so the reserve): process start,
-        then per fold a model build and the test set's views, plus decoding. A later fold's faster
-        pass never lowers the share: predict.py's first fold pays the warm-up too (on an H100 it
-        fell 4x at fold 1, and predict.py missed its deadline)."""
-        per_sample, self.measured = seconds / max(samples, 1), True
-        fold_s = self.PREDICT_MARGIN * (model_s + per_sample * test_rows * views)
-        self.predict_fold_s = max(self.predict_fold_s, fold_s)
-        start_s = self.PREDICT_MARGIN * (self.startup_s + decode_s_per_image * test_rows)
-        self.predict_base_s = start_s + self.PREDICT_END_S
-
-    def add_model(self) -> None:  # a grown seed's fold is whole: predict.py ensembles one more (the reserve grows)
-        self.extra_models += 1
-
-    def note_startup(self) -> None:
-        """Models that measure no validation pass (the trees): the reserve still covers predict.py's
-        start (what train.py paid before planning), with the usual margin, and its end."""
-        start_s = self.PREDICT_MARGIN * self.startup_s + self.PREDICT_END_S
-        self.predict_base_s, self.measured = max(self.predict_base_s, start_s), True
 
     # --- planning (the rules are the functions above)
     def progress(self) -> Progress:

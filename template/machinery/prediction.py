@@ -88,5 +88,4 @@ def start(args, required: bool = True) -> Start:
 
 def loader(args, device: torch.device) -> dict:
     """The test set's DataLoader settings: --workers, or min(12, usable CPUs - 1)."""
-    cpus = hardware.usable_cpus() if args.workers < 0 else args.workers + 1
-    return hardware.loader_settings(cpus, device.type == "cuda")
+    return hardware.flag_loader(args.workers, device.type == "cuda")

@@ -19,6 +19,7 @@ from . import planner as time_planner
 from .errors import DataError, RunError, one_line_errors
 from .gpu import resolve_device, seed_everything
 from .machine import can_compile
+from .reserve import PredictionReserve
 
 BUDGET_HELP = (
     "wall time for train + predict: 9h, 45m, 600s; '' = none. Growth (more seeds, TTA views) needs it given "
@@ -234,7 +235,7 @@ def compile_choice(args, device: torch.device) -> tuple[str, str]:
     ok, why = can_compile(device)
     budget = time_planner.parse_duration(args.budget)
     folds = min(args.folds, args.train_folds or args.folds)
-    per_fold = (budget or 0) * (1 - time_planner.TimePlanner.RESERVE_FRACTION) / max(folds, 1)
+    per_fold = (budget or 0) * (1 - PredictionReserve.FRACTION) / max(folds, 1)
     cost = f"{COMPILE_COST_S:.0f}"
     if device.type != "cuda":
         return "off", f"auto: {device.type}: compiling costs ~40 s there and gains little"

@@ -43,8 +43,7 @@ def start(args, device: torch.device, rec) -> Run:
     """The run from `rec` (hardware.recommend's batch, accumulation, memory layout): the loader's
     workers (--workers, else the usable CPUs less one), the machine, the batching at the rule's
     LR, the start lines (RESOURCES, GPU Memory, DataLoader, BATCH) and the time planner."""
-    cpus = hardware.usable_cpus() if args.workers < 0 else args.workers + 1  # workers = CPUs - 1
-    loader = hardware.loader_settings(cpus, device.type == "cuda")
+    loader = hardware.flag_loader(args.workers, device.type == "cuda")
     machine = engine.make_machine(device, args.amp, loader, rec.channels_last)
     accum = args.accum_steps or rec.accum_steps
     batching = Batching(rec.batch_size, accum, hardware.scaled_lr(args.lr, rec.batch_size * accum))

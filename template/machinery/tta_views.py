@@ -83,7 +83,7 @@ def affordable(planner, plan: int, n: int) -> bool:
     """n views instead of the plan's fit: predict.py's extra share for every checkpoint it will
     ensemble within FIT_FRACTION of the training time left. The plan's own views always do (the
     evidence may have spent the last of the training time: choose() needs the plan's count)."""
-    extra = (planner.folds + planner.extra_models) * planner.predict_fold_s * (n / plan - 1)
+    extra = (planner.folds + planner.prediction.extra_models) * planner.prediction.fold_s * (n / plan - 1)
     return n <= plan or extra <= FIT_FRACTION * planner.training_left()
 
 
@@ -94,7 +94,7 @@ def evidence_s(planner, views: tuple[int, int], rows_share: float, took: float, 
     if folds:
         return took / folds
     plan, every = views
-    return planner.predict_fold_s * every / plan * max(1.0, rows_share)
+    return planner.prediction.fold_s * every / plan * max(1.0, rows_share)
 
 
 def fold_views(comp, k: int, split: tuple, names: list[str], run: tuple, out: Path) -> tuple | None:
@@ -164,7 +164,7 @@ def grow(comp, splits: list, args, run: tuple) -> None:
         print(f"GROW: TTA views stay {', '.join(plan)}: {where}{price}")
     else:
         before = planner.reserve()
-        planner.predict_fold_s *= n / len(plan)
+        planner.prediction.scale_views(n / len(plan))
         comp.test_views = n  # a grown seed's first validation pass measures predict.py's share at n views
         print(f"GROW: TTA views {', '.join(names[:n])}: {where}; reserve {fmt_s(before)} -> {fmt_s(planner.reserve())}")
     write(out, names[:n], args.signature, losses)

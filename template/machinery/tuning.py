@@ -34,13 +34,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, hardware, storage, workers
+from . import engine, storage, workers
 from . import planner as time_planner
 from .errors import RunError
-from .gpu import SHARE_ENV, free_gpu_memory
+from .gpu import free_gpu_memory
 from .tuning_report import report, write_best
 
-WORKER_ENV = "KAGTPL_TUNE_WORKER"  # "index/count" in a worker process tune.py started
 HYPERBAND = {"min_resource": 3, "reduction_factor": 3}  # the field notes' pruner, epochs as the resource
 PATIENCE = 4  # ...wrapped in PatientPruner: no trial is cut while it still improved in its last 4 epochs
 TPE_STARTUP = 10  # TPESampler's random trials before it models: Hyperband needs that many per bracket
@@ -392,48 +391,6 @@ def work(study, search: Search, space, train_main) -> int:
     return failures
 
 
-# ----------------------------------------------------------------------------- workers
-
-
-def auto_workers(size_class: str, device_type: str, gpus: int, memory_gb: float) -> tuple[int, str]:
-    """--workers auto. The field notes' matrix: a small model leaves a GPU mostly idle between its
-    steps (loading, Python, small kernels), so 2-3 trials side by side keep it busy; a large one
-    fills it alone. On the CPU, one trial already uses every core."""
-    if device_type != "cuda":
-        return 1, "CPU: one trial at a time (a trial's threads already use every core)"
-    if size_class != "small":
-        return gpus, f"{size_class} model: one trial per GPU ({gpus} GPU(s)), it fills the card"
-    per_gpu = 3 if memory_gb >= 24 else 2
-    return per_gpu * gpus, f"small model: {per_gpu} trials per {memory_gb:.0f} GB GPU keep it busy ({gpus} GPU(s))"
-
-
-def worker_env(i: int, k: int, gpus: int) -> dict:
-    """Worker i of k: its GPU (round robin), its share of that GPU's memory, its share of the CPUs."""
-    env = {**os.environ, WORKER_ENV: f"{i}/{k}", hardware.CPU_SHARE_ENV: str(k)}
-    env["OMP_NUM_THREADS"] = str(max(1, hardware.machine_cpus() // k))
-    if gpus:
-        gpu = i % gpus
-        on_card = len(range(gpu, k, gpus))
-        env["CUDA_VISIBLE_DEVICES"] = workers.visible_gpu(gpu)
-        env[SHARE_ENV] = f"{1 / on_card:.4f}"
-    return env
-
-
-def run_workers(k: int, gpus: int, start: float) -> list[int]:
-    """Start k copies of this tune.py as workers on the shared study, relay their lines with a
-    [tuneN] prefix, forward SIGTERM, wait. Returns their exit codes."""
-    stop = {}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
-    cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--tune-start={start}"]  # one deadline for all
-    procs = workers.run_tagged([(cmd, worker_env(i, k, gpus), f"tune{i}") for i in range(k)], lambda: bool(stop))
-    return [p.returncode for p, _ in procs]
-
-
-def this_worker() -> tuple[int, int] | None:
-    value = os.environ.get(WORKER_ENV)
-    return tuple(int(v) for v in value.split("/")) if value else None
-
-
 def main(search: Search, space, train_main, workers_why: str) -> int:
     """tune.py's main: a worker runs its trials; the first tune.py prints the plan, fails stale
     trials, runs the trials itself (one worker) or starts the workers, then reports."""
@@ -441,7 +398,7 @@ def main(search: Search, space, train_main, workers_why: str) -> int:
         import optuna  # noqa: F401
     except ImportError:
         raise RunError("tune.py needs optuna: pip install optuna (Kaggle's images have it)") from None
-    worker = this_worker()
+    worker = workers.this_tune_worker()
     if worker:
         work(open_study(search, open_storage(search), worker[0]), search, space, train_main)
         return 0
@@ -464,7 +421,7 @@ def main(search: Search, space, train_main, workers_why: str) -> int:
     if search.workers == 1:
         work(study, search, space, train_main)
     else:
-        codes = run_workers(search.workers, search.gpus, search.start)
+        codes = workers.run_tune_workers(search.workers, search.gpus, search.start)
         if any(codes):
             print(f"WARNING: tune workers exited {codes}; their finished trials are in the study")
     return report(study, search)  # the study reads the storage anew: the workers' trials are in it

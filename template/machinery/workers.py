@@ -15,7 +15,10 @@ import time
 from pathlib import Path
 
 from . import hardware
+from .gpu import SHARE_ENV
 from .parallel import RUN_ID_ENV, WORKER_ENV
+
+TUNE_WORKER_ENV = "KAGTPL_TUNE_WORKER"  # "index/count" in a worker process tune.py started
 
 
 class FoldQueue:
@@ -164,3 +167,45 @@ def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, sta
         (tag, p.returncode, sorted(k for k, pid in claims.items() if pid == p.pid)) for p, tag in procs if p.returncode
     ]
     return {"claims": claims, "failed": failed, "cap": queue.cap(folds)}
+
+
+# ----------------------------------------------------------------------------- tune.py's workers
+
+
+def auto_tune_workers(size_class: str, device_type: str, gpus: int, memory_gb: float) -> tuple[int, str]:
+    """--workers auto. The field notes' matrix: a small model leaves a GPU mostly idle between its
+    steps (loading, Python, small kernels), so 2-3 trials side by side keep it busy; a large one
+    fills it alone. On the CPU, one trial already uses every core."""
+    if device_type != "cuda":
+        return 1, "CPU: one trial at a time (a trial's threads already use every core)"
+    if size_class != "small":
+        return gpus, f"{size_class} model: one trial per GPU ({gpus} GPU(s)), it fills the card"
+    per_gpu = 3 if memory_gb >= 24 else 2
+    return per_gpu * gpus, f"small model: {per_gpu} trials per {memory_gb:.0f} GB GPU keep it busy ({gpus} GPU(s))"
+
+
+def tune_worker_env(i: int, k: int, gpus: int) -> dict:
+    """Worker i of k: its GPU (round robin), its share of that GPU's memory, its share of the CPUs."""
+    env = {**os.environ, TUNE_WORKER_ENV: f"{i}/{k}", hardware.CPU_SHARE_ENV: str(k)}
+    env["OMP_NUM_THREADS"] = str(max(1, hardware.machine_cpus() // k))
+    if gpus:
+        gpu = i % gpus
+        on_card = len(range(gpu, k, gpus))
+        env["CUDA_VISIBLE_DEVICES"] = visible_gpu(gpu)
+        env[SHARE_ENV] = f"{1 / on_card:.4f}"
+    return env
+
+
+def run_tune_workers(k: int, gpus: int, start: float) -> list[int]:
+    """Start k copies of this tune.py as workers on the shared study, relay their lines with a
+    [tuneN] prefix, forward SIGTERM, wait. Returns their exit codes."""
+    stop = {}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
+    cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--tune-start={start}"]  # one deadline for all
+    procs = run_tagged([(cmd, tune_worker_env(i, k, gpus), f"tune{i}") for i in range(k)], lambda: bool(stop))
+    return [p.returncode for p, _ in procs]
+
+
+def this_tune_worker() -> tuple[int, int] | None:
+    value = os.environ.get(TUNE_WORKER_ENV)
+    return tuple(int(v) for v in value.split("/")) if value else None

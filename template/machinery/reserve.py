@@ -1,0 +1,78 @@
+"""The prediction reserve: the time train.py leaves predict.py at the end of the budget.
+
+Pure Python, no torch: the planner (planner.py) ends training at the budget less this reserve,
+and kagtpl's generator shows the same fractions in `kagtpl recommend`. The rule (docs/time-budget.md):
+max(15% of the budget, 8% once predict.py's time is measured, the measured prediction estimate).
+The measures come from the training loop (a validation pass: note_inference; the trees' start:
+note_startup), growth (a grown seed's checkpoint: add_model; more TTA views: scale_views) and a
+resumed fold's saved timing (resumed). Nothing else writes its numbers.
+It is machinery: `copier update` may replace it, so keep your own code elsewhere.
+"""
+
+from __future__ import annotations
+
+
+class PredictionReserve:
+    """What predict.py needs: its start, test decoding and end (base_s), and a share for each
+    checkpoint it ensembles (fold_s): the plan's folds as they stand and the grown seeds."""
+
+    FRACTION = 0.15  # before anything is measured
+    # Once the prediction estimate is measured (the first validation pass, or the trees' start) the
+    # floor under it is 8%: 15% held 81 minutes of Kaggle's 9 hours for a predict.py of minutes, and
+    # capped a 10-minute image run at 0.83 of its budget (predict.py took 8.6 s of a 90 s reserve)
+    MEASURED_FRACTION = 0.08
+    MARGIN = 1.25  # +25% on the measured prediction estimate
+    END_S = 5.0  # predict.py's end, not for folds: run.py's END_S twice + FoldClock.MARGIN_S (3 s)
+
+    def __init__(self, budget_s: float, startup_s: float, fixed_s: float | None = None):
+        self.budget = budget_s
+        self.startup_s = startup_s  # train.py's start before planning: predict.py's too (less its imports beside)
+        self.fixed_s = fixed_s  # seconds, instead of the rule (train.py --predict-reserve)
+        self.base_s = 0.0  # predict.py's start, test decoding and end, measured
+        self.fold_s = 0.0  # one checkpoint's share of prediction, measured (the largest measure)
+        self.extra_models = 0  # grown seeds' whole folds: predict.py ensembles them too
+        self.measured = False  # estimated from a measure: the floor is MEASURED_FRACTION
+
+    def need_s(self, folds: int) -> float:
+        """predict.py's measured need when it ensembles `folds` planned folds and the grown seeds."""
+        return self.base_s + (folds + self.extra_models) * self.fold_s
+
+    def seconds(self, folds: int) -> float:
+        """The reserve: --predict-reserve's seconds, else the rule (0 without a budget)."""
+        if not self.budget:
+            return 0.0
+        if self.fixed_s is not None:  # --predict-reserve: a run that never predicts keeps 0
+            return self.fixed_s
+        floor = self.MEASURED_FRACTION if self.measured else self.FRACTION
+        return max(floor * self.budget, self.need_s(folds))
+
+    def note_inference(self, seconds, samples, test_rows, views, decode_s_per_image, model_s=1.0) -> None:
+        """Measured validation speed -> the prediction estimate: process start, then per fold a model
+        build and the test set's views, plus decoding. A later fold's faster pass never lowers the
+        share: predict.py's first fold pays the warm-up too (on an H100 it fell 4x at fold 1, and
+        predict.py missed its deadline)."""
+        per_sample, self.measured = seconds / max(samples, 1), True
+        self.fold_s = max(self.fold_s, self.MARGIN * (model_s + per_sample * test_rows * views))
+        self.base_s = self.MARGIN * (self.startup_s + decode_s_per_image * test_rows) + self.END_S
+
+    def note_startup(self) -> None:
+        """Models that measure no validation pass (the trees): the reserve still covers predict.py's
+        start (what train.py paid before planning), with the usual margin, and its end."""
+        self.base_s, self.measured = max(self.base_s, self.MARGIN * self.startup_s + self.END_S), True
+
+    def add_model(self) -> None:
+        """A grown seed's fold is whole: predict.py ensembles one more."""
+        self.extra_models += 1
+
+    def set_grown(self, models: int) -> None:
+        """The grown seeds' checkpoints so far, as counted by a fold worker's shared queue."""
+        self.extra_models = models
+
+    def scale_views(self, factor: float) -> None:
+        """Growth chose more TTA views: each checkpoint's share grows with them."""
+        self.fold_s *= factor
+
+    def resumed(self, fold_s: float) -> None:
+        """A resumed fold's saved measure of its checkpoint's share (planner.resumed_fold)."""
+        if fold_s > 0:
+            self.fold_s, self.measured = max(self.fold_s, fold_s), True
