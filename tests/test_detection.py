@@ -259,6 +259,7 @@ def test_preflight_names_the_file_and_line(tmp_path, box_data, m, edit, message)
     assert message in str(e.value) and "train.csv line 3" in str(e.value), e.value
 
 
+@pytest.mark.slow  # runs train.py
 def test_preflight_refuses_a_label_not_in_the_classes(tmp_path, box_data):
     proj = make_project(tmp_path, box_data["voc"], name="voc")
     data = spoil(box_data["voc"], tmp_path / "data", lambda r: r.loc.__setitem__((0, "class_name"), "triangle"))
@@ -299,6 +300,7 @@ def check_submission(proj, data, fields: str) -> pd.DataFrame:
     return sub
 
 
+@pytest.mark.slow  # runs train.py
 def test_train_and_predict_give_a_checked_submission(wheat_project, box_data):
     proc = run_script(wheat_project, "train.py", *FAST, "--epochs", "2")
     assert "OOF: mAP@.5=" in proc.stdout and "POSTPROCESS: score >" in proc.stdout

@@ -57,6 +57,7 @@ from .gpu import describe_gpu, device_memory, seed_everything
 from .machine import (
     Batching,
     Machine,
+    Training,
     batch_set_by_user,
     fit_steps,
     inference_machine,
@@ -130,7 +131,7 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
             trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
             queue = workers.FoldQueue(out / ".folds") if worker else None  # a fold worker grows claimed units
             if worker or parallel.writes():
-                trained = grow(comp, splits, trained, args, (machine, batching, planner, jlog), queue)
+                trained = grow(comp, splits, trained, args, Training(machine, batching, planner, jlog), queue)
     if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
         if worker and planner.stop_reason:
             print(logs.stopped_line(planner.stop_reason))
@@ -180,7 +181,7 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
     return trained
 
 
-def grow(comp, splits: list, trained: list[int], args, run: tuple, queue=None) -> list[int]:
+def grow(comp, splits: list, trained: list[int], args, run: Training, queue=None) -> list[int]:
     """The plan's folds are trained with time to spare: first the folds a cut plan left out (each
     while it fits), then TTA views, then the same folds again from other seeds (growth.py's
     rules), each fold added only when it and its prediction fit; a GROW line says each step and
@@ -188,7 +189,7 @@ def grow(comp, splits: list, trained: list[int], args, run: tuple, queue=None) -
     A fold worker (`queue`) grows the seeds' folds it claims, as it claimed the plan's folds
     (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused). Returns the folds trained
     (the plan's, and those given back)."""
-    machine, batching, planner, jlog = run
+    planner = run.planner
     why = growth.why_not(args, planner, worker=queue is not None)
     if why:
         print(f"GROW: none ({why})")
@@ -208,12 +209,12 @@ def grow(comp, splits: list, trained: list[int], args, run: tuple, queue=None) -
     return trained
 
 
-def folds_back(comp, splits: list, trained: list[int], args, run: tuple) -> list[int]:
+def folds_back(comp, splits: list, trained: list[int], args, run: Training) -> list[int]:
     """The folds of the split a cut plan left out, trained before any seed grows, at the plan's
     epochs, each while it and its share of prediction fit (a loaded 2-core machine cut a table's
     plan 5->3 and its MLP spent 61% of the training time on seeds while folds 3 and 4 were never
     trained: the blend was fitted on 720 of 1,200 rows). Returns the folds trained."""
-    machine, batching, planner, jlog = run
+    planner = run.planner
     for k in range(len(splits)):
         if k in trained:
             continue
@@ -222,12 +223,12 @@ def folds_back(comp, splits: list, trained: list[int], args, run: tuple) -> list
             print(f"GROW: stop before fold {k} of the split ({planner.stop_reason or said}): no seeds either")
             break
         print(f"GROW: fold {k} back (the plan had cut it to {planner.folds} folds): {said}")
-        planner.folds = k + 1  # predict.py ensembles it: the reserve counts it
+        planner.fold_back(k)
         trn_idx, val_idx = splits[k]
         print(f"FOLD {k} ({k + 1} of {len(splits)}): {len(trn_idx)} train, {len(val_idx)} valid")
         planner.begin_fold(k)
         fold = comp.fold(k, trn_idx, val_idx)
-        best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, False)
+        best = train_fold(comp, fold, len(trn_idx), args, run.machine, run.batching, planner, run.jlog, False)
         planner.end_fold(k, False)
         planner.val_curves.append(fold.val_losses)
         print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
@@ -237,10 +238,10 @@ def folds_back(comp, splits: list, trained: list[int], args, run: tuple) -> list
     return trained
 
 
-def grow_seeds(comp, splits: list, args, run: tuple, queue=None) -> None:
+def grow_seeds(comp, splits: list, args, run: Training, queue=None) -> None:
     """The same folds again from other seeds, each fold added only when it and its prediction fit;
     a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
-    machine, batching, planner, jlog = run
+    planner = run.planner
     training_s = planner.budget - planner.reserve() - planner.FINISH_S
     target, more = growth.epochs_target(planner.epochs, planner.val_curves)
     fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
@@ -289,11 +290,11 @@ def served_room(args, machine: Machine, planner) -> str | None:
     return growth.served_room(args.data_dir, room, size, planner.folds + planner.prediction.extra_models + 1)
 
 
-def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple, target: int) -> bool:
+def grow_fold(comp, split: tuple, seed_no: int, args, run: Training, target: int) -> bool:
     """One grown seed's fold of `target` epochs (or fewer, the last, to fit): skipped when complete
     (resume), else trained if it fits. Returns whether growth goes on."""
-    (k, trn_idx, val_idx), (machine, batching, planner, jlog) = split, run
-    out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
+    (k, trn_idx, val_idx), machine, planner = split, run.machine, run.planner
+    out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, run.batching)
     name = growth.checkpoint_name(k, seed_no)
     if storage.fold_is_done(out / name, config, artifacts.run_keys(comp)):
         print(f"GROW: seed {seed_no} fold {k}: {name} is complete, skipping (resume)")
@@ -310,11 +311,8 @@ def grow_fold(comp, split: tuple, seed_no: int, args, run: tuple, target: int) -
     planner.begin_fold(k)
     fold = comp.fold(k, trn_idx, val_idx)
     fold.seed_no = seed_no
-    planner.epochs = epochs
-    try:
-        best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, False)
-    finally:
-        planner.epochs = planned
+    with planner.grown_fold(epochs):
+        best = train_fold(comp, fold, len(trn_idx), args, machine, run.batching, planner, run.jlog, False)
     planner.end_fold(k, False)
     if planner.stop_reason:
         print(f"GROW: seed {seed_no} fold {k} cut ({planner.stop_reason}): not ensembled")

@@ -8,6 +8,7 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -233,6 +234,20 @@ class TimePlanner:
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
+
+    # --- growth's changes to the plan (engine.grow)
+    def fold_back(self, fold: int) -> None:
+        """A fold of the split a cut plan left out, trained now: predict.py ensembles it (the reserve counts it)."""
+        self.folds = fold + 1
+
+    @contextlib.contextmanager
+    def grown_fold(self, epochs: int):
+        """A grown seed's fold trains `epochs` (growth's target, or fewer to fit); the plan's stand after it."""
+        planned, self.epochs = self.epochs, epochs
+        try:
+            yield
+        finally:
+            self.epochs = planned
 
     # --- hooks the training loop calls
     def begin_fold(self, fold: int) -> None:

@@ -97,10 +97,10 @@ def evidence_s(planner, views: tuple[int, int], rows_share: float, took: float, 
     return planner.prediction.fold_s * every / plan * max(1.0, rows_share)
 
 
-def fold_views(comp, k: int, split: tuple, names: list[str], run: tuple, out: Path) -> tuple | None:
+def fold_views(comp, k: int, split: tuple, names: list[str], run, out: Path) -> tuple | None:
     """Fold k's best checkpoint's predictions of its validation rows, one array per view, and
     their targets; None when the checkpoint cannot be read."""
-    machine, batching = run[0], run[1]
+    machine, batching = run.machine, run.batching  # run: machine.Training
     ckpt = storage.load_checkpoint(out / f"model_fold{k}.pth")
     if ckpt is None:
         return None
@@ -120,10 +120,10 @@ def fold_views(comp, k: int, split: tuple, names: list[str], run: tuple, out: Pa
     return fold.y_valid, [stacked[:, v] for v in range(len(names))]
 
 
-def evidence(comp, splits: list, names: list[str], plan: int, run: tuple, out: Path) -> tuple:
+def evidence(comp, splits: list, names: list[str], plan: int, run, out: Path) -> tuple:
     """Every planned fold's predictions of its validation rows, a view at a time, while a fold's
     evidence fits the training time left. Returns (folds used, OOF val loss by views averaged, seconds)."""
-    planner, ys, preds, used, took = run[2], [], [[] for _ in names], [], 0.0
+    planner, ys, preds, used, took = run.planner, [], [[] for _ in names], [], 0.0
     for k, split in enumerate(splits):
         rows_share = len(split[1]) / max(comp.test_rows, 1)
         if (
@@ -145,9 +145,9 @@ def evidence(comp, splits: list, names: list[str], plan: int, run: tuple, out: P
     return used, {n: float(comp.val_loss(y, np.mean(stacked[:n], axis=0))) for n in range(plan, len(names) + 1)}, took
 
 
-def grow(comp, splits: list, args, run: tuple) -> None:
+def grow(comp, splits: list, args, run) -> None:
     """The views step: the evidence, the choice (the best that fits), its file and its GROW line."""
-    names, planner, out = list(getattr(comp, "tta_views", [])), run[2], Path(args.out_dir)
+    names, planner, out = list(getattr(comp, "tta_views", [])), run.planner, Path(args.out_dir)
     plan = planned(names, comp.test_views) if names else []
     if len(names) <= len(plan):
         return
