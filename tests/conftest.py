@@ -294,6 +294,7 @@ PROJECT_MODULES = (
     "logs",
     "parallel",
     "planner",
+    "timings",
     "reserve",
     "storage",
     "submission",

@@ -73,10 +73,10 @@ def test_growth_prices_a_rerun_by_the_timing_its_checkpoints_recorded_or_does_no
     assert timing == {"fold_s": 10.0, "epochs": 2, "epoch_s": [5.0, 5.0], "predict_fold_s": 2.0}
     rerun = planner_module.TimePlanner(600, 3, 10, clock=Clock(), log=lambda line: None)
     rerun.resumed_fold(None)  # an older checkpoint: nothing recorded, nothing timed
-    assert rerun.fold_s == [] and rerun.prediction.fold_s == 0.0
+    assert rerun.times.fold_s == [] and rerun.prediction.fold_s == 0.0
     for _ in range(3):
         rerun.resumed_fold(timing)
-    assert rerun.fold_s == [10.0] * 3 and rerun.fold_epochs == [2] * 3 and rerun.epoch_s == [5.0] * 6
+    assert rerun.times.fold_s == [10.0] * 3 and rerun.times.fold_epochs == [2] * 3 and rerun.times.epoch_s == [5.0] * 6
     assert rerun.prediction.fold_s == 2.0 and rerun.prediction.measured
 
 
@@ -183,7 +183,7 @@ def test_growth_rules_with_a_fake_clock(project_modules):
             plan.end_epoch(e)
         clock.t += extra
         plan.end_fold(k, False)
-    assert engine.growth_fold(plan) == (57.0, 8) and plan.fold_epochs == [10, 8, 10]
+    assert engine.growth_fold(plan) == (57.0, 8) and plan.times.fold_epochs == [10, 8, 10]
     plan.planned, plan.growing, plan.prediction.fold_s = True, True, 2.0
     clock.t = plan.t0 + 600 - 90 - 5 - 90.0  # 90 s of training time left (15%: nothing measured)
     # 15 epochs (validation still improving): 57 + 7 x 6 + 2 = 101 s > 85.5 s; 12 epochs fit

@@ -330,7 +330,7 @@ def test_time_left_out_of_an_epoch_is_not_its_cost(project_modules):
     planner.leave_out(4.0)
     planner.end_epoch(1)
     planner.end_fold(0, False)
-    assert planner.epoch_s == [6.0] and planner.fold_s == [6.0] and planner.elapsed() == 10.0
+    assert planner.times.epoch_s == [6.0] and planner.times.fold_s == [6.0] and planner.elapsed() == 10.0
 
 
 def test_the_folds_change_at_most_once_a_fold_after_the_first_plan(project_modules):

@@ -169,12 +169,12 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
             print(f"FOLD {k}: {path.name} is complete, skipping (resume)")
             planner.resumed_fold(done.get("timing"))  # growth prices what it adds by it
         else:
-            first = not planner.epoch_s  # the first fold this process trains: probe, Model line, estimate
+            first = not planner.times.epoch_s  # the first fold this process trains: probe, Model line, estimate
             planner.begin_fold(k)
             fold = comp.fold(k, trn_idx, val_idx)
             best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, first)
             planner.end_fold(k, first)
-            planner.val_curves.append(fold.val_losses)  # growth's evidence for more epochs
+            planner.times.val_curves.append(fold.val_losses)  # growth's evidence for more epochs
             print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
             parallel.barrier()  # rank 0 has written the fold's files before any rank looks for them
         trained.append(k)
@@ -230,7 +230,7 @@ def folds_back(comp, splits: list, trained: list[int], args, run: Training) -> l
         fold = comp.fold(k, trn_idx, val_idx)
         best = train_fold(comp, fold, len(trn_idx), args, run.machine, run.batching, planner, run.jlog, False)
         planner.end_fold(k, False)
-        planner.val_curves.append(fold.val_losses)
+        planner.times.val_curves.append(fold.val_losses)
         print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
         trained.append(k)
         if planner.stop_reason:
@@ -243,7 +243,7 @@ def grow_seeds(comp, splits: list, args, run: Training, queue=None) -> None:
     a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
     planner = run.planner
     training_s = planner.budget - planner.reserve() - planner.FINISH_S
-    target, more = growth.epochs_target(planner.epochs, planner.val_curves)
+    target, more = growth.epochs_target(planner.epochs, planner.times.val_curves)
     fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
     ok, said = growth.start(
         planner.training_left(), training_s, growth_fold_s(planner), planner.prediction.fold_s, fits
@@ -264,7 +264,7 @@ def growth_fold(planner) -> tuple[float, int]:
     """The fold growth's rules size by, as (seconds, epochs): the slowest measured fold after the
     first (which carries the probe and the warm-up), else the first; (0, 0) when this process
     trained none (all resumed)."""
-    timed = list(zip(planner.fold_s, planner.fold_epochs, strict=True))
+    timed = list(zip(planner.times.fold_s, planner.times.fold_epochs, strict=True))
     return max(timed[1:] or timed or [(0.0, 0)])
 
 
@@ -277,7 +277,7 @@ def grown_epochs(planner, target: int) -> tuple[int, str]:
     the training time left, fewer when only a shorter fold does, 0 when none does (growth.grown_epochs)."""
     fold, left = growth_fold(planner), planner.training_left()
     said = f"a fold takes ~{fmt_s(fold[0])}, {fmt_s(max(0.0, left))} training time left"
-    epoch_s = statistics.median(planner.epoch_s) if planner.epoch_s else 0.0
+    epoch_s = statistics.median(planner.times.epoch_s) if planner.times.epoch_s else 0.0
     return growth.grown_epochs(target, left, fold, epoch_s, planner.prediction.fold_s, planner.epochs), said
 
 

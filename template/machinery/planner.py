@@ -9,16 +9,15 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 from __future__ import annotations
 
 import contextlib
-import math
 import signal
 import time
-from dataclasses import dataclass
 
 from . import hardware
 from .durations import fmt_s, parse_duration, process_age
 from .errors import RunError
 from .reserve import PredictionReserve
 from .tasks import TASKS
+from .timings import Progress, Timings
 
 PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
 KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet off
@@ -50,40 +49,9 @@ def make_planner(
 
 
 # ----------------------------------------------------------------------------- the parts, one at a time
-# Where a run stands (Progress), what the rest of a plan needs, and three pure rules: the cut
+# Where a run stands (timings.Progress: what the rest of a plan needs), and three pure rules: the cut
 # (plan), the give-back and the deadline guard. TimePlanner below holds the run's numbers and
 # calls them; each rule can be read, and tested, on its own.
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where the run stands: the fold being trained, its epochs done, whether it has ended, and
-    how many fold workers share the later folds (--parallel folds)."""
-
-    fold: int
-    epoch: int
-    fold_finished: bool
-    parallel: int
-
-    def need(self, epoch_s: float, folds: int, epochs: int) -> float:
-        """Seconds the rest of a plan needs: this fold's remaining epochs, then this process's share
-        of the later folds (--parallel folds: `parallel` workers take them side by side)."""
-        this_fold = 0 if self.fold_finished else max(0, epochs - self.epoch)
-        later = math.ceil(max(0, folds - self.fold - 1) / self.parallel)
-        return (this_fold + later * epochs) * epoch_s
-
-    def fit_epochs(self, epoch_s: float, folds: int, limit: float, most: int) -> int:
-        """The most epochs (up to `most`) whose rest of the plan fits `limit`; at least 1."""
-        return next((e for e in range(most, 0, -1) if self.need(epoch_s, folds, e) <= limit), 1)
-
-
-def estimate_epoch(epoch_s: list[float], steady_s: float) -> float:
-    """The estimate: the slowest of the last 3 epochs (estimates err on the safe side), leaving
-    out the run's first epoch, which carries the warm-up, while the step-timed estimate stands in."""
-    recent = epoch_s[1:][-3:]
-    if recent:
-        return max(recent)
-    return steady_s or (epoch_s[-1] if epoch_s else 0.0)
 
 
 def cut_plan(at: Progress, epoch_s: float, folds: int, epochs: int, min_epochs: int, limit: float, first: bool):
@@ -176,22 +144,15 @@ class TimePlanner:
         self.clock, self.sync, self.log = clock, sync or (lambda: None), log
         self.t0 = clock() - elapsed_s
         self.prediction = PredictionReserve(budget_s, startup_s)  # what predict.py keeps of the budget
-        self.epoch_s: list[float] = []
+        self.times = Timings(clock)  # what the run measured, fold by fold (growth reads it too)
         self.stop_reason: str | None = None
         self.planned = False  # the first estimate (after warm-up) has been made
         self.parallel = 1  # fold workers sharing the folds (--parallel folds); DDP ranks share each fold
         self.share = 1.0  # of the training time left, what this model's plan may use (tables: 1 / models left)
-        self._fold = self._epoch = self._batches = self._valid_batches = 0
-        self._fold_finished = False
         self.plan_changed = False  # since the last TIME line: the next epoch prints one
-        self._steady_epoch_s = 0.0  # epoch time from the timed steps after warm-up
-        self._epoch_t0 = self._measure_t0 = self._fold_t0 = None
         self._said_too_small = False  # the too-small-budget line, said once
         self._folds_changed_in: int | None = None  # the fold in which a re-plan last changed the folds
         self._cut_in = self._epochs_back_in = None  # the fold of the last re-plan's cut / epochs given back
-        self.fold_s: list[float] = []  # each fold's wall time, as trained by this process (growth.py reads it)
-        self.fold_epochs: list[int] = []  # ...and the epochs it trained (early stopping ends some sooner)
-        self.val_curves: list[list[float]] = []  # the planned folds' val loss each epoch (growth's evidence)
         self.growing = False  # growth.py's folds: no re-plan (each added fold is checked to fit before it starts)
 
     # --- where we stand
@@ -211,7 +172,7 @@ class TimePlanner:
         plan = f"plan folds={self.folds} epochs={self.epochs}"
         if not self.budget:
             return f"TIME: elapsed {fmt_s(self.elapsed())}, no budget, {plan}"
-        last = f", epoch ~{fmt_s(self.epoch_s[-1])}" if self.epoch_s else ""
+        last = f", epoch ~{fmt_s(self.times.epoch_s[-1])}" if self.times.epoch_s else ""
         return (
             f"TIME: elapsed {fmt_s(self.elapsed())} of {fmt_s(self.budget)} budget, remaining "
             f"{fmt_s(self.budget - self.elapsed())} (reserve {fmt_s(self.reserve())} for predict), {plan}{last}"
@@ -249,21 +210,17 @@ class TimePlanner:
         finally:
             self.epochs = planned
 
-    # --- hooks the training loop calls
+    # --- hooks the training loop calls (the measures: self.times)
     def begin_fold(self, fold: int) -> None:
-        self._fold, self._fold_t0, self._fold_finished, self._epoch = fold, self.clock(), False, 0
+        self.times.begin_fold(fold)
 
     def leave_out(self, seconds: float) -> None:
         """Seconds spent inside an epoch on something done once (audio's export, timed for the
         reserve): left out of this epoch's and this fold's measured time, not out of the budget."""
-        if self._epoch_t0 is not None:
-            self._epoch_t0 += seconds
-        if self._fold_t0 is not None:
-            self._fold_t0 += seconds
+        self.times.leave_out(seconds)
 
     def begin_epoch(self, batches: int, valid_batches: int) -> None:
-        self._batches, self._valid_batches = batches, valid_batches
-        self._epoch_t0 = self.clock()
+        self.times.begin_epoch(batches, valid_batches)
 
     def tick(self, batch: int) -> bool:
         """After each training batch: time the first steps after warm-up (the first estimate)
@@ -271,61 +228,52 @@ class TimePlanner:
         if self.budget and not self.planned and not self.growing:  # a grown fold never re-plans the folds
             if batch == self.WARMUP_BATCHES - 1:
                 self.sync()
-                self._measure_t0 = self.clock()
-            elif self._measure_t0 is not None and batch == self.WARMUP_BATCHES - 1 + self.MEASURE_BATCHES:
+                self.times.start_steps()
+            elif self.times.steps_started() and batch == self.WARMUP_BATCHES - 1 + self.MEASURE_BATCHES:
                 self.sync()
-                self._first_plan((self.clock() - self._measure_t0) / self.MEASURE_BATCHES)
+                self._first_plan(self.times.step_s(self.MEASURE_BATCHES))
         if self.budget and self.training_left() <= 0:
             self.request_stop("deadline")
-            if not self.planned and not self.epoch_s:
+            if not self.planned and not self.times.epoch_s:
                 self.too_small(f"the deadline came at step {batch + 1} of the first, before any estimate")
         return self.stop_reason is not None
 
     def end_epoch(self, epoch: int) -> None:
-        self._epoch = epoch  # epochs of this fold done
-        self.epoch_s.append(self.clock() - self._epoch_t0)
+        self.times.end_epoch(epoch)
         if self.budget and not self.planned and not self.growing:  # too few batches to time steps: plan from the epoch
             self._first_plan(None)
         elif self.budget and not self.growing:
             self._replan(self._epoch_estimate(), f"re-plan at {fmt_s(self._epoch_estimate())}/epoch")
 
     def end_fold(self, fold: int, first: bool) -> None:
-        took = self.clock() - self._fold_t0
-        self._fold_finished = True
-        self.fold_s.append(took)
-        self.fold_epochs.append(self._epoch)
+        took = self.times.end_fold()
         if self.budget and first and took > self.FIRST_FOLD_FRACTION * self.budget:
             why = f"fold {fold} took {fmt_s(took)} = {100 * took / self.budget:.0f}% of the budget (> 20%)"
-            if not self._replan(max(self._epoch_estimate(), took / max(1, self._epoch)), why):
+            if not self._replan(max(self._epoch_estimate(), took / max(1, self.times.epoch)), why):
                 self.log(f"TIME PLAN: {why} -> plan kept: folds={self.folds} epochs={self.epochs}")
 
     def fold_timing(self) -> dict:
         """This fold's measure, saved in its complete checkpoint: a rerun that resumes the fold
         prices growth by it (resumed_fold) instead of by nothing."""
-        epochs = self.epoch_s[-self._epoch :] if self._epoch else []
-        fold_s = self.clock() - self._fold_t0 if self._fold_t0 is not None else 0.0
-        return {"fold_s": fold_s, "epochs": self._epoch, "epoch_s": epochs, "predict_fold_s": self.prediction.fold_s}
+        return {**self.times.fold_timing(), "predict_fold_s": self.prediction.fold_s}
 
     def resumed_fold(self, timing) -> None:
         """A planned fold skipped as complete (resume): the timing its checkpoint recorded stands for
         this process's measure. Without one (an older checkpoint) nothing is timed, and growth waits
         for a fold this process trains (before, it grew with TTA views priced at 0 s and a reserve for
         one checkpoint while predict.py ensembled four)."""
-        if not isinstance(timing, dict) or not float(timing.get("fold_s") or 0) > 0:
-            return
-        self.fold_s.append(float(timing["fold_s"]))
-        self.fold_epochs.append(int(timing.get("epochs") or 0))
-        self.epoch_s.extend(float(t) for t in timing.get("epoch_s") or [])
-        self.prediction.resumed(float(timing.get("predict_fold_s") or 0))
+        if self.times.resumed(timing):
+            self.prediction.resumed(float(timing.get("predict_fold_s") or 0))
 
     def can_start_epoch(self) -> bool:
         """Deadline guard: no epoch starts that would eat into the prediction reserve."""
         if self.stop_reason:
             return False
-        if self.budget and self.epoch_s and epoch_would_overrun(self.epoch_s[-1], self.training_left()):
+        last = self.times.epoch_s[-1] if self.times.epoch_s else None
+        if self.budget and last is not None and epoch_would_overrun(last, self.training_left()):
             self.request_stop("deadline")
             self.log(
-                f"DEADLINE: elapsed {fmt_s(self.elapsed())} + next epoch ~{fmt_s(self.epoch_s[-1])} + reserve "
+                f"DEADLINE: elapsed {fmt_s(self.elapsed())} + next epoch ~{fmt_s(last)} + reserve "
                 f"{fmt_s(self.reserve())} + finish {fmt_s(self.FINISH_S)} > budget {fmt_s(self.budget)}: stopping, "
                 "prediction runs next"
             )
@@ -334,20 +282,17 @@ class TimePlanner:
 
     # --- planning (the rules are the functions above)
     def progress(self) -> Progress:
-        return Progress(self._fold, self._epoch, self._fold_finished, self.parallel)
+        return self.times.progress(self.parallel)
 
     def _epoch_estimate(self) -> float:
-        return estimate_epoch(self.epoch_s, self._steady_epoch_s)
+        return self.times.estimate()
 
     def _first_plan(self, s_per_step: float | None) -> None:
         self.planned = self.plan_changed = True
         if s_per_step is None:
-            epoch_s, how = self.epoch_s[-1], f"{fmt_s(self.epoch_s[-1])}/epoch measured"
+            epoch_s, how = self.times.epoch_s[-1], f"{fmt_s(self.times.epoch_s[-1])}/epoch measured"
         else:
-            valid_s = s_per_step * 2 / 3 * self._valid_batches  # forward only, batches twice as big
-            epoch_s = s_per_step * self._batches + valid_s
-            how = f"{s_per_step:.3f} s/step x {self._batches} steps + validation ~{fmt_s(valid_s)}"
-            self._steady_epoch_s = epoch_s
+            epoch_s, how = self.times.steady_epoch(s_per_step)
         total = epoch_s * self.epochs * self.folds
         self.log(
             f"TIME ESTIMATE: {how} = {fmt_s(epoch_s)}/epoch x {self.epochs} epochs x {self.folds} folds = "
@@ -380,20 +325,20 @@ class TimePlanner:
         """Measured epochs faster than the estimate that cut the plan: epochs back first, up to the
         configured plan, then folds (each fold is a model of the ensemble and OOF rows of the
         CV), as many as fit 75% of the time left. Fold workers share the fold count: not there."""
-        if len(self.epoch_s) < 2:  # measured: an epoch after the first
+        if len(self.times.epoch_s) < 2:  # measured: an epoch after the first
             return False
-        if self._cut_in == self._fold:  # no give-back after a cut in this fold, epochs back once a fold (a
+        if self._cut_in == self.times.fold:  # no give-back after a cut in this fold, epochs back once a fold (a
             return False  # loaded machine gave back and cut 6 times in one fold); folds back still may
         limit = self.GIVE_BACK_FRACTION * self.training_left() * self.share
         left = f"measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, self.training_left()))} left"
-        if self.epochs < self.planned_epochs and self._epochs_back_in != self._fold:
+        if self.epochs < self.planned_epochs and self._epochs_back_in != self.times.fold:
             epochs = give_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_epochs, limit)
             if epochs is None:
                 return False
             self.log(f"TIME PLAN: {left} -> epochs {self.epochs}->{epochs} (given back)")
-            self.epochs, self.plan_changed, self._epochs_back_in = epochs, True, self._fold
+            self.epochs, self.plan_changed, self._epochs_back_in = epochs, True, self.times.fold
             return True
-        if self.folds >= self.planned_folds or self.parallel > 1 or self._folds_changed_in == self._fold:
+        if self.folds >= self.planned_folds or self.parallel > 1 or self._folds_changed_in == self.times.fold:
             return False
         at = self.progress()
         folds = next(
@@ -402,7 +347,7 @@ class TimePlanner:
         if folds is None:
             return False
         self.log(f"TIME PLAN: {left} -> folds {self.folds}->{folds} (given back)")
-        self.folds, self.plan_changed, self._folds_changed_in = folds, True, self._fold
+        self.folds, self.plan_changed, self._folds_changed_in = folds, True, self.times.fold
         return True
 
     def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:
@@ -416,7 +361,7 @@ class TimePlanner:
             return False if first else self._give_back(epoch_s)
         at = self.progress()
         folds, epochs = cut_plan(at, epoch_s, self.folds, self.epochs, self.min_epochs, limit, first)
-        if folds != self.folds and not first and self._folds_changed_in == self._fold:
+        if folds != self.folds and not first and self._folds_changed_in == self.times.fold:
             # hysteresis: the folds change at most once a fold (a loaded machine's epochs flipped a
             # table's plan 5->3->5->3->4->5->3 in 60 s); here only epochs are cut, the deadline guard holds
             folds = self.folds
@@ -435,7 +380,7 @@ class TimePlanner:
             f"time left{share} -> {', '.join(cuts)}"
         )
         if not first:
-            self._cut_in = self._fold
-            self._folds_changed_in = self._fold if folds != self.folds else self._folds_changed_in
+            self._cut_in = self.times.fold
+            self._folds_changed_in = self.times.fold if folds != self.folds else self._folds_changed_in
         self.folds, self.epochs, self.plan_changed = folds, epochs, True
         return True
