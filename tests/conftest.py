@@ -254,13 +254,15 @@ def start_until(project: Path, args: list[str], until, env: dict | None = None):
 
 def assert_plan_cut_to_budget(log: str, wall: float, budget: int) -> None:
     """run.py under a budget its plan is many times over (5 folds): the estimate says more than twice
-    the budget, the planner cuts the folds, and run.py ends inside it (2 s more from outside)."""
+    the budget, the planner cuts the folds, and run.py ends inside it (its RUN line), and at most 4 s
+    more from outside: its start and its three processes' exits on a loaded 2-core machine (a
+    segmentation and a detection run said 29.1 s and 0.97 of their 30 s and ended at 32.4-32.5 s)."""
     estimate = re.search(r"^TIME ESTIMATE: .* = ([\d.]+) ?(min|s) for the whole plan", log, re.M)
     assert estimate and float(estimate.group(1)) * (60 if estimate.group(2) == "min" else 1) > 2 * budget, log
     assert re.search(r"^TIME PLAN: estimate .* -> folds 5->\d", log, re.M), log
     line = rf"^RUN: train [\d.]+s, predict [\d.]+s, total ([\d.]+)s = ([\d.]+) of the {budget}s budget$"
     run = re.search(line, log, re.M)
-    assert run and float(run.group(2)) <= 1.0 and wall <= budget + 2, f"{wall:.1f}s\n{log[-2000:]}"
+    assert run and float(run.group(2)) <= 1.0 and wall <= budget + 4, f"{wall:.1f}s\n{log[-2000:]}"
 
 
 def epoch_at_least(n: int, tag: str = ""):

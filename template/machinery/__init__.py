@@ -7,6 +7,8 @@ they need from here. One module per concern:
     hardware.py     GPU profiles, batch / worker / precision rules (shared with `kagtpl recommend`)
     gpu.py          the device, its kernels, AMP, the memory monitor and the batch probe
     planner.py      the time budget: estimate, plan, deadline guard, give-back
+    reserve.py      ...the prediction reserve: predict.py's share of the budget
+    timings.py      ...what the run measured, fold by fold (epochs, folds, curves)
     growth.py       spare budget spent: more seeds (and epochs) of the same folds
     tta_views.py    ...and more TTA views, when the OOF rows say they help
     engine.py       cross_validate: the fold loop, the epoch loop, OOF and checkpoints
