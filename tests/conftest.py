@@ -99,9 +99,16 @@ def warm_launcher(env: dict = RUN_ENV) -> None:
     """This worker's fork server for `env` started now (its imports took 5-12 s under load), so a
     test that times a script from outside times the script, not the server's start (a 30 s run.py
     whose RUN line said 26.6 s measured 38.9 s from outside on a worker's first script)."""
+    if FORKSERVER:
+        server_for(env)
+
+
+def server_for(env: dict) -> forkserver.Server:
+    """This worker's fork server for the variables read at import in `env`, started on first use."""
     key = forkserver.import_env(env)
-    if FORKSERVER and key not in _servers:
+    if key not in _servers:
         _servers[key] = forkserver.Server(env)
+    return _servers[key]
 
 
 def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
@@ -117,10 +124,7 @@ def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
             text=True,
             start_new_session=new_session,
         )
-    key = forkserver.import_env(env)
-    if key not in _servers:
-        _servers[key] = forkserver.Server(env)
-    return _servers[key].popen(args, project, env, stderr, new_session)
+    return server_for(env).popen(args, project, env, stderr, new_session)
 
 
 # The modules in the order of their longest test (measured: `pytest --junitxml`, the full suite on

@@ -42,8 +42,10 @@ def make_planner(
     # PROCESS_START is this module's import, near the end of train.py's imports (torch, the task's
     # libraries, then machinery)
     startup_s = time.time() - PROCESS_START if beside else process_age()
-    planner = TimePlanner(seconds, folds, epochs, elapsed_s=time.time() - start_time, startup_s=startup_s, sync=sync)
-    planner.prediction.fixed_s = fixed_reserve  # --predict-reserve: seconds instead of the rule
+    elapsed_s = time.time() - start_time
+    planner = TimePlanner(
+        seconds, folds, epochs, elapsed_s=elapsed_s, startup_s=startup_s, sync=sync, fixed_reserve=fixed_reserve
+    )
     planner.install_sigterm()
     return planner
 
@@ -101,8 +103,8 @@ class TimePlanner:
     """Plans folds and epochs to fit a wall-time budget, re-plans with measured times, and
     guards the deadline so prediction always gets its reserve.
 
-    The rules (docs/time-budget.md): keep the prediction reserve (reserve.py) for predict.py; if the plan needs more than 80%
-    of the training time left, cut folds to 3, then epochs by 30% and 50% (never below
+    The rules (docs/time-budget.md): keep the prediction reserve (reserve.py) for predict.py; if
+    the plan needs more than 80% of the training time left, cut folds to 3, then epochs by 30% and 50% (never below
     `min_epochs`), then folds towards 1 (giving back as many epochs as then fit, up to the
     plan's), and at 1 fold fit the epochs.
     Re-plan after every epoch with measured times (fit 95%, minimal cuts), and at once if the
@@ -136,6 +138,7 @@ class TimePlanner:
         clock=time.monotonic,
         sync=None,
         log=print,
+        fixed_reserve=None,
     ):
         self.budget, self.folds, self.epochs = budget_s, folds, epochs
         self.planned_epochs = epochs  # the configured plan: epochs given back never go past it
@@ -143,7 +146,8 @@ class TimePlanner:
         self.min_epochs = min(min_epochs, epochs)
         self.clock, self.sync, self.log = clock, sync or (lambda: None), log
         self.t0 = clock() - elapsed_s
-        self.prediction = PredictionReserve(budget_s, startup_s)  # what predict.py keeps of the budget
+        # what predict.py keeps of the budget; fixed_reserve: --predict-reserve's seconds instead of the rule
+        self.prediction = PredictionReserve(budget_s, startup_s, fixed_reserve)
         self.times = Timings(clock)  # what the run measured, fold by fold (growth reads it too)
         self.stop_reason: str | None = None
         self.planned = False  # the first estimate (after warm-up) has been made
