@@ -15,6 +15,7 @@ they need from here. One module per concern:
     parallel.py     fold workers, DDP and the gradient sync
     storage.py      atomic writes, locks, folds and OOF files, the run signature
     submission.py   reading the sample submission and writing submission.csv
+    prediction.py   predict.py's core: its start, the fold loop, serve.py's ensemble
     experiments.py  output/experiments.csv; `python -m machinery.experiments` lists runs, best CV first
     logs.py         the log lines agents read (docs/log-format.md in kagtpl)
     report.py       the training-curve report

@@ -46,7 +46,7 @@ def make_planner(
     planner = TimePlanner(
         seconds, folds, epochs, elapsed_s=elapsed_s, startup_s=startup_s, sync=sync, fixed_reserve=fixed_reserve
     )
-    planner.install_sigterm()
+    install_stop_signals(planner.request_stop)
     return planner
 
 
@@ -94,9 +94,75 @@ def give_back(at: Progress, epoch_s: float, folds: int, epochs: int, planned: in
     return more if more >= min(planned, epochs + max(2, epochs // 5)) else None
 
 
+def folds_back(at: Progress, epoch_s: float, folds: int, epochs: int, planned: int, limit: float) -> int | None:
+    """Measured epochs faster than the estimate that cut the folds: the most folds, up to the
+    configured plan's, whose rest fits `limit` (each fold is a model of the ensemble and OOF rows
+    of the CV); None when not one more fits."""
+    return next((f for f in range(planned, folds, -1) if at.need(epoch_s, f, epochs) <= limit), None)
+
+
 def epoch_would_overrun(last_epoch_s: float, training_left: float) -> bool:
     """The deadline guard: an epoch as long as the last one would eat into predict.py's reserve."""
     return last_epoch_s > training_left
+
+
+def install_stop_signals(request_stop) -> None:
+    """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0. Ctrl-C
+    (SIGINT) too, once: the run saves and says so instead of a 40-line traceback; a second
+    Ctrl-C interrupts at once (errors.main turns it into one line)."""
+    signal.signal(signal.SIGTERM, lambda *_: request_stop("SIGTERM"))
+
+    def on_sigint(*_) -> None:
+        print("STOPPING: Ctrl-C: saving and ending after this step (Ctrl-C again to interrupt now)", flush=True)
+        request_stop("SIGINT (Ctrl-C)")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when a caller (tune.py) took it
+        signal.signal(signal.SIGINT, on_sigint)
+
+
+def too_small_line(budget_s: float, why: str, fits_one_s: float | None) -> str:
+    """The TIME PLAN line of a budget that fits no epoch, and the budget that would fit one."""
+    enough = f"; a budget of at least {fmt_s(fits_one_s)} fits one" if fits_one_s is not None else ""
+    return (
+        f"TIME PLAN: the budget {fmt_s(budget_s)} is too small for one epoch ({why}): the submission will be "
+        f"train.py's fallback or a checkpoint from inside the first epoch{enough}"
+    )
+
+
+def time_line(elapsed_s: float, budget_s: float, reserve_s: float, folds: int, epochs: int, epoch_s=None) -> str:
+    """The TIME line: where the run stands against its budget, and the plan."""
+    plan = f"plan folds={folds} epochs={epochs}"
+    if not budget_s:
+        return f"TIME: elapsed {fmt_s(elapsed_s)}, no budget, {plan}"
+    last = f", epoch ~{fmt_s(epoch_s)}" if epoch_s is not None else ""
+    return (
+        f"TIME: elapsed {fmt_s(elapsed_s)} of {fmt_s(budget_s)} budget, remaining "
+        f"{fmt_s(budget_s - elapsed_s)} (reserve {fmt_s(reserve_s)} for predict), {plan}{last}"
+    )
+
+
+def deadline_line(elapsed_s: float, epoch_s: float, reserve_s: float, finish_s: float, budget_s: float) -> str:
+    """The DEADLINE line: the next epoch would eat into predict.py's reserve."""
+    return (
+        f"DEADLINE: elapsed {fmt_s(elapsed_s)} + next epoch ~{fmt_s(epoch_s)} + reserve {fmt_s(reserve_s)} + "
+        f"finish {fmt_s(finish_s)} > budget {fmt_s(budget_s)}: stopping, prediction runs next"
+    )
+
+
+def estimate_line(how: str, epoch_s: float, epochs: int, folds: int, training_s: float, reserve_s: float) -> str:
+    """The TIME ESTIMATE line: the whole plan at the first timed steps' rate, against the training budget."""
+    return (
+        f"TIME ESTIMATE: {how} = {fmt_s(epoch_s)}/epoch x {epochs} epochs x {folds} folds = "
+        f"{fmt_s(epoch_s * epochs * folds)} for the whole plan; training budget {fmt_s(training_s)} "
+        f"(reserve {fmt_s(reserve_s)} for predict)"
+    )
+
+
+def cut_line(label: str, fraction: float, left_s: float, share: float, cuts: list[str]) -> str:
+    """The TIME PLAN line of a cut: what the plan needs against the share of the time left it may use."""
+    mine = f" (this model's share: 1/{round(1 / share)})" if share < 1 else ""
+    return f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, left_s))} training time left{mine} -> {', '.join(cuts)}"
 
 
 class TimePlanner:
@@ -173,30 +239,10 @@ class TimePlanner:
     def status_line(self) -> str:
         """The TIME line: after each fold and after an epoch that changed the plan (18 said nothing new)."""
         self.plan_changed = False
-        plan = f"plan folds={self.folds} epochs={self.epochs}"
-        if not self.budget:
-            return f"TIME: elapsed {fmt_s(self.elapsed())}, no budget, {plan}"
-        last = f", epoch ~{fmt_s(self.times.epoch_s[-1])}" if self.times.epoch_s else ""
-        return (
-            f"TIME: elapsed {fmt_s(self.elapsed())} of {fmt_s(self.budget)} budget, remaining "
-            f"{fmt_s(self.budget - self.elapsed())} (reserve {fmt_s(self.reserve())} for predict), {plan}{last}"
-        )
+        last = self.times.epoch_s[-1] if self.times.epoch_s else None
+        return time_line(self.elapsed(), self.budget, self.reserve(), self.folds, self.epochs, last)
 
-    # --- signals
-    def install_sigterm(self) -> None:
-        """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0. Ctrl-C
-        (SIGINT) too, once: the run saves and says so instead of a 40-line traceback; a second
-        Ctrl-C interrupts at once (errors.main turns it into one line)."""
-        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
-
-        def on_sigint(*_) -> None:
-            print("STOPPING: Ctrl-C: saving and ending after this step (Ctrl-C again to interrupt now)", flush=True)
-            self.request_stop("SIGINT (Ctrl-C)")
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when a caller (tune.py) took it
-            signal.signal(signal.SIGINT, on_sigint)
-
+    # --- signals (install_stop_signals: SIGTERM and Ctrl-C end training like the deadline)
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
 
@@ -276,11 +322,7 @@ class TimePlanner:
         last = self.times.epoch_s[-1] if self.times.epoch_s else None
         if self.budget and last is not None and epoch_would_overrun(last, self.training_left()):
             self.request_stop("deadline")
-            self.log(
-                f"DEADLINE: elapsed {fmt_s(self.elapsed())} + next epoch ~{fmt_s(last)} + reserve "
-                f"{fmt_s(self.reserve())} + finish {fmt_s(self.FINISH_S)} > budget {fmt_s(self.budget)}: stopping, "
-                "prediction runs next"
-            )
+            self.log(deadline_line(self.elapsed(), last, self.reserve(), self.FINISH_S, self.budget))
             return False
         return True
 
@@ -297,12 +339,8 @@ class TimePlanner:
             epoch_s, how = self.times.epoch_s[-1], f"{fmt_s(self.times.epoch_s[-1])}/epoch measured"
         else:
             epoch_s, how = self.times.steady_epoch(s_per_step)
-        total = epoch_s * self.epochs * self.folds
-        self.log(
-            f"TIME ESTIMATE: {how} = {fmt_s(epoch_s)}/epoch x {self.epochs} epochs x {self.folds} folds = "
-            f"{fmt_s(total)} for the whole plan; training budget {fmt_s(self.budget - self.reserve() - self.FINISH_S)} "
-            f"(reserve {fmt_s(self.reserve())} for predict)"
-        )
+        training_s = self.budget - self.reserve() - self.FINISH_S
+        self.log(estimate_line(how, epoch_s, self.epochs, self.folds, training_s, self.reserve()))
         if not self._replan(epoch_s, "estimate", first=True):
             self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")
         if epoch_s > self.training_left() * self.share:
@@ -313,17 +351,16 @@ class TimePlanner:
     def too_small(self, why: str, epoch_s: float | None = None) -> None:
         """Said once, at the first estimate (or at a deadline that came before one): no epoch fits,
         so the submission is train.py's fallback or a checkpoint from inside the first epoch."""
-        if self._said_too_small:
-            return
-        self._said_too_small = True
-        enough = ""
-        if epoch_s is not None:  # what fits one epoch: the time so far, the epoch with the estimate's slack, the rest
-            need = self.elapsed() + epoch_s / self.PLAN_FRACTION + self.reserve() + self.FINISH_S
-            enough = f"; a budget of at least {fmt_s(need)} fits one"
-        self.log(
-            f"TIME PLAN: the budget {fmt_s(self.budget)} is too small for one epoch ({why}): the submission will be "
-            f"train.py's fallback or a checkpoint from inside the first epoch{enough}"
-        )
+        if (
+            not self._said_too_small
+        ):  # what fits one epoch: the time so far, the epoch with the estimate's slack, the rest
+            self._said_too_small = True
+            need = (
+                None
+                if epoch_s is None
+                else self.elapsed() + epoch_s / self.PLAN_FRACTION + self.reserve() + self.FINISH_S
+            )
+            self.log(too_small_line(self.budget, why, need))
 
     def _give_back(self, epoch_s: float) -> bool:
         """Measured epochs faster than the estimate that cut the plan: epochs back first, up to the
@@ -344,10 +381,7 @@ class TimePlanner:
             return True
         if self.folds >= self.planned_folds or self.parallel > 1 or self._folds_changed_in == self.times.fold:
             return False
-        at = self.progress()
-        folds = next(
-            (f for f in range(self.planned_folds, self.folds, -1) if at.need(epoch_s, f, self.epochs) <= limit), None
-        )
+        folds = folds_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_folds, limit)
         if folds is None:
             return False
         self.log(f"TIME PLAN: {left} -> folds {self.folds}->{folds} (given back)")
@@ -378,11 +412,7 @@ class TimePlanner:
         if not cuts:
             return False
         label = f"estimate {fmt_s(need)}" if first else f"{why}: need {fmt_s(need)}"
-        share = f" (this model's share: 1/{round(1 / self.share)})" if self.share < 1 else ""
-        self.log(
-            f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, self.training_left() * self.share))} training "
-            f"time left{share} -> {', '.join(cuts)}"
-        )
+        self.log(cut_line(label, fraction, self.training_left() * self.share, self.share, cuts))
         if not first:
             self._cut_in = self.times.fold
             self._folds_changed_in = self.times.fold if folds != self.folds else self._folds_changed_in

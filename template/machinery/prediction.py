@@ -1,23 +1,27 @@
-"""predict.py's start, one for every task: the flags every predict.py shares and the steps before
-its first fold (the flags checked, run.py's wait for train.py, the device, the ensemble's
-checkpoints and their config). Each task's predict.py keeps what is its own: its test data, its
-decoding, its TTA and what it writes.
+"""predict.py's core, one for every task: the flags every predict.py shares, the steps before its
+first fold (the flags checked, run.py's wait for train.py, the device, the ensemble's checkpoints
+and their config), the machine the folds run on, the fold loop (each fold restored, predicted,
+freed; the deadline's stop) and serve.py's ensemble, loaded once. Each task's predict.py keeps what
+is its own: its test data, its model's prediction of one fold, its TTA, its decoding and what it
+writes.
 
-Before, the six predict.py files each held these ~20 lines word for word (issue 58: 37% of
-predict.py's lines stood in another task's); a change to how predict.py starts (`--after-train`)
-was made six times. It is machinery: `copier update` may replace it.
+Before, the six predict.py files each held these lines word for word (issue 58: 37% of predict.py's
+lines stood in another task's); a change to how predict.py starts (`--after-train`) was made six
+times. It is machinery: `copier update` may replace it.
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from . import gpu, hardware, storage, submission
+from . import gpu, hardware, serving, storage, submission
 from .errors import one_line_errors
+from .machine import Machine, inference_machine, profile
 from .runflags import check_flags
 
 RANGES = {"deadline": (0, 1e11), "batch_size": (0, 65_536), "workers": (-1, 64)}  # those a predict.py has
@@ -89,3 +93,65 @@ def start(args, required: bool = True) -> Start:
 def loader(args, device: torch.device) -> dict:
     """The test set's DataLoader settings: --workers, or min(12, usable CPUs - 1)."""
     return hardware.flag_loader(args.workers, device.type == "cuda")
+
+
+def machine(args, run: Start) -> tuple[dict, hardware.Profile, Machine]:
+    """The test set's loader settings, the profile of the card predict runs on (not the one training
+    ran on: its batch rules) and the machine: the ensemble is one run's folds
+    (storage.ensemble_checkpoints), one precision and memory layout for all."""
+    settings = loader(args, run.device)
+    found = profile("auto", run.device)
+    return (
+        settings,
+        found,
+        inference_machine(run.device, run.checkpoints, settings, run.config.get("channels_last", False)),
+    )
+
+
+def restore_fold(build_model, device, channels_last: bool, path: Path, ckpt: dict):
+    """One fold's model, build_model(config, number of classes) with the checkpoint's weights, in its
+    inputs' memory layout; None when the weights do not fit it (storage.restore's WARNING)."""
+    build = partial(build_model, ckpt["config"], len(ckpt["classes"]))
+    model = storage.restore(path, build, ckpt["model"], device)
+    if model is not None and channels_last:  # the model's layout follows its inputs'
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def each_fold(checkpoints: list, clock: submission.FoldClock, restore, predict_fold) -> list:
+    """The fold loop: each checkpoint the clock lets in (best first), restore(path, ckpt) -> its
+    model (None: weights that do not fit, skipped like an unreadable file), predict_fold(path, ckpt,
+    model) -> the fold's predictions, or None when the deadline stopped it (the loop ends there).
+    Each model leaves the card before the next fold's weights are loaded: the callback holds the
+    only reference. Returns the folds' predictions, in the order they were done."""
+    done = []
+    for path, ckpt in clock.folds(checkpoints):
+        model = restore(path, ckpt)
+        if model is None:
+            continue
+        predicted = predict_fold(path, ckpt, model)
+        del model
+        gpu.free_gpu_memory()
+        if predicted is None:
+            break
+        done.append(predicted)
+    return done
+
+
+def serve_folds(
+    out: Path, device, restore, clock: serving.StartClock, layout: bool = True, check=None
+) -> tuple[dict, list, Machine, list]:
+    """serve.py's ensemble, loaded once: (config, classes, machine, [(path, checkpoint, model)]).
+    A gateway batch is a few rows, read in this process (no loader workers); `restore(device,
+    channels_last, path, ckpt)` -> a fold's model, loaded by serving.load_folds against the clock.
+    `layout`: the models take their inputs' memory layout (image, audio); False keeps them as built.
+    `check(config)`: the task's refusal of a run it cannot serve, before any fold loads."""
+    checkpoints = storage.ensemble_checkpoints(out)
+    config, classes = checkpoints[0][1]["config"], checkpoints[0][1]["classes"]
+    if check is not None:
+        check(config)
+    settings = hardware.loader_settings(1, device.type == "cuda")
+    runs_on = inference_machine(device, checkpoints, settings, config.get("channels_last", False))
+    folds = serving.load_folds(checkpoints, partial(restore, device, layout and runs_on.channels_last), clock)
+    print(f"SERVE: ensemble: {len(folds)} fold(s) {[c.get('fold') for _, c, _ in folds]}")
+    return config, classes, runs_on, folds
