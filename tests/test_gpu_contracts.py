@@ -222,13 +222,21 @@ def test_item4_prediction_uses_the_checkpoints_precision(project_modules, monkey
 
 
 def test_item4_every_predict_py_asks_for_the_checkpoints_precision():
-    """All three predict.py files chose AMP with "auto" (this card's training rule)."""
+    """predict.py files chose AMP with "auto" (this card's training rule). Every task's predict.py
+    and serve.py ensemble now take the checkpoints' precision: through machinery/prediction.py's
+    `machine` and `serve_folds`, or engine.inference_machine itself (text, tabular)."""
     from conftest import ROOT
 
-    for task in ("image", "text", "tabular"):
+    core = (ROOT / "template" / "machinery" / "prediction.py").read_text()
+    assert core.count("inference_machine(run.device, run.checkpoints,") == 1  # prediction.machine
+    assert core.count("inference_machine(device, checkpoints,") == 1  # prediction.serve_folds
+    for task in ("image", "audio", "segmentation", "detection", "text", "tabular"):
         source = (ROOT / "template" / f"{{% if task == '{task}' %}}predict.py{{% endif %}}").read_text()
-        assert 'make_machine(device, "auto"' not in source, task
-        assert "engine.inference_machine(device, checkpoints," in source, task
+        assert "make_machine(" not in source, task
+        if task in ("text", "tabular"):
+            assert "engine.inference_machine(device, checkpoints," in source, task
+        else:
+            assert "prediction.machine(args, run)" in source and "prediction.serve_folds(" in source, task
 
 
 # ----------------------------------------------------------------------------- items 5, 6, 7: the probe

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -527,3 +528,32 @@ def test_channels_last_inputs_meet_channels_last_weights_on_cpu(project_modules)
     torch.testing.assert_close(
         grey[0, :, 0, 0], (128 / 255 - torch.tensor(m.images.IMAGENET_MEAN)) / torch.tensor(m.images.IMAGENET_STD)
     )
+
+
+def test_the_fold_loop_holds_one_model_at_a_time_skips_unfit_weights_and_ends_at_the_deadline(project_modules):
+    """prediction.each_fold, every predict.py's loop: a fold whose weights do not fit (restore: None)
+    is skipped, the last fold's model is gone before the next is restored (one model in memory at a
+    time: test_bounded's cap holds half the checkpoints), and a fold the deadline stopped (None)
+    ends the loop with what was done."""
+    m = project_modules
+    checkpoints = [(Path(f"model_fold{k}.pth"), {"fold": k}) for k in range(5)]
+    alive, predicted = [], []
+
+    class Model:
+        pass
+
+    def restore(path, ckpt):
+        assert all(ref() is None for ref in alive), f"a model is still in memory when {path.name} loads"
+        if ckpt["fold"] == 1:
+            return None
+        model = Model()
+        alive.append(weakref.ref(model))
+        return model
+
+    def predict_fold(path, ckpt, model):
+        predicted.append(ckpt["fold"])
+        return None if ckpt["fold"] == 3 else 10 * ckpt["fold"]
+
+    clock = m.submission.FoldClock(None, views=1)
+    assert m.prediction.each_fold(checkpoints, clock, restore, predict_fold) == [0, 20]
+    assert predicted == [0, 2, 3] and all(ref() is None for ref in alive)

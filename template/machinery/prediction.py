@@ -99,13 +99,8 @@ def machine(args, run: Start) -> tuple[dict, hardware.Profile, Machine]:
     """The test set's loader settings, the profile of the card predict runs on (not the one training
     ran on: its batch rules) and the machine: the ensemble is one run's folds
     (storage.ensemble_checkpoints), one precision and memory layout for all."""
-    settings = loader(args, run.device)
-    found = profile("auto", run.device)
-    return (
-        settings,
-        found,
-        inference_machine(run.device, run.checkpoints, settings, run.config.get("channels_last", False)),
-    )
+    settings, found, layout = loader(args, run.device), profile("auto", run.device), run.config.get("channels_last")
+    return settings, found, inference_machine(run.device, run.checkpoints, settings, bool(layout))
 
 
 def restore_fold(build_model, device, channels_last: bool, path: Path, ckpt: dict):

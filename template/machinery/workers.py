@@ -142,18 +142,24 @@ def run_tagged(workers: list[tuple[list[str], dict, str]], stopping, announce: s
     return [(p, tag) for p, tag, _ in procs]
 
 
+def cpu_threads(k: int) -> str:
+    """OMP_NUM_THREADS for one of k processes side by side: torch's threads split the machine's
+    CPUs as the loader workers do (hardware.CPU_SHARE_ENV)."""
+    return str(max(1, hardware.machine_cpus() // k))
+
+
 def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, start_time: float, planner) -> dict:
     """Start one train.py per device, relay their lines with a [gpuN] / [cpuN] prefix, forward
     SIGTERM, wait. Returns {"claims": {fold: pid}, "failed": [(tag, exit code, folds lost)],
     "cap": the plan's fold count as the workers left it}."""
     queue = FoldQueue(out / ".folds")
     queue.reset(folds)
-    n, cpus = len(devices), hardware.machine_cpus()
+    n = len(devices)
     workers = []
     for i, name in enumerate(devices):
         env = {**os.environ, WORKER_ENV: f"{i}/{n}", RUN_ID_ENV: run_id, hardware.CPU_SHARE_ENV: str(n)}
         if name == "cpu":
-            env["OMP_NUM_THREADS"] = str(max(1, cpus // n))  # torch's threads split like the loader workers
+            env["OMP_NUM_THREADS"] = cpu_threads(n)
             flag, tag = "cpu", f"cpu{i}"
         else:
             env["CUDA_VISIBLE_DEVICES"] = visible_gpu(int(name.split(":")[1]))
@@ -187,7 +193,7 @@ def auto_tune_workers(size_class: str, device_type: str, gpus: int, memory_gb: f
 def tune_worker_env(i: int, k: int, gpus: int) -> dict:
     """Worker i of k: its GPU (round robin), its share of that GPU's memory, its share of the CPUs."""
     env = {**os.environ, TUNE_WORKER_ENV: f"{i}/{k}", hardware.CPU_SHARE_ENV: str(k)}
-    env["OMP_NUM_THREADS"] = str(max(1, hardware.machine_cpus() // k))
+    env["OMP_NUM_THREADS"] = cpu_threads(k)
     if gpus:
         gpu = i % gpus
         on_card = len(range(gpu, k, gpus))
