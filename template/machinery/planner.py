@@ -351,16 +351,13 @@ class TimePlanner:
     def too_small(self, why: str, epoch_s: float | None = None) -> None:
         """Said once, at the first estimate (or at a deadline that came before one): no epoch fits,
         so the submission is train.py's fallback or a checkpoint from inside the first epoch."""
-        if (
-            not self._said_too_small
-        ):  # what fits one epoch: the time so far, the epoch with the estimate's slack, the rest
-            self._said_too_small = True
-            need = (
-                None
-                if epoch_s is None
-                else self.elapsed() + epoch_s / self.PLAN_FRACTION + self.reserve() + self.FINISH_S
-            )
-            self.log(too_small_line(self.budget, why, need))
+        if self._said_too_small:
+            return
+        self._said_too_small = True
+        need = None  # what fits one epoch: the time so far, the epoch with the estimate's slack, the rest
+        if epoch_s is not None:
+            need = self.elapsed() + epoch_s / self.PLAN_FRACTION + self.reserve() + self.FINISH_S
+        self.log(too_small_line(self.budget, why, need))
 
     def _give_back(self, epoch_s: float) -> bool:
         """Measured epochs faster than the estimate that cut the plan: epochs back first, up to the

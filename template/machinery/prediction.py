@@ -99,8 +99,10 @@ def machine(args, run: Start) -> tuple[dict, hardware.Profile, Machine]:
     """The test set's loader settings, the profile of the card predict runs on (not the one training
     ran on: its batch rules) and the machine: the ensemble is one run's folds
     (storage.ensemble_checkpoints), one precision and memory layout for all."""
-    settings, found, layout = loader(args, run.device), profile("auto", run.device), run.config.get("channels_last")
-    return settings, found, inference_machine(run.device, run.checkpoints, settings, bool(layout))
+    settings = loader(args, run.device)
+    found = profile("auto", run.device)  # printed before PRECISION: a WARNING when the card is not listed
+    runs_on = inference_machine(run.device, run.checkpoints, settings, run.config.get("channels_last", False))
+    return settings, found, runs_on
 
 
 def restore_fold(build_model, device, channels_last: bool, path: Path, ckpt: dict):
@@ -134,11 +136,11 @@ def each_fold(checkpoints: list, clock: submission.FoldClock, restore, predict_f
 
 
 def serve_folds(
-    out: Path, device, restore, clock: serving.StartClock, layout: bool = True, check=None
+    out: Path, device, build_model, clock: serving.StartClock, layout: bool = True, check=None
 ) -> tuple[dict, list, Machine, list]:
     """serve.py's ensemble, loaded once: (config, classes, machine, [(path, checkpoint, model)]).
-    A gateway batch is a few rows, read in this process (no loader workers); `restore(device,
-    channels_last, path, ckpt)` -> a fold's model, loaded by serving.load_folds against the clock.
+    A gateway batch is a few rows, read in this process (no loader workers); each fold is rebuilt
+    by restore_fold(build_model, ...), loaded by serving.load_folds against the clock.
     `layout`: the models take their inputs' memory layout (image, audio); False keeps them as built.
     `check(config)`: the task's refusal of a run it cannot serve, before any fold loads."""
     checkpoints = storage.ensemble_checkpoints(out)
@@ -147,6 +149,7 @@ def serve_folds(
         check(config)
     settings = hardware.loader_settings(1, device.type == "cuda")
     runs_on = inference_machine(device, checkpoints, settings, config.get("channels_last", False))
-    folds = serving.load_folds(checkpoints, partial(restore, device, layout and runs_on.channels_last), clock)
+    restore = partial(restore_fold, build_model, device, layout and runs_on.channels_last)
+    folds = serving.load_folds(checkpoints, restore, clock)
     print(f"SERVE: ensemble: {len(folds)} fold(s) {[c.get('fold') for _, c, _ in folds]}")
     return config, classes, runs_on, folds
