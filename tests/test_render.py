@@ -266,9 +266,9 @@ def test_the_competition_code_shared_between_tasks_stays_under_20_lines(tmp_path
 
 # The share of each task's entry scripts that stands word for word in another task's (issue 58's measure,
 # benchmarks/entry_duplication.py): 26.4% / 37.3% when first counted, 24.9% / 29.5% with machinery/prediction.py
-# and runs.py, 24.9% / 24.3% with the fold loop and serve.py's ensemble in prediction.py;
+# and runs.py, 24.9% / 23.9% with the fold loop and serve.py's ensemble in prediction.py;
 # the goal is 10%. A ratchet: copy-paste between tasks may shrink, never grow; each step down lowers these.
-ENTRY_SHARED_CEILING = {"train.py": 0.25, "predict.py": 0.245}
+ENTRY_SHARED_CEILING = {"train.py": 0.25, "predict.py": 0.24}
 
 
 @pytest.mark.slow
