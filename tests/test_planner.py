@@ -92,6 +92,30 @@ def test_replan_after_a_slow_first_fold(project_modules):
     assert planner2.folds < 5
 
 
+def test_a_cut_prices_each_plan_with_its_own_reserve(project_modules):
+    """On an H200 (detection, run.py --budget 60s) fold 0's first validation pass priced each checkpoint at
+    ~9 s of prediction: 3 folds' reserve ate the training time left, and the re-plan cut to 1 fold with
+    that reserve still counted, so 1 epoch of the 6 that fit. A plan of fewer folds leaves predict.py
+    fewer checkpoints: each candidate is priced with its own reserve."""
+    plan = project_modules.planner
+    planner, clock, lines = make(plan, budget=100, folds=3, epochs=6, min_epochs=1, elapsed_s=40.0)
+    planner.begin_fold(0)
+    planner.begin_epoch(10, 2)
+    for i in range(10):
+        clock.t += 1.0 if i < planner.WARMUP_BATCHES else 0.2
+        assert not planner.tick(i)
+    assert (planner.folds, planner.epochs) == (3, 4), lines  # the first plan: 2.3 s/epoch, a 15 s reserve
+    clock.t += 0.5  # validation, measured: a checkpoint's share of prediction is 10 s
+    planner.prediction.note_inference(7.0, 100, test_rows=100, views=1, decode_s_per_image=0.0, model_s=1.0)
+    assert [planner.prediction.seconds(f) for f in (3, 2, 1)] == [47.5, 37.5, 27.5]  # 17.5 s + 10 s a fold
+    planner.end_epoch(1)
+    assert lines[-1].startswith("TIME PLAN: re-plan at 2.3s/epoch: need 25s > 95% of 3.4s training time left")
+    assert lines[-1].endswith("-> folds 3->2, epochs 4->3"), lines  # priced with 3 folds' reserve: epochs 4->1
+    left = planner.REPLAN_FRACTION * planner.training_left()
+    assert planner.progress().need(2.27, planner.folds, planner.epochs) <= left  # the plan fits its own reserve
+    assert planner.progress().need(2.27, planner.folds, planner.epochs + 1) > left  # and no more epochs would
+
+
 def test_deadline_guard_and_sigterm(project_modules):
     plan = project_modules.planner
     planner, clock, lines = make(plan, budget=100, folds=1, epochs=30)

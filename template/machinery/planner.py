@@ -56,13 +56,15 @@ def make_planner(
 # calls them; each rule can be read, and tested, on its own.
 
 
-def cut_plan(at: Progress, epoch_s: float, folds: int, epochs: int, min_epochs: int, limit: float, first: bool):
+def cut_plan(at: Progress, epoch_s: float, folds: int, epochs: int, min_epochs: int, limit, first: bool):
     """The plan: cut folds to 3, then epochs (the first plan by 30%, then 50%; later ones no more
     than needed, never below `min_epochs`), then folds towards 1, giving back as many epochs as
-    then fit; at the last fold, fit its epochs. Returns the new (folds, epochs)."""
+    then fit; at the last fold, fit its epochs. `limit(folds)`: the seconds a plan of that many folds
+    may use (fewer folds leave predict.py fewer checkpoints: more training time). Returns the new
+    (folds, epochs)."""
 
     def fits(f, e):
-        return at.need(epoch_s, f, e) <= limit
+        return at.need(epoch_s, f, e) <= limit(f)
 
     planned = epochs
     if not fits(folds, epochs) and folds > 3:
@@ -73,14 +75,14 @@ def cut_plan(at: Progress, epoch_s: float, folds: int, epochs: int, min_epochs: 
                 if not fits(folds, epochs):
                     epochs = max(min_epochs, round(planned * frac))
         else:
-            epochs = max(min_epochs, at.fit_epochs(epoch_s, folds, limit, planned))
+            epochs = max(min_epochs, at.fit_epochs(epoch_s, folds, limit(folds), planned))
     if not fits(folds, epochs) and folds > at.fold + 1:
         while not fits(folds, epochs) and folds > at.fold + 1:
             folds -= 1  # towards 1 fold: keep as many as fit (each fold is a model in the ensemble)
         # fewer folds free time: give epochs back, up to the plan's, as many as fit
-        epochs = max(epochs, at.fit_epochs(epoch_s, folds, limit, planned))
+        epochs = max(epochs, at.fit_epochs(epoch_s, folds, limit(folds), planned))
     if not fits(folds, epochs):  # last resort: fit this fold's epochs
-        epochs = min(epochs, at.fit_epochs(epoch_s, folds, limit, planned))
+        epochs = min(epochs, at.fit_epochs(epoch_s, folds, limit(folds), planned))
     return folds, epochs
 
 
@@ -94,11 +96,11 @@ def give_back(at: Progress, epoch_s: float, folds: int, epochs: int, planned: in
     return more if more >= min(planned, epochs + max(2, epochs // 5)) else None
 
 
-def folds_back(at: Progress, epoch_s: float, folds: int, epochs: int, planned: int, limit: float) -> int | None:
+def folds_back(at: Progress, epoch_s: float, folds: int, epochs: int, planned: int, limit) -> int | None:
     """Measured epochs faster than the estimate that cut the folds: the most folds, up to the
-    configured plan's, whose rest fits `limit` (each fold is a model of the ensemble and OOF rows
-    of the CV); None when not one more fits."""
-    return next((f for f in range(planned, folds, -1) if at.need(epoch_s, f, epochs) <= limit), None)
+    configured plan's, whose rest fits `limit(folds)` (each fold is a model of the ensemble and OOF
+    rows of the CV, and one more checkpoint for predict.py); None when not one more fits."""
+    return next((f for f in range(planned, folds, -1) if at.need(epoch_s, f, epochs) <= limit(f)), None)
 
 
 def epoch_would_overrun(last_epoch_s: float, training_left: float) -> bool:
@@ -233,8 +235,16 @@ class TimePlanner:
         """predict.py's share of what is left: the plan's folds as they stand (cut or given back)."""
         return self.prediction.seconds(self.folds)
 
-    def training_left(self) -> float:
-        return self.budget - self.reserve() - self.FINISH_S - self.elapsed()
+    def training_left(self, folds: int | None = None) -> float:
+        """The budget less the time spent, the finish and predict.py's reserve for `folds` (default:
+        the plan's as they stand). A cut prices each candidate plan with its own reserve: pricing 1 fold
+        with 3 folds' reserve left a detection fold 1 epoch of the 6 that fit, on an H200."""
+        reserve = self.reserve() if folds is None else self.prediction.seconds(folds)
+        return self.budget - reserve - self.FINISH_S - self.elapsed()
+
+    def _room(self, fraction: float):
+        """limit(folds): the seconds a plan of that many folds may use: `fraction` of its training time left."""
+        return lambda folds: fraction * self.training_left(folds) * self.share
 
     def status_line(self) -> str:
         """The TIME line: after each fold and after an epoch that changed the plan (18 said nothing new)."""
@@ -367,10 +377,11 @@ class TimePlanner:
             return False
         if self._cut_in == self.times.fold:  # no give-back after a cut in this fold, epochs back once a fold (a
             return False  # loaded machine gave back and cut 6 times in one fold); folds back still may
-        limit = self.GIVE_BACK_FRACTION * self.training_left() * self.share
+        limit = self._room(self.GIVE_BACK_FRACTION)
         left = f"measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, self.training_left()))} left"
         if self.epochs < self.planned_epochs and self._epochs_back_in != self.times.fold:
-            epochs = give_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_epochs, limit)
+            room = limit(self.folds)
+            epochs = give_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_epochs, room)
             if epochs is None:
                 return False
             self.log(f"TIME PLAN: {left} -> epochs {self.epochs}->{epochs} (given back)")
@@ -390,9 +401,9 @@ class TimePlanner:
         left; later re-plans use measured epochs and must fit 95%, or give epochs back (cut_plan,
         give_back). Returns whether the plan changed."""
         fraction = self.PLAN_FRACTION if first else self.REPLAN_FRACTION
-        limit = fraction * self.training_left() * self.share
+        limit = self._room(fraction)
         need = self.progress().need(epoch_s, self.folds, self.epochs)
-        if need <= limit:
+        if need <= limit(self.folds):
             return False if first else self._give_back(epoch_s)
         at = self.progress()
         folds, epochs = cut_plan(at, epoch_s, self.folds, self.epochs, self.min_epochs, limit, first)
@@ -400,7 +411,7 @@ class TimePlanner:
             # hysteresis: the folds change at most once a fold (a loaded machine's epochs flipped a
             # table's plan 5->3->5->3->4->5->3 in 60 s); here only epochs are cut, the deadline guard holds
             folds = self.folds
-            epochs = min(self.epochs, max(self.min_epochs, at.fit_epochs(epoch_s, folds, limit, self.epochs)))
+            epochs = min(self.epochs, max(self.min_epochs, at.fit_epochs(epoch_s, folds, limit(folds), self.epochs)))
         cuts = [
             f"{name} {a}->{b}"
             for name, a, b in (("folds", self.folds, folds), ("epochs", self.epochs, epochs))
