@@ -88,30 +88,38 @@ def keep_printing() -> None:
 
 def main(fn, argv=None) -> None:
     """Run a script's main(); a RunError becomes its one line on stderr and exit code 1, Ctrl-C
-    (KeyboardInterrupt) one STOPPED line and exit code 130, the shell's for SIGINT. A main() that
-    returns has written everything: the process ends at once (end_now)."""
+    (KeyboardInterrupt) one STOPPED line and exit code 130, the shell's for SIGINT; argparse's
+    own exits (--help 0, a usage error 2) keep their codes. Each of these ends the process at
+    once (end_now), as a main() that returns does: everything is written by then."""
     keep_printing()
     try:
         fn(argv)
     except RunError as e:
-        sys.exit(f"{e.prefix}: {e}")
+        print(f"{e.prefix}: {e}", file=sys.stderr)
+        end_now(1)
     except KeptFallback as e:
         print(e, flush=True)
     except KeyboardInterrupt:  # Ctrl-C before training, or twice: one line, not a traceback (every write is atomic)
         print("STOPPED: interrupted (Ctrl-C); every file written so far is whole", file=sys.stderr)
-        sys.exit(130)
+        end_now(130)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2, its lines already printed)
+        if e.code is not None and not isinstance(e.code, int):  # sys.exit("message"), as the interpreter does
+            print(e.code, file=sys.stderr)
+        end_now(e.code if isinstance(e.code, int) else int(e.code is not None))
     end_now()
 
 
-def end_now() -> None:
-    """Exit 0 without the interpreter's teardown. Every file is already whole (written to a temp
-    file, then os.replace); the teardown (freeing the model, torch's threads, the loaders) only
-    spends time: 4-6 s after train.py's DONE line on a 2-core machine with two busy processes,
-    which ran it past run.py's safety net (SIGTERM, exit -15, a failed run from finished work).
-    DataLoader workers still alive get SIGTERM first: they hold this process's stdout, and a
-    caller reading it would wait for their own watchdog (5 s) to notice their parent gone."""
+def end_now(code: int = 0) -> None:
+    """Exit with `code` without the interpreter's teardown. Every file is already whole (written
+    to a temp file, then os.replace); the teardown (freeing the model, torch's threads, the
+    loaders, every module) only spends time: 4-6 s after train.py's DONE line on a 2-core machine
+    with two busy processes, which ran it past run.py's safety net (SIGTERM, exit -15, a failed
+    run from finished work); 2.5 s after a one-line flag error with torch, torchvision, sklearn and
+    the boosters imported (tests/test_bad_input.py). DataLoader workers still alive get SIGTERM
+    first: they hold this process's stdout, and a caller reading it would wait for their own
+    watchdog (5 s) to notice their parent gone."""
     for child in multiprocessing.active_children():
         child.terminate()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
