@@ -205,6 +205,7 @@ def test_mixup_of_three_clips_sums_each_with_two_others(audio_mod):
     assert solved >= n // 2  # most rows are three distinct clips
 
 
+@pytest.mark.slow  # exports a CNN and runs it in ONNX Runtime (9 s)
 def test_onnx_export_matches_torch_on_any_batch_and_falls_back_to_torch(audio_mod, capsys, monkeypatch):
     onnx_export, errors = audio_mod[0].onnx_export, audio_mod[0].errors
     net = torch.nn.Sequential(

@@ -268,6 +268,7 @@ def test_preflight_refuses_a_label_not_in_the_classes(tmp_path, box_data):
     assert proc.returncode == 1 and "label 'triangle' is not one of" in said and "train.csv line 2" in said, said
 
 
+@pytest.mark.slow  # renders and runs train.py (10 s)
 def test_a_label_with_a_space_is_refused_where_a_prediction_string_holds_labels(tmp_path, box_data):
     """Issue 47: a label 'réct angle' passed every check, then predict.py's own check after
     training failed (`695 values is not whole groups of 6`) and the empty fallback was handed in.

@@ -14,6 +14,8 @@ import pytest
 
 from conftest import RUN_ENV
 
+pytestmark = pytest.mark.slow  # each test starts real interpreters beside the fork server's (21 s in all)
+
 PROBE = """
 import atexit, json, os, sys
 import numpy

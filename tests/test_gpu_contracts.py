@@ -552,6 +552,7 @@ def test_compile_auto_tries_where_the_plan_amortises_it(project_modules, monkeyp
     assert args.compile == expected.split()[0]
 
 
+@pytest.mark.slow  # a fresh interpreter imports train.py (7 s)
 def test_albumentations_is_imported_offline(project_modules):
     """albumentations asks PyPI for its version at import unless NO_ALBUMENTATIONS_UPDATE is set:
     every run on the H100 printed 'Error fetching version info <urlopen error ...>'. train.py

@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from kagtpl import sounds
 from kagtpl.cli import app
 
+pytestmark = pytest.mark.slow  # espeak-ng speaks every clip (23 s in all)
+
 
 def speech_peak(segment: np.ndarray, rate: int) -> float:
     """The loudest 50 ms of `segment` in speech's band (300-4000 Hz): pink noise puts most of its

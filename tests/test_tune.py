@@ -387,6 +387,7 @@ def test_two_workers_share_a_study_on_a_real_postgresql_server(tmp_path, postgre
     assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in load_study(project, "pg", postgres).trials) >= 8
 
 
+@pytest.mark.slow  # runs tune.py (11 s): the fast tier runs no generated script
 def test_a_bad_storage_url_is_one_error_line(tmp_path):
     project = tabular_project(tmp_path)
     out = run_script(
