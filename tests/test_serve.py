@@ -276,6 +276,28 @@ def test_every_task_keeps_state_falls_back_and_drops_folds(served_task):
         assert (given.sub(expected).abs().max() < 1e-6) if numeric else (given == expected).all(), (column, given)
 
 
+@pytest.mark.parametrize("served_task", ["detection"], indirect=True)
+def test_a_row_per_box_run_is_refused_before_any_fold_loads(served_task, tmp_path):
+    """A detection run trained with --pred-style rows writes a row per box, and a gateway takes one
+    answer row per batch row: serve.py refuses it in one line, before it loads a fold
+    (predict.one_row_per_image, serve_folds' check)."""
+    import torch
+
+    project, sent, rows = served_task
+    out = Path(shutil.copytree(project / "output", tmp_path / "out"))
+    for path in out.glob("model_fold*.pth"):
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt["config"]["pred_style"] = "rows"
+        torch.save(ckpt, path)
+    flags = ["--device", "cpu", "--out-dir", str(out), "--data-paths", str(sent), "--call-limit", "1"]
+    r = run_script(project, "serve.py", *flags, check=False, env=serve_env(STANDIN_BATCH_ROWS=rows))
+    assert r.returncode == 1 and "SERVE: ensemble" not in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        "ERROR: --pred-style rows writes a row per box, and a gateway takes one answer row per batch row: "
+        "serve a prediction string per image (--pred-style string)"
+    ), r.stderr[-2000:]
+
+
 def test_no_package_is_one_error_line(served, tmp_path):
     empty = tmp_path / "data"
     empty.mkdir()
