@@ -239,7 +239,7 @@ class TimePlanner:
         """The budget less the time spent, the finish and predict.py's reserve for `folds` (default:
         the plan's as they stand). A cut prices each candidate plan with its own reserve: pricing 1 fold
         with 3 folds' reserve left a detection fold 1 epoch of the 6 that fit, on an H200."""
-        reserve = self.reserve() if folds is None else self.prediction.seconds(folds)
+        reserve = self.prediction.seconds(self.folds if folds is None else folds)
         return self.budget - reserve - self.FINISH_S - self.elapsed()
 
     def _room(self, fraction: float):
