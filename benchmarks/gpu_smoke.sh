@@ -26,7 +26,9 @@
 # SMOKE_DEVICE=cpu runs the same steps on CPU, skipping the CUDA-only ones (to check the script);
 # SMOKE_BUDGET sets step 4's budget (default 10m), SMOKE_TUNE_BUDGET step 7's (default 5m), and
 # SMOKE_TUNE_TRIALS / SMOKE_TUNE_EPOCHS its trials (default 4) and epochs per trial (default 3),
-# SMOKE_TASKS step 9's tasks (comma-separated, default all) and SMOKE_TASK_BUDGET their budget (2m).
+# SMOKE_TASKS step 9's tasks (comma-separated, default all) and SMOKE_TASK_BUDGET their budget (2m);
+# SMOKE_IMAGES, SMOKE_SIZE and SMOKE_MODEL the digits project (default 1200 training images of 64 px,
+# resnet18: a card's load; tests/test_benchmarks.py checks the script on CPU with a smaller one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -58,17 +60,18 @@ step() {  # step NAME CMD...: run in the project, log to logs/NAME.log, remember
     fi
 }
 
-"$PY" - "$WORK" "$DEVICE" <<'EOF' || { echo "could not render the project"; exit 1; }
+"$PY" - "$WORK" "$DEVICE" "${SMOKE_IMAGES:-1200}" "${SMOKE_SIZE:-64}" "${SMOKE_MODEL:-resnet18}" <<'EOF' \
+    || { echo "could not render the project"; exit 1; }
 import sys
 from pathlib import Path
 
 from kagtpl import demo, new
 
-work, device = Path(sys.argv[1]), sys.argv[2]
-data = demo.write_digits(work / "data", n_train=1200, n_test=297)
+work, device, images, size, model = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+data = demo.write_digits(work / "data", n_train=images, n_test=297)
 gpu = "auto" if device == "cuda" else "cpu"
-new.new_project(new.NewAnswers(name="digits", task="image", gpu=gpu, data=data, model="resnet18",
-                               image_size=64, folds=3, epochs=8, dest=work, force=True))
+new.new_project(new.NewAnswers(name="digits", task="image", gpu=gpu, data=data, model=model,
+                               image_size=size, folds=3, epochs=8, dest=work, force=True))
 print(f"rendered {work / 'digits'} (--gpu {gpu})")
 EOF
 git -C "$WORK/digits" init -q && git -C "$WORK/digits" add -A \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib
 import importlib.metadata
@@ -174,25 +175,43 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The `alone` tests first, then the modules longest first. --dist worksteal hands each worker a
-    contiguous half of this list, so the `alone` tests open the first worker's half, while the
-    second's opens in the middle of the list (short tests): an `alone` test waits for the other
-    worker's current test, and that test is then seconds long, not the demo's ~230 s."""
+    """The `alone` tests first, then the other slow tests, modules longest first, then the light
+    ones (not `slow`: no generated script). --dist worksteal hands each worker a contiguous half of
+    this list: the first worker's opens with the `alone` tests, the second's is light tests, which
+    need not wait for the machine (pytest_runtest_protocol): they run while the `alone` tests hold
+    it, where the second worker used to idle (~470 s of the full suite). A worker that runs out then
+    steals the other's last slow tests, which are the short ones."""
 
     def rank(item):
         name = item.module.__name__
-        alone = item.get_closest_marker("alone") is not None
-        return (not alone, LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
+        kind = 0 if item.get_closest_marker("alone") else 1 if item.get_closest_marker("slow") else 2
+        return (kind, LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
 
     items.sort(key=rank)  # stable: a module's tests keep their order
 
 
-# The machine, shared by the pytest workers: each test holds it shared, and a test marked
+# The machine, shared by the pytest workers: each slow test holds it shared, and a test marked
 # `alone` (its CPU hogs slow everything on the machine) holds it alone. Two hog tests on the two
 # workers at once (4 busy loops on 2 cores) stalled one's preflight for 36 s of a 40 s budget.
-# A turnstile keeps tests from taking the machine shared while an `alone` test waits for it.
+# A light test (not `slow`: one process of a few seconds, no generated script) holds only the light
+# lock, shared: its one core is the one an `alone` test leaves (each runs one training process at a
+# time, on OMP_NUM_THREADS=1), unlike a neighbour's run.py with train.py and predict.py at work. An
+# `alone` test that slows the machine on purpose (slowed_machine: two busy loops) holds the light
+# lock alone too. A turnstile keeps tests from taking a lock shared while an `alone` test waits.
 RUN_UID = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
-MACHINE_LOCK, TURNSTILE = (Path(f"/tmp/kagtpl-tests-{RUN_UID}.{name}") for name in ("machine", "turnstile"))
+MACHINE_LOCK, LIGHT_LOCK, TURNSTILE = (
+    Path(f"/tmp/kagtpl-tests-{RUN_UID}.{name}") for name in ("machine", "light", "turnstile")
+)
+
+
+def _locks(item) -> list[tuple[Path, int]]:
+    """The locks a test holds, in the order it takes them: (file, flock mode)."""
+    if item.get_closest_marker("alone") is not None:
+        hog = "slowed_machine" in getattr(item, "fixturenames", ())
+        return [(MACHINE_LOCK, fcntl.LOCK_EX)] + ([(LIGHT_LOCK, fcntl.LOCK_EX)] if hog else [])
+    if item.get_closest_marker("slow") is not None:
+        return [(MACHINE_LOCK, fcntl.LOCK_SH)]
+    return [(LIGHT_LOCK, fcntl.LOCK_SH)]
 
 
 # The lock is taken around a test's whole protocol, its fixtures' setup and teardown included: as an
@@ -201,14 +220,14 @@ MACHINE_LOCK, TURNSTILE = (Path(f"/tmp/kagtpl-tests-{RUN_UID}.{name}") for name 
 # epoch where 4 were needed.
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    alone = item.get_closest_marker("alone") is not None
-    with open(MACHINE_LOCK, "a") as machine, open(TURNSTILE, "a") as turnstile:
+    with contextlib.ExitStack() as held, open(TURNSTILE, "a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)  # alone: held until the machine is ours; shared: passed through
         try:
-            fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            for path, mode in _locks(item):
+                fcntl.flock(held.enter_context(open(path, "a")), mode)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-        yield  # the files' close releases the lock
+        yield  # the files' close releases the locks
 
 
 def pytest_sessionfinish(session, exitstatus):
