@@ -406,3 +406,24 @@ def test_epochs_are_given_back_at_most_once_a_fold_and_never_after_a_cut_in_it(p
         clock.t += epoch_s
         planner.end_epoch(epoch)
     assert lines[-1].endswith("(given back)"), lines
+
+
+def test_ctrl_c_requests_the_stop_even_when_its_line_cannot_be_written(project_modules, monkeypatch):
+    """The first Ctrl-C's handler asks for the stop before it writes its STOPPING line: a stdout pipe
+    that is full or gone (OSError) loses the line, not the stop; a second Ctrl-C interrupts at once."""
+    import builtins
+    import signal
+
+    plan, asked = project_modules.planner, []
+    monkeypatch.setattr(signal, "getsignal", lambda sig: signal.default_int_handler)  # as in a fresh train.py
+    handlers = {}
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: handlers.__setitem__(sig, handler))
+
+    def no_stdout(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    plan.install_stop_signals(asked.append)
+    monkeypatch.setattr(builtins, "print", no_stdout)
+    handlers[signal.SIGINT](signal.SIGINT, None)
+    assert asked == ["SIGINT (Ctrl-C)"]
+    assert handlers[signal.SIGINT] is signal.default_int_handler

@@ -115,9 +115,11 @@ def install_stop_signals(request_stop) -> None:
     signal.signal(signal.SIGTERM, lambda *_: request_stop("SIGTERM"))
 
     def on_sigint(*_) -> None:
-        print("STOPPING: Ctrl-C: saving and ending after this step (Ctrl-C again to interrupt now)", flush=True)
+        # the stop first: it must not depend on the line below, a write to a pipe that may be full or gone
         request_stop("SIGINT (Ctrl-C)")
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        with contextlib.suppress(OSError):
+            print("STOPPING: Ctrl-C: saving and ending after this step (Ctrl-C again to interrupt now)", flush=True)
 
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when a caller (tune.py) took it
         signal.signal(signal.SIGINT, on_sigint)
