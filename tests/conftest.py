@@ -94,21 +94,23 @@ def render(dest: Path, **data) -> Path:
         "epochs": 2,
         **data,
     }
+
+    def run_copy(into: Path) -> Path:
+        copier.run_copy(str(ROOT), into, data=answers, defaults=True, vcs_ref="HEAD", quiet=True, unsafe=False)
+        return into
+
     if dest.exists() and any(dest.iterdir()):  # Copier's own handling of what is there
-        copier.run_copy(str(ROOT), dest, data=answers, defaults=True, vcs_ref="HEAD", quiet=True, unsafe=False)
-        return dest
+        return run_copy(dest)
     key = json.dumps(answers, sort_keys=True, default=str)
     if key not in _rendered:
-        first = Path(tempfile.mkdtemp(prefix="kagtpl-render-")) / dest.name
-        copier.run_copy(str(ROOT), first, data=answers, defaults=True, vcs_ref="HEAD", quiet=True, unsafe=False)
-        _rendered[key] = first
+        _rendered[key] = run_copy(Path(tempfile.mkdtemp(prefix="kagtpl-render-")) / dest.name)
     shutil.copytree(_rendered[key], dest, symlinks=True, dirs_exist_ok=True)
     return dest
 
 
 # Each set of answers is rendered once a worker: a later render of the same answers (the `project`
-# fixture's digits project, ~40 of the suite's renders) is a copy of the first, made by the same
-# run_copy of the same template state (1.5-2 s a render on these 2 cores). Nothing writes in these.
+# fixture's digits project, in 22 tests) is a copy of the first, made by the same run_copy of the
+# same template state (1.5-2 s a render on these 2 cores). Nothing writes in these.
 _rendered: dict[str, Path] = {}
 
 
@@ -194,10 +196,11 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(session, config, items):
     """The `alone` tests first, then the other slow tests, modules longest first, then the light
     ones (not `slow`: no generated script). --dist worksteal hands each worker a contiguous half of
-    this list: the first worker's opens with the `alone` tests, the second's is light tests, which
-    need not wait for the machine (pytest_runtest_protocol): they run while the `alone` tests hold
-    it, where the second worker used to idle (~470 s of the full suite). A worker that runs out then
-    steals the other's last slow tests, which are the short ones."""
+    this list: the first worker's opens with the `alone` tests, the second's is light tests (they
+    are more than half the suite: 496 of 781), which need not wait for the machine
+    (pytest_runtest_protocol): they run while the `alone` tests hold it, where the second worker
+    used to idle (~470 s of the full suite). A worker that runs out then steals the other's last
+    slow tests, which are the short ones."""
 
     def rank(item):
         name = item.module.__name__
