@@ -266,9 +266,11 @@ def test_the_competition_code_shared_between_tasks_stays_under_20_lines(tmp_path
 
 # The share of each task's entry scripts that stands word for word in another task's (issue 58's measure,
 # benchmarks/entry_duplication.py): 26.4% / 37.3% when first counted, 24.9% / 29.5% with machinery/prediction.py
-# and runs.py, 24.9% / 23.9% with the fold loop and serve.py's ensemble in prediction.py;
-# the goal is 10%. A ratchet: copy-paste between tasks may shrink, never grow; each step down lowers these.
-ENTRY_SHARED_CEILING = {"train.py": 0.25, "predict.py": 0.24}
+# and runs.py, 24.9% / 23.9% with the fold loop and serve.py's ensemble in prediction.py, 21.0% / 23.9%
+# with the shared flags (engine.parser, add_batch_flags, add_schedule_flags, images.add_folder_flags) and
+# runs.start's profile and recommendation; the goal is 10%. A ratchet: copy-paste between tasks may
+# shrink, never grow; each step down lowers these.
+ENTRY_SHARED_CEILING = {"train.py": 0.211, "predict.py": 0.24}
 
 
 @pytest.mark.slow

@@ -67,7 +67,18 @@ from .machine import (
     profile,
 )
 from .planner import TimePlanner, fmt_s
-from .runflags import FLAG_RANGES, Given, add_run_flags, begin, check_flags, check_folds, parse_args
+from .runflags import (
+    FLAG_RANGES,
+    Given,
+    add_batch_flags,
+    add_run_flags,
+    add_schedule_flags,
+    begin,
+    check_flags,
+    check_folds,
+    parse_args,
+    parser,
+)
 from .steps import TensorBatches, predict
 
 # The names train.py and predict.py call as engine.<name>; each lives in the module imported from.
@@ -78,7 +89,9 @@ __all__ = [
     "Machine",
     "TensorBatches",
     "Given",
+    "add_batch_flags",
     "add_run_flags",
+    "add_schedule_flags",
     "batch_set_by_user",
     "begin",
     "check_flags",
@@ -92,6 +105,7 @@ __all__ = [
     "make_machine",
     "make_planner",
     "parse_args",
+    "parser",
     "predict",
     "print_start",
     "profile",

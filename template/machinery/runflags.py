@@ -44,6 +44,7 @@ COMPILE_HELP = (
     "faster kept (off for dry runs, short budgets, tune.py's trials and CPUs); on: compiled whatever it measures; "
     "a compile that fails trains eager with a WARNING"
 )
+CUDNN_HELP = "cuDNN autotunes every conv shape: up to 60 s per process on an H100 and no faster steps measured (off)"
 NO_GROW_HELP = "a plan that fits ends early (default: more seeds; KAGTPL_GROW=off makes this the default)"
 HAND_IN = ("judged", "folds")
 HAND_IN_HELP = (
@@ -53,10 +54,47 @@ HAND_IN_HELP = (
 )
 
 
+def parser(doc: str, data_dir: str, out_dir: str, cache: str = "") -> argparse.ArgumentParser:
+    """train.py's parser, opening with the two folders every task has: the competition's data and
+    the run's outputs (`cache`: what the task caches there, e.g. "decode cache")."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=data_dir, help="competition folder (read-only is fine)")
+    outputs = ", ".join(["checkpoints, logs, OOF", *([cache] if cache else []), "submission.csv"])
+    p.add_argument("--out-dir", default=out_dir, help=outputs)
+    return p
+
+
+def add_batch_flags(p, batch_size: int, effective: int, example: str = "", workers: bool = True, probe: str = ""):
+    """--batch-size and --accum-steps (0: the rule for --gpu, printed with its reason at start; the
+    rule tops the batch up to an `effective` one), --workers for a task that reads through a
+    DataLoader, and --autoscale: the CUDA batch probe (`probe` says what it probes first)."""
+    example = f" ({example})" if example else ""
+    p.add_argument("--batch-size", type=int, default=batch_size, help=f"0 = rule{example}; halve if you OOM")
+    p.add_argument("--accum-steps", type=int, default=0, help=f"0 = rule: top the batch up to an effective {effective}")
+    if workers:
+        p.add_argument("--workers", type=int, default=-1, help="-1 = min(12, usable CPUs - 1)")
+    p.add_argument(
+        "--autoscale",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"CUDA: probe real steps{probe} before fold 0 and grow the batch into the 70-90%% memory band",
+    )
+
+
+def add_schedule_flags(p, epochs: int, patience: int, lr: float, weight_decay: float, val_loss: str = "val loss"):
+    """--epochs, --patience (epochs without a better `val_loss`), --lr (AdamW's peak at an effective
+    batch of 128, scaled by sqrt(batch/128): hardware.scaled_lr) and --weight-decay."""
+    p.add_argument("--epochs", type=int, default=epochs, help="max epochs per fold (early stopping ends most sooner)")
+    p.add_argument("--patience", type=int, default=patience, help=f"epochs without a better {val_loss} before stopping")
+    p.add_argument("--lr", type=float, default=lr, help="peak AdamW LR at effective batch 128; x sqrt(batch/128)")
+    p.add_argument("--weight-decay", type=float, default=weight_decay)
+
+
 def add_run_flags(p, gpu_profile: str, budget: str) -> None:
-    """The flags every task's train.py shares: hardware, precision, the time budget, dry runs.
-    argparse's own errors become one ERROR line too (errors.one_line_errors)."""
+    """The flags every task's train.py shares: the seed, hardware, precision, the time budget, dry
+    runs. argparse's own errors become one ERROR line too (errors.one_line_errors)."""
     one_line_errors(p)
+    p.add_argument("--seed", type=int, default=42, help="the folds and the initialisation; another checks the CV")
     p.add_argument(
         "--gpu",
         default=gpu_profile,
@@ -78,11 +116,7 @@ def add_run_flags(p, gpu_profile: str, budget: str) -> None:
         choices=["auto", "on", "off"],
         help=COMPILE_HELP,
     )
-    p.add_argument(
-        "--cudnn-benchmark",
-        action="store_true",
-        help="cuDNN autotunes every conv shape: up to 60 s per process on an H100 and no faster steps measured (off)",
-    )
+    p.add_argument("--cudnn-benchmark", action="store_true", help=CUDNN_HELP)
     # time budget: folds and epochs are cut to fit, prediction keeps a reserve (docs/time-budget.md)
     p.add_argument("--budget", default=budget, action=Given, help=BUDGET_HELP)
     p.set_defaults(budget_given=False)

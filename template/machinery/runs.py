@@ -35,14 +35,24 @@ class Run:
             engine.fit_steps(self.batching, rows * (self.args.folds - 1) // self.args.folds, self.args.lr)
 
     def cross_validate(self, comp, splits):
-        """engine.cross_validate with this run's machine, batching and planner."""
+        """engine.cross_validate with this run's machine, batching and planner. First, the batch
+        for small data (fit_steps: comp.train's rows), and --pretrained without a local --weights
+        file builds the model once: offline (Kaggle) the download fails in seconds, as the dry run
+        does, not when fold 0 starts."""
+        self.fit_steps(len(comp.train))
+        if getattr(self.args, "pretrained", False) and not getattr(self.args, "weights", ""):
+            comp.build_model(None)
         return engine.cross_validate(comp, splits, self.args, self.machine, self.batching, self.planner)
 
 
-def start(args, device: torch.device, rec) -> Run:
-    """The run from `rec` (hardware.recommend's batch, accumulation, memory layout): the loader's
-    workers (--workers, else the usable CPUs less one), the machine, the batching at the rule's
-    LR, the start lines (RESOURCES, GPU Memory, DataLoader, BATCH) and the time planner."""
+def start(args, device: torch.device, side: int, decoder: str | None = None) -> Run:
+    """The run for this card's profile (engine.profile) and hardware.recommend's batch,
+    accumulation and memory layout for --model at `side` px (a segmentation `decoder` shrinks the
+    batch): the loader's workers (--workers, else the usable CPUs less one), the machine, the
+    batching at the rule's LR, the start lines (RESOURCES, GPU Memory, DataLoader, BATCH) and the
+    time planner."""
+    profile = engine.profile(args.gpu, device)
+    rec = hardware.recommend(profile, args.model, side, hardware.usable_cpus(), args.batch_size, decoder)
     loader = hardware.flag_loader(args.workers, device.type == "cuda")
     machine = engine.make_machine(device, args.amp, loader, rec.channels_last)
     accum = args.accum_steps or rec.accum_steps
