@@ -827,9 +827,9 @@ def test_ctrl_c_saves_says_so_and_exits_0_without_a_traceback(image_project, tmp
     args = ["train.py", "--device", "cpu", "--epochs", "50", "--workers", "1", f"--out-dir={out}"]
     proc, seen = start_until(image_project, args, "Epoch 1:")
     # how the script holds SIGINT when it is sent (ignored, blocked, caught: /proc's masks), for the
-    # message of a run that did not stop: in two full-suite runs (2026-11-27 and 11-28) one trained on
-    # with SIGINT caught and no STOPPING line; 25 tries beside two busy loops all stopped. The cause is
-    # not known: a run that misses it now ends in three epochs with every thread's stack
+    # message of a run that did not stop; such a run ends in three epochs, with every thread's stack. It
+    # happened when pytest ran in the background (SIGINT ignored, inherited: conftest now starts scripts
+    # as from a terminal), with CatBoost's C handler, installed at the fork server's import, holding it
     held = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line.startswith("Sig")]
     os.killpg(proc.pid, signal.SIGINT)
     after = []  # the lines after the signal, until the STOPPING line or three more epochs without it

@@ -26,8 +26,10 @@ GIT_ID = ["-c", "user.name=kagtpl test", "-c", "user.email=test@kagtpl.invalid",
 # the v2 template change: a new machinery line in gpu.py and a changed line in train.py
 KIT_ANCHOR = "GB = 1024**3\n"
 KIT_V2 = "GB = 1024**3\nTEMPLATE_FEATURE_V2 = True  # added in the v2 template\n"
-TRAIN_OLD = 'p.add_argument("--seed", type=int, default=42, help="the folds and the initialisation")'
-TRAIN_V2 = 'p.add_argument("--seed", type=int, default=2024, help="the folds and the initialisation")'
+TRAIN_OLD = 'help="384 px needs ~2x the memory of 224")'  # --image-size's help, away from the user's edit
+TRAIN_V2 = 'help="384 px needs ~2x the memory of 224 px")'
+SCHEDULE_OLD = "engine.add_schedule_flags(p, EPOCHS, patience=3,"  # the user's edit: a schedule default
+SCHEDULE_EDIT = SCHEDULE_OLD.replace("patience=3", "patience=7")
 
 
 def git(cwd, *args):
@@ -155,9 +157,8 @@ def test_new_from_wheel_then_update_keeps_user_edits(tmp_path, env, releases):
 
     # the user's edits, away from what v2 changes: a train.py default and a new file
     train = (project / "train.py").read_text()
-    (project / "train.py").write_text(
-        train.replace('default=3, help="epochs without', 'default=7, help="epochs without')
-    )
+    assert SCHEDULE_OLD in train
+    (project / "train.py").write_text(train.replace(SCHEDULE_OLD, SCHEDULE_EDIT))
     (project / "features.py").write_text("EXTRA = 1\n")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "my edits")
@@ -167,7 +168,7 @@ def test_new_from_wheel_then_update_keeps_user_edits(tmp_path, env, releases):
     r = kagtpl(environ, project, "update")
     assert "Updated" in r.stdout and "from template v1.0.0 to v2.0.0" in r.stdout and "No conflicts" in r.stdout
     train = (project / "train.py").read_text()
-    assert 'default=7, help="epochs without' in train  # the user's edit
+    assert SCHEDULE_EDIT in train  # the user's edit
     assert TRAIN_V2 in train  # the template's change
     assert "TEMPLATE_FEATURE_V2 = True" in (project / "machinery" / "gpu.py").read_text()
     assert (project / "features.py").read_text() == "EXTRA = 1\n"
@@ -180,8 +181,8 @@ def test_conflict_exits_nonzero_and_names_the_file(tmp_path, env, releases):
     site, environ = env
     project = new_project(tmp_path, env, v1)
     train = (project / "train.py").read_text()
-    (project / "train.py").write_text(train.replace(TRAIN_OLD, TRAIN_OLD.replace("default=42", "default=7")))
-    git(project, "commit", "-q", "-am", "my seed")
+    (project / "train.py").write_text(train.replace(TRAIN_OLD, 'help="my size")'))
+    git(project, "commit", "-q", "-am", "my help")
     install(v2, site)
     r = kagtpl(environ, project, "update", check=False)
     assert r.returncode == 1
