@@ -842,7 +842,8 @@ def test_ctrl_c_saves_says_so_and_exits_0_without_a_traceback(image_project, tmp
             proc.send_signal(signal.SIGUSR2)  # the fork server's runners dump every thread's stack on it
             time.sleep(2)
             proc.kill()
-        raise AssertionError(f"SIGINT at sending: {held}; lines after it:\n{''.join(after)}{proc.stdout.read()[-6000:]}")
+        stacks = proc.stdout.read()[-6000:]
+        raise AssertionError(f"SIGINT at sending: {held}; lines after it:\n{''.join(after)}{stacks}")
     rest = "".join(after) + proc.stdout.read()
     assert proc.wait(timeout=120) == 0, "".join(seen[-5:]) + rest[-3000:]
     said = "STOPPING: Ctrl-C: saving and ending after this step" in rest and "SIGINT (Ctrl-C)" in rest
