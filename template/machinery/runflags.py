@@ -77,7 +77,7 @@ def add_batch_flags(p, batch_size: int, effective: int, example: str = "", worke
         "--autoscale",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help=f"CUDA: probe real steps{probe} before fold 0 and grow the batch into the 70-90%% memory band",
+        help=f"CUDA: time real steps{probe} at growing batches before fold 0; keep the fastest under 90%% of memory",
     )
 
 
