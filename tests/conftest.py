@@ -325,6 +325,15 @@ def start_until(project: Path, args: list[str], until, env: dict | None = None):
     return proc, seen
 
 
+def stop_group(proc, seen: list[str], timeout: float = 120) -> str:
+    """SIGTERM to the process group start_until started (a container's stop), then its whole log
+    (`seen` and the rest) once every process holding the pipe has ended."""
+    with contextlib.suppress(ProcessLookupError):  # it ended first: its log says why
+        os.killpg(proc.pid, signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=timeout)
+    return "".join(seen) + rest
+
+
 def assert_plan_cut_to_budget(log: str, wall: float, budget: int) -> None:
     """run.py under a budget its plan is many times over (5 folds): the estimate says more than twice
     the budget, the planner cuts the folds, and run.py ends inside it (its RUN line), and at most 4 s

@@ -3,7 +3,6 @@ same folds, each added only when it fits, ensembled by predict.py, never costing
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -372,10 +371,7 @@ def test_a_kill_during_the_second_seed_hands_in_the_whole_folds_and_resumes_ther
     # is done the run is stopped as a container stops it (SIGTERM): growth would fill the budget's rest
     resume = [*args[:2], "80s", *args[3:]]
     proc, seen = start_until(project, resume, "GROW: seed 2 fold 0 DONE: ")
-    with contextlib.suppress(ProcessLookupError):  # a run that ended first fails on its log below
-        os.killpg(proc.pid, signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=120)
-    log = "".join(seen) + rest
+    log = conftest.stop_group(proc, seen)  # a run that ended first fails on its log below
     assert proc.returncode == 0, log[-3000:]
     assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in log
     assert "FOLD 1: model_fold1.pth is complete, skipping (resume)" in log
@@ -464,9 +460,7 @@ def test_a_cut_plan_gets_its_folds_back_before_any_seed_grows(tmp_path, digits_d
     proc, seen = start_until(
         project, args, lambda line: line.startswith(("GROW: seed 2 fold 0 ", "GROW: none", "GROW: stop"))
     )
-    os.killpg(proc.pid, signal.SIGTERM)  # the order is the subject, not the seeds: save and end
-    rest, _ = proc.communicate(timeout=120)
-    log = "".join(seen) + rest
+    log = conftest.stop_group(proc, seen)  # the order is the subject, not the seeds: save and end
     assert proc.returncode == 0, log[-3000:]
     assert re.search(r"^GROW: fold 2 back \(the plan had cut it to 2 folds\): a fold takes ~", log, re.M), log[-3000:]
     assert re.search(r"^GROW: fold 3 back \(the plan had cut it to 3 folds\): ", log, re.M), log[-3000:]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import render, run_script, start_until
+from conftest import render, run_script, start_until, stop_group
 from kagtpl import table
 
 TABULAR = {
@@ -300,9 +300,7 @@ def test_sigterm_stops_the_running_trial_and_the_search_exits_0_with_its_results
     log = project / "output/tune/trial_0002/train.log"
     while "Epoch 1:" not in (log.read_text() if log.exists() else ""):  # trial 2 is training (on any machine)
         time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGTERM)  # a container's stop reaches the whole process group
-    rest, _ = proc.communicate(timeout=120)
-    out = "".join(seen) + rest
+    out = stop_group(proc, seen)  # a container's stop reaches the whole process group
     assert proc.returncode == 0, out
     assert re.search(r"^TUNE: trial=2 state=PRUNED .* reason=SIGTERM$", out, re.M), out
     assert re.search(r"^TUNE STOP: SIGTERM", out, re.M) and "TUNE: trial=3 " not in out, out
