@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 from _project import import_project, render
 
-from kagtpl import demo
+from kagtpl import demo, new
 
 EPOCH = re.compile(r"^Epoch (\d+): .*Throughput=([\d.]+) samples/s")
 GOALS = {"steady": 0.98, "first": 1.5, "util": 85.0}
@@ -178,7 +178,10 @@ def main() -> None:
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
     work = args.work or Path(tempfile.mkdtemp(prefix="kagtpl-gpu-throughput-"))
     data = write_images(work / "data", args.images)
-    project = render(work / "proj", "image", data_dir=str(data), model=args.model, image_size=args.size)
+    # rendered for the card it runs on, as `kagtpl new --gpu auto` on that machine would: a project
+    # rendered for the CPU warned on the card that its --gpu was not this card
+    gpu = new.detect_gpu() if args.device == "cuda" else "cpu"
+    project = render(work / "proj", "image", data_dir=str(data), model=args.model, image_size=args.size, gpu=gpu)
     runs = {"train.py": run_train(project, args, "out-eager", "--compile", "off")}
     variants = args.variants.split(",") if args.device == "cuda" else []
     if "compile" in variants:
