@@ -378,6 +378,7 @@ PROJECT_MODULES = (
     "logs",
     "parallel",
     "planner",
+    "replanning",
     "timings",
     "reserve",
     "storage",

@@ -111,7 +111,7 @@ def test_a_cut_prices_each_plan_with_its_own_reserve(project_modules):
     planner.end_epoch(1)
     assert lines[-1].startswith("TIME PLAN: re-plan at 2.3s/epoch: need 25s > 95% of 3.4s training time left")
     assert lines[-1].endswith("-> folds 3->2, epochs 4->3"), lines  # priced with 3 folds' reserve: epochs 4->1
-    left = planner.REPLAN_FRACTION * planner.training_left()
+    left = project_modules.replanning.REPLAN_FRACTION * planner.training_left()
     assert planner.progress().need(2.27, planner.folds, planner.epochs) <= left  # the plan fits its own reserve
     assert planner.progress().need(2.27, planner.folds, planner.epochs + 1) > left  # and no more epochs would
 

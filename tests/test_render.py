@@ -37,6 +37,7 @@ MACHINERY = {
     "machine.py",
     "parallel.py",
     "planner.py",
+    "replanning.py",
     "probe.py",
     "profiles.py",
     "report.py",

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from kagtpl import detect, paths
 from kagtpl.errors import KagtplError
-from kagtpl.template import adapters, hardware, planner, tasks, text_sizing
+from kagtpl.template import adapters, hardware, planner, replanning, tasks, text_sizing
 
 
 def recommend_table(
@@ -402,7 +402,7 @@ def budget_rows(gpu: str, budget: str | None, task: str = "image") -> list[tuple
         (
             "training",
             f"<= {(seconds - reserve - rules.FINISH_S) / 60:.1f} min",
-            f"planned to {rules.PLAN_FRACTION:.0%}: cut folds {folds}->3, epochs by 30-50%, then 1 fold",
+            f"planned to {replanning().PLAN_FRACTION:.0%}: cut folds {folds}->3, epochs by 30-50%, then 1 fold",
         ),
         (
             "plan",

@@ -112,7 +112,18 @@ def source() -> Source:
 # The template's torch-free machinery modules the generator shares. They are loaded as modules of
 # the template's own `machinery` package (under another name, so nothing in sys.modules clashes),
 # so their relative imports find each other exactly as in the generated project.
-SHARED_MODULES = ("errors", "profiles", "hardware", "planner", "report", "storage", "adapters", "tasks", "text_sizing")
+SHARED_MODULES = (
+    "errors",
+    "profiles",
+    "hardware",
+    "planner",
+    "replanning",
+    "report",
+    "storage",
+    "adapters",
+    "tasks",
+    "text_sizing",
+)
 PACKAGE = "kagtpl_template_machinery"
 
 
@@ -180,3 +191,8 @@ def tasks() -> ModuleType:
 def planner() -> ModuleType:
     """template/planner.py: the time planner's constants and the budget parser."""
     return template_module("planner")
+
+
+def replanning() -> ModuleType:
+    """template/replanning.py: the rules that change a plan while it trains (their fractions)."""
+    return template_module("replanning")

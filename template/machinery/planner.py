@@ -15,6 +15,7 @@ import time
 from . import hardware
 from .durations import fmt_s, parse_duration, process_age
 from .errors import RunError
+from .replanning import Replanner, deadline_line, epoch_would_overrun, estimate_line, time_line
 from .reserve import PredictionReserve
 from .tasks import TASKS
 from .timings import Progress, Timings
@@ -50,64 +51,6 @@ def make_planner(
     return planner
 
 
-# ----------------------------------------------------------------------------- the parts, one at a time
-# Where a run stands (timings.Progress: what the rest of a plan needs), and three pure rules: the cut
-# (plan), the give-back and the deadline guard. TimePlanner below holds the run's numbers and
-# calls them; each rule can be read, and tested, on its own.
-
-
-def cut_plan(at: Progress, epoch_s: float, folds: int, epochs: int, min_epochs: int, limit, first: bool):
-    """The plan: cut folds to 3, then epochs (the first plan by 30%, then 50%; later ones no more
-    than needed, never below `min_epochs`), then folds towards 1, giving back as many epochs as
-    then fit; at the last fold, fit its epochs. `limit(folds)`: the seconds a plan of that many folds
-    may use (fewer folds leave predict.py fewer checkpoints: more training time). Returns the new
-    (folds, epochs)."""
-
-    def fits(f, e):
-        return at.need(epoch_s, f, e) <= limit(f)
-
-    planned = epochs
-    if not fits(folds, epochs) and folds > 3:
-        folds = max(at.fold + 1, 3)
-    if not fits(folds, epochs) and epochs > min_epochs:
-        if first:
-            for frac in (0.7, 0.5):
-                if not fits(folds, epochs):
-                    epochs = max(min_epochs, round(planned * frac))
-        else:
-            epochs = max(min_epochs, at.fit_epochs(epoch_s, folds, limit(folds), planned))
-    if not fits(folds, epochs) and folds > at.fold + 1:
-        while not fits(folds, epochs) and folds > at.fold + 1:
-            folds -= 1  # towards 1 fold: keep as many as fit (each fold is a model in the ensemble)
-        # fewer folds free time: give epochs back, up to the plan's, as many as fit
-        epochs = max(epochs, at.fit_epochs(epoch_s, folds, limit(folds), planned))
-    if not fits(folds, epochs):  # last resort: fit this fold's epochs
-        epochs = min(epochs, at.fit_epochs(epoch_s, folds, limit(folds), planned))
-    return folds, epochs
-
-
-def give_back(at: Progress, epoch_s: float, folds: int, epochs: int, planned: int, limit: float) -> int | None:
-    """Measured epochs faster than the estimate that cut them: the epochs to give back, as many
-    as fit `limit` (75% of the time left: cuts start above 95%, no see-saw), never past the
-    configured plan; None when no change is worth it (+20% at least)."""
-    if at.need(epoch_s, folds, planned) <= at.need(epoch_s, folds, epochs):
-        return None  # no epoch left in the plan that more epochs would add to (the last fold has ended)
-    more = at.fit_epochs(epoch_s, folds, limit, planned)
-    return more if more >= min(planned, epochs + max(2, epochs // 5)) else None
-
-
-def folds_back(at: Progress, epoch_s: float, folds: int, epochs: int, planned: int, limit) -> int | None:
-    """Measured epochs faster than the estimate that cut the folds: the most folds, up to the
-    configured plan's, whose rest fits `limit(folds)` (each fold is a model of the ensemble and OOF
-    rows of the CV, and one more checkpoint for predict.py); None when not one more fits."""
-    return next((f for f in range(planned, folds, -1) if at.need(epoch_s, f, epochs) <= limit(f)), None)
-
-
-def epoch_would_overrun(last_epoch_s: float, training_left: float) -> bool:
-    """The deadline guard: an epoch as long as the last one would eat into predict.py's reserve."""
-    return last_epoch_s > training_left
-
-
 def install_stop_signals(request_stop) -> None:
     """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0. Ctrl-C
     (SIGINT) too, once: the run saves and says so instead of a 40-line traceback; a second
@@ -125,59 +68,13 @@ def install_stop_signals(request_stop) -> None:
         signal.signal(signal.SIGINT, on_sigint)
 
 
-def too_small_line(budget_s: float, why: str, fits_one_s: float | None) -> str:
-    """The TIME PLAN line of a budget that fits no epoch, and the budget that would fit one."""
-    enough = f"; a budget of at least {fmt_s(fits_one_s)} fits one" if fits_one_s is not None else ""
-    return (
-        f"TIME PLAN: the budget {fmt_s(budget_s)} is too small for one epoch ({why}): the submission will be "
-        f"train.py's fallback or a checkpoint from inside the first epoch{enough}"
-    )
-
-
-def time_line(elapsed_s: float, budget_s: float, reserve_s: float, folds: int, epochs: int, epoch_s=None) -> str:
-    """The TIME line: where the run stands against its budget, and the plan."""
-    plan = f"plan folds={folds} epochs={epochs}"
-    if not budget_s:
-        return f"TIME: elapsed {fmt_s(elapsed_s)}, no budget, {plan}"
-    last = f", epoch ~{fmt_s(epoch_s)}" if epoch_s is not None else ""
-    return (
-        f"TIME: elapsed {fmt_s(elapsed_s)} of {fmt_s(budget_s)} budget, remaining "
-        f"{fmt_s(budget_s - elapsed_s)} (reserve {fmt_s(reserve_s)} for predict), {plan}{last}"
-    )
-
-
-def deadline_line(elapsed_s: float, epoch_s: float, reserve_s: float, finish_s: float, budget_s: float) -> str:
-    """The DEADLINE line: the next epoch would eat into predict.py's reserve."""
-    return (
-        f"DEADLINE: elapsed {fmt_s(elapsed_s)} + next epoch ~{fmt_s(epoch_s)} + reserve {fmt_s(reserve_s)} + "
-        f"finish {fmt_s(finish_s)} > budget {fmt_s(budget_s)}: stopping, prediction runs next"
-    )
-
-
-def estimate_line(how: str, epoch_s: float, epochs: int, folds: int, training_s: float, reserve_s: float) -> str:
-    """The TIME ESTIMATE line: the whole plan at the first timed steps' rate, against the training budget."""
-    return (
-        f"TIME ESTIMATE: {how} = {fmt_s(epoch_s)}/epoch x {epochs} epochs x {folds} folds = "
-        f"{fmt_s(epoch_s * epochs * folds)} for the whole plan; training budget {fmt_s(training_s)} "
-        f"(reserve {fmt_s(reserve_s)} for predict)"
-    )
-
-
-def cut_line(label: str, fraction: float, left_s: float, share: float, cuts: list[str]) -> str:
-    """The TIME PLAN line of a cut: what the plan needs against the share of the time left it may use."""
-    mine = f" (this model's share: 1/{round(1 / share)})" if share < 1 else ""
-    return f"TIME PLAN: {label} > {fraction:.0%} of {fmt_s(max(0.0, left_s))} training time left{mine} -> {', '.join(cuts)}"
-
-
 class TimePlanner:
     """Plans folds and epochs to fit a wall-time budget, re-plans with measured times, and
-    guards the deadline so prediction always gets its reserve.
-
-    The rules (docs/time-budget.md): keep the prediction reserve (reserve.py) for predict.py; if
-    the plan needs more than 80% of the training time left, cut folds to 3, then epochs by 30% and 50% (never below
-    `min_epochs`), then folds towards 1 (giving back as many epochs as then fit, up to the
-    plan's), and at 1 fold fit the epochs.
-    Re-plan after every epoch with measured times (fit 95%, minimal cuts), and at once if the
+    guards the deadline so prediction always gets its reserve: the run's state (the plan, the
+    measures in `times`, predict.py's reserve in `prediction`) and the hooks the training loop
+    calls. The rules that change the plan are replanning.py's (docs/time-budget.md): the first
+    estimate must fit 80% of the training time left, measured epochs 95%, cuts go folds to 3, then
+    epochs, then folds towards 1; faster epochs give epochs, then folds, back; and at once if the
     first fold took > 20% of the budget.
 
     Seam for tests: `clock` (monotonic seconds) and `sync` (torch.cuda.synchronize on CUDA, so
@@ -193,8 +90,6 @@ class TimePlanner:
     # latest, less FINISH_S): at 85%, equal to the end of that time, a healthy run was killed while its
     # interpreter exited. 95% leaves 3% of the budget and 5 s after it.
     SAFETY_NET = 0.95
-    PLAN_FRACTION, REPLAN_FRACTION = 0.80, 0.95  # an estimate gets 20% slack; measured epochs 5%
-    GIVE_BACK_FRACTION = 0.75  # epochs come back only with 25% slack: no cut / give-back see-saw
     WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
 
     def __init__(
@@ -224,9 +119,7 @@ class TimePlanner:
         self.parallel = 1  # fold workers sharing the folds (--parallel folds); DDP ranks share each fold
         self.share = 1.0  # of the training time left, what this model's plan may use (tables: 1 / models left)
         self.plan_changed = False  # since the last TIME line: the next epoch prints one
-        self._said_too_small = False  # the too-small-budget line, said once
-        self._folds_changed_in: int | None = None  # the fold in which a re-plan last changed the folds
-        self._cut_in = self._epochs_back_in = None  # the fold of the last re-plan's cut / epochs given back
+        self.rules = Replanner()  # the re-plan rules' memory: in which fold a cut or give-back last happened
         self.growing = False  # growth.py's folds: no re-plan (each added fold is checked to fit before it starts)
 
     # --- where we stand
@@ -244,7 +137,7 @@ class TimePlanner:
         reserve = self.prediction.seconds(self.folds if folds is None else folds)
         return self.budget - reserve - self.FINISH_S - self.elapsed()
 
-    def _room(self, fraction: float):
+    def room(self, fraction: float):
         """limit(folds): the seconds a plan of that many folds may use: `fraction` of its training time left."""
         return lambda folds: fraction * self.training_left(folds) * self.share
 
@@ -361,70 +254,18 @@ class TimePlanner:
             )
 
     def too_small(self, why: str, epoch_s: float | None = None) -> None:
-        """Said once, at the first estimate (or at a deadline that came before one): no epoch fits,
-        so the submission is train.py's fallback or a checkpoint from inside the first epoch."""
-        if self._said_too_small:
-            return
-        self._said_too_small = True
-        need = None  # what fits one epoch: the time so far, the epoch with the estimate's slack, the rest
-        if epoch_s is not None:
-            need = self.elapsed() + epoch_s / self.PLAN_FRACTION + self.reserve() + self.FINISH_S
-        self.log(too_small_line(self.budget, why, need))
-
-    def _give_back(self, epoch_s: float) -> bool:
-        """Measured epochs faster than the estimate that cut the plan: epochs back first, up to the
-        configured plan, then folds (each fold is a model of the ensemble and OOF rows of the
-        CV), as many as fit 75% of the time left. Fold workers share the fold count: not there."""
-        if len(self.times.epoch_s) < 2:  # measured: an epoch after the first
-            return False
-        if self._cut_in == self.times.fold:  # no give-back after a cut in this fold, epochs back once a fold (a
-            return False  # loaded machine gave back and cut 6 times in one fold); folds back still may
-        limit = self._room(self.GIVE_BACK_FRACTION)
-        left = f"measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, self.training_left()))} left"
-        if self.epochs < self.planned_epochs and self._epochs_back_in != self.times.fold:
-            room = limit(self.folds)
-            epochs = give_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_epochs, room)
-            if epochs is None:
-                return False
-            self.log(f"TIME PLAN: {left} -> epochs {self.epochs}->{epochs} (given back)")
-            self.epochs, self.plan_changed, self._epochs_back_in = epochs, True, self.times.fold
-            return True
-        if self.folds >= self.planned_folds or self.parallel > 1 or self._folds_changed_in == self.times.fold:
-            return False
-        folds = folds_back(self.progress(), epoch_s, self.folds, self.epochs, self.planned_folds, limit)
-        if folds is None:
-            return False
-        self.log(f"TIME PLAN: {left} -> folds {self.folds}->{folds} (given back)")
-        self.folds, self.plan_changed, self._folds_changed_in = folds, True, self.times.fold
-        return True
+        """Said once: no epoch fits the budget (replanning.Replanner.too_small)."""
+        line = self.rules.too_small(self, why, epoch_s)
+        if line:
+            self.log(line)
 
     def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:
-        """The first plan (an estimate from a few timed steps) must fit 80% of the training time
-        left; later re-plans use measured epochs and must fit 95%, or give epochs back (cut_plan,
-        give_back). Returns whether the plan changed."""
-        fraction = self.PLAN_FRACTION if first else self.REPLAN_FRACTION
-        limit = self._room(fraction)
-        need = self.progress().need(epoch_s, self.folds, self.epochs)
-        if need <= limit(self.folds):
-            return False if first else self._give_back(epoch_s)
-        at = self.progress()
-        folds, epochs = cut_plan(at, epoch_s, self.folds, self.epochs, self.min_epochs, limit, first)
-        if folds != self.folds and not first and self._folds_changed_in == self.times.fold:
-            # hysteresis: the folds change at most once a fold (a loaded machine's epochs flipped a
-            # table's plan 5->3->5->3->4->5->3 in 60 s); here only epochs are cut, the deadline guard holds
-            folds = self.folds
-            epochs = min(self.epochs, max(self.min_epochs, at.fit_epochs(epoch_s, folds, limit(folds), self.epochs)))
-        cuts = [
-            f"{name} {a}->{b}"
-            for name, a, b in (("folds", self.folds, folds), ("epochs", self.epochs, epochs))
-            if a != b
-        ]
-        if not cuts:
+        """The rules' change to the plan (replanning.Replanner.replan), applied and said. Returns
+        whether the plan changed."""
+        change = self.rules.replan(self, epoch_s, why, first)
+        if change is None:
             return False
-        label = f"estimate {fmt_s(need)}" if first else f"{why}: need {fmt_s(need)}"
-        self.log(cut_line(label, fraction, self.training_left() * self.share, self.share, cuts))
-        if not first:
-            self._cut_in = self.times.fold
-            self._folds_changed_in = self.times.fold if folds != self.folds else self._folds_changed_in
-        self.folds, self.epochs, self.plan_changed = folds, epochs, True
+        self.folds, self.epochs, line = change
+        self.plan_changed = True
+        self.log(line)
         return True

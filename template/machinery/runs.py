@@ -4,9 +4,10 @@ and passed by name.
 
 The tasks that read their data through a DataLoader (image, segmentation, detection, audio) each
 held the same ten lines of set-up in their `main()` (issue 58: the run setup, word for word in four
-train.py files); `start` is those lines once. Each train.py keeps what is the competition's: its
-recommendation's inputs (model, image or spectrogram size), its data, its splits. It is machinery:
-`copier update` may replace it.
+train.py files); `start` is those lines once. Tables and text batch from memory and size their
+batch by their own rules: `in_process` is their machine and `begin` their run. Each train.py keeps
+what is the competition's: its recommendation's inputs (model, image or spectrogram size), its
+data, its splits. It is machinery: `copier update` may replace it.
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ class Run:
             engine.fit_steps(self.batching, rows * (self.args.folds - 1) // self.args.folds, self.args.lr)
 
     def cross_validate(self, comp, splits):
-        """engine.cross_validate with this run's machine, batching and planner. First, the batch
-        for small data (fit_steps: comp.train's rows), and --pretrained without a local --weights
-        file builds the model once: offline (Kaggle) the download fails in seconds, as the dry run
-        does, not when fold 0 starts."""
+        """The folds (`folds`), after the batch for small data (fit_steps: comp.train's rows); and
+        --pretrained without a local --weights file builds the model once: offline (Kaggle) the
+        download fails in seconds, as the dry run does, not when fold 0 starts."""
         self.fit_steps(len(comp.train))
         if getattr(self.args, "pretrained", False) and not getattr(self.args, "weights", ""):
             comp.build_model(None)
+        return self.folds(comp, splits)
+
+    def folds(self, comp, splits):
+        """engine.cross_validate with this run's machine, batching and planner, the batch as it is."""
         return engine.cross_validate(comp, splits, self.args, self.machine, self.batching, self.planner)
 
 
@@ -57,5 +61,18 @@ def start(args, device: torch.device, side: int, decoder: str | None = None) -> 
     machine = engine.make_machine(device, args.amp, loader, rec.channels_last)
     accum = args.accum_steps or rec.accum_steps
     batching = Batching(rec.batch_size, accum, hardware.scaled_lr(args.lr, rec.batch_size * accum))
-    engine.print_start(machine, batching, rec.why["batch_size"])
+    return begin(args, device, machine, batching, rec.why["batch_size"])
+
+
+def in_process(device: torch.device, amp: str, note: str) -> Machine:
+    """The machine of a task whose batches come from memory, not a DataLoader (a table's tensors,
+    text's cached token ids): no loader workers; `note` says how it batches on the DataLoader line."""
+    loader = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "note": note}
+    return engine.make_machine(device, amp, loader, channels_last=False)
+
+
+def begin(args, device: torch.device, machine: Machine, batching: Batching, why: str) -> Run:
+    """The run from its parts: the start lines (RESOURCES, GPU Memory, DataLoader, BATCH; `why`
+    says who set the batch) and the time planner."""
+    engine.print_start(machine, batching, why)
     return Run(args, device, machine, batching, engine.make_planner(args, machine))
