@@ -231,7 +231,7 @@ class TimePlanner:
             return False
         return True
 
-    # --- planning (the rules are the functions above)
+    # --- planning (the rules: replanning.py)
     def progress(self) -> Progress:
         return self.times.progress(self.parallel)
 
