@@ -1,13 +1,14 @@
 """The rules that change a run's plan while it trains, and the lines that say so.
 
 The time planner (planner.py) holds where the run stands: the budget, the plan (folds, epochs),
-the measures. This module decides: the first plan from a few timed steps, the cut when the plan
-no longer fits, the epochs and folds given back when epochs run faster than the estimate that
-cut them, the deadline guard, and the TIME, TIME ESTIMATE, TIME PLAN and DEADLINE lines
-(docs/log-format.md). The pure rules are functions, each readable and testable alone;
-`Replanner` adds their memory (in which fold a cut or a give-back last happened) and returns each
-change for the planner to apply: nothing here writes the planner's fields. Pure Python, no torch;
-the numbers are in kagtpl's docs/time-budget.md. It is machinery: `copier update` may replace it.
+the measures, and when to plan (the first estimate after a few timed steps, each epoch's end).
+This module decides: the cut when the plan does not fit, the epochs and folds given back when
+epochs run faster than the estimate that cut them, the deadline guard, and the TIME, TIME
+ESTIMATE, TIME PLAN and DEADLINE lines (docs/log-format.md). The pure rules are functions, each
+readable and testable alone; `Replanner` adds their memory (in which fold a cut or a give-back
+last happened) and returns each change for the planner to apply: nothing here writes the
+planner's fields. Pure Python, no torch; the numbers are in kagtpl's docs/time-budget.md. It is
+machinery: `copier update` may replace it.
 """
 
 from __future__ import annotations
