@@ -130,15 +130,21 @@ def warm_launcher(env: dict = RUN_ENV) -> None:
     test that times a script from outside times the script, not the server's start (a 30 s run.py
     whose RUN line said 26.6 s measured 38.9 s from outside on a worker's first script)."""
     if FORKSERVER:
-        server_for(env)
+        server_for(env, images=True)  # both callers time an image task's run.py (segmentation, detection)
 
 
-def server_for(env: dict) -> forkserver.Server:
-    """This worker's fork server for the variables read at import in `env`, started on first use."""
-    key = forkserver.import_env(env)
+def server_for(env: dict, images: bool = False) -> forkserver.Server:
+    """This worker's fork server for the variables read at import in `env`, started on first use;
+    images: the one with the image tasks' libraries preloaded (forkserver.IMAGE_PRELOAD)."""
+    key = (forkserver.import_env(env), images)
     if key not in _servers:
-        _servers[key] = forkserver.Server(env)
+        _servers[key] = forkserver.Server(env, images)
     return _servers[key]
+
+
+def image_project(folder: Path) -> bool:
+    """An image, segmentation, detection or audio project: its scripts import timm (and albumentations)."""
+    return (Path(folder) / "machinery" / "images.py").is_file()
 
 
 def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
@@ -154,7 +160,7 @@ def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
             text=True,
             start_new_session=new_session,
         )
-    return server_for(env).popen(args, project, env, stderr, new_session)
+    return server_for(env, image_project(project)).popen(args, project, env, stderr, new_session)
 
 
 # The modules in the order of their longest test (measured: `pytest --junitxml`, the full suite on

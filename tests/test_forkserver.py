@@ -32,6 +32,7 @@ print(json.dumps({
     "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
     "file": __file__, "env": os.environ.get("PROBE_VALUE"), "draw": float(numpy.random.rand()),
     "hub": "huggingface_hub" in sys.modules, "sid_is_pid": os.getsid(0) == os.getpid(),
+    "timm": "timm" in sys.modules, "albumentations_env": os.environ.get("NO_ALBUMENTATIONS_UPDATE"),
 }))
 """
 
@@ -105,6 +106,20 @@ def test_code_given_with_dash_c_runs_as_python_dash_c_runs_it(server, tmp_path):
     real = subprocess.run([sys.executable, "-c", code, "x"], cwd=tmp_path, env=RUN_ENV, capture_output=True, text=True)
     forked = server.popen(["-c", code, "x"], tmp_path, RUN_ENV, subprocess.PIPE, False)
     assert forked.communicate(timeout=60)[0] == real.stdout == '[["-c", "x"], "", "__main__"]\n'
+
+
+def test_an_image_projects_server_preloads_timm_and_leaves_the_environment_the_requests(probe):
+    """The image tasks' server (conftest.launch picks it for a project with machinery/images.py):
+    timm and albumentations already imported, and the script sees the request's environment, not the
+    NO_ALBUMENTATIONS_UPDATE the server imported albumentations under."""
+    env = {k: v for k, v in RUN_ENV.items() if k != "NO_ALBUMENTATIONS_UPDATE"}
+    images = forkserver.Server(env, images=True)
+    try:
+        out, _ = images.popen(["probe.py"], probe, env, subprocess.PIPE, False).communicate(timeout=60)
+    finally:
+        images.close()
+    seen = report(out)
+    assert seen["timm"] and seen["hub"] and seen["albumentations_env"] is None, seen
 
 
 def test_a_variable_read_at_import_gets_a_server_of_its_own():
