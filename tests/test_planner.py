@@ -154,6 +154,9 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
     expected = 1.25 * (8.0 + 5 * (2.0 + 0.02 * 10_000 * 2) + 0.004 * 10_000) + planner.prediction.END_S
     assert planner.reserve() == pytest.approx(expected) and planner.reserve() > 0.15 * 3600
     assert planner.training_left() == pytest.approx(3600 - expected - planner.FINISH_S)
+    # the budget's time for training, from the start: the first estimate and growth read it
+    assert planner.training_time() == pytest.approx(planner.training_left() + planner.elapsed())
+    assert planner.training_time(1) > planner.training_time() > planner.training_time(10)  # a fold's reserve each
     # a prediction measured at seconds keeps 8% of the budget, not 15%: the time between is training's
     quick, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
     quick.prediction.note_inference(1.0, 2000, test_rows=1000, views=1, decode_s_per_image=0.0, model_s=1.0)

@@ -256,11 +256,10 @@ def grow_seeds(comp, splits: list, args, run: Training, queue=None) -> None:
     """The same folds again from other seeds, each fold added only when it and its prediction fit;
     a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
     planner = run.planner
-    training_s = planner.budget - planner.reserve() - planner.FINISH_S
     target, more = growth.epochs_target(planner.epochs, planner.times.val_curves)
     fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
     ok, said = growth.start(
-        planner.training_left(), training_s, growth_fold_s(planner), planner.prediction.fold_s, fits
+        planner.training_left(), planner.training_time(), growth_fold_s(planner), planner.prediction.fold_s, fits
     )
     print(f"GROW: {'more seeds' if ok else 'none'}: {said}{'; ' + more if ok and more else ''}")
     planner.growing = ok

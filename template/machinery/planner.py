@@ -15,7 +15,7 @@ import time
 from . import hardware
 from .durations import fmt_s, parse_duration, process_age
 from .errors import RunError
-from .replanning import Replanner, deadline_line, epoch_would_overrun, estimate_line, time_line
+from .replanning import Replanner, deadline_line, epoch_would_overrun, estimate_line, first_fold_overran, time_line
 from .reserve import PredictionReserve
 from .tasks import TASKS
 from .timings import Progress, Timings
@@ -81,7 +81,6 @@ class TimePlanner:
     step timings are real); a fake clock drives every decision deterministically.
     """
 
-    FIRST_FOLD_FRACTION = 0.20
     # After the last epoch train.py still scores the OOF predictions, draws the report and exits;
     # the interpreter's exit alone (torch, timm) took 1-2 s of the 3 s measured on 2 CPU cores.
     FINISH_S = 5.0
@@ -130,12 +129,15 @@ class TimePlanner:
         """predict.py's share of what is left: the plan's folds as they stand (cut or given back)."""
         return self.prediction.seconds(self.folds)
 
+    def training_time(self, folds: int | None = None) -> float:
+        """The budget's time for training, from the run's start: the budget less the finish and
+        predict.py's reserve for `folds` (default: the plan's as they stand)."""
+        return self.budget - self.prediction.seconds(self.folds if folds is None else folds) - self.FINISH_S
+
     def training_left(self, folds: int | None = None) -> float:
-        """The budget less the time spent, the finish and predict.py's reserve for `folds` (default:
-        the plan's as they stand). A cut prices each candidate plan with its own reserve: pricing 1 fold
-        with 3 folds' reserve left a detection fold 1 epoch of the 6 that fit, on an H200."""
-        reserve = self.prediction.seconds(self.folds if folds is None else folds)
-        return self.budget - reserve - self.FINISH_S - self.elapsed()
+        """training_time less the time spent. A cut prices each candidate plan with its own reserve:
+        pricing 1 fold with 3 folds' reserve left a detection fold 1 epoch of the 6 that fit, on an H200."""
+        return self.training_time(folds) - self.elapsed()
 
     def room(self, fraction: float):
         """limit(folds): the seconds a plan of that many folds may use: `fraction` of its training time left."""
@@ -198,14 +200,13 @@ class TimePlanner:
         if self.budget and not self.planned and not self.growing:  # too few batches to time steps: plan from the epoch
             self._first_plan(None)
         elif self.budget and not self.growing:
-            self._replan(self._epoch_estimate(), f"re-plan at {fmt_s(self._epoch_estimate())}/epoch")
+            self._replan(self.times.estimate(), f"re-plan at {fmt_s(self.times.estimate())}/epoch")
 
     def end_fold(self, fold: int, first: bool) -> None:
         took = self.times.end_fold()
-        if self.budget and first and took > self.FIRST_FOLD_FRACTION * self.budget:
-            why = f"fold {fold} took {fmt_s(took)} = {100 * took / self.budget:.0f}% of the budget (> 20%)"
-            if not self._replan(max(self._epoch_estimate(), took / max(1, self.times.epoch)), why):
-                self.log(f"TIME PLAN: {why} -> plan kept: folds={self.folds} epochs={self.epochs}")
+        why = self.budget and first and first_fold_overran(fold, took, self.budget)
+        if why and not self._replan(max(self.times.estimate(), took / max(1, self.times.epoch)), why):
+            self.log(f"TIME PLAN: {why} -> plan kept: folds={self.folds} epochs={self.epochs}")
 
     def fold_timing(self) -> dict:
         """This fold's measure, saved in its complete checkpoint: a rerun that resumes the fold
@@ -235,17 +236,13 @@ class TimePlanner:
     def progress(self) -> Progress:
         return self.times.progress(self.parallel)
 
-    def _epoch_estimate(self) -> float:
-        return self.times.estimate()
-
     def _first_plan(self, s_per_step: float | None) -> None:
         self.planned = self.plan_changed = True
         if s_per_step is None:
             epoch_s, how = self.times.epoch_s[-1], f"{fmt_s(self.times.epoch_s[-1])}/epoch measured"
         else:
             epoch_s, how = self.times.steady_epoch(s_per_step)
-        training_s = self.budget - self.reserve() - self.FINISH_S
-        self.log(estimate_line(how, epoch_s, self.epochs, self.folds, training_s, self.reserve()))
+        self.log(estimate_line(how, epoch_s, self.epochs, self.folds, self.training_time(), self.reserve()))
         if not self._replan(epoch_s, "estimate", first=True):
             self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")
         if epoch_s > self.training_left() * self.share:

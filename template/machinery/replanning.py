@@ -18,6 +18,7 @@ from .timings import Progress
 
 PLAN_FRACTION, REPLAN_FRACTION = 0.80, 0.95  # an estimate gets 20% slack; measured epochs 5%
 GIVE_BACK_FRACTION = 0.75  # epochs come back only with 25% slack: no cut / give-back see-saw
+FIRST_FOLD_FRACTION = 0.20  # a first fold that took more of the budget re-plans at once
 
 
 def cut_plan(at: Progress, epoch_s: float, folds: int, epochs: int, min_epochs: int, limit, first: bool):
@@ -65,6 +66,13 @@ def folds_back(at: Progress, epoch_s: float, folds: int, epochs: int, planned: i
     configured plan's, whose rest fits `limit(folds)` (each fold is a model of the ensemble and OOF
     rows of the CV, and one more checkpoint for predict.py); None when not one more fits."""
     return next((f for f in range(planned, folds, -1) if at.need(epoch_s, f, epochs) <= limit(f)), None)
+
+
+def first_fold_overran(fold: int, took_s: float, budget_s: float) -> str | None:
+    """Why to re-plan at once after the first fold: it took more than FIRST_FOLD_FRACTION of the budget."""
+    if took_s <= FIRST_FOLD_FRACTION * budget_s:
+        return None
+    return f"fold {fold} took {fmt_s(took_s)} = {100 * took_s / budget_s:.0f}% of the budget (> 20%)"
 
 
 def epoch_would_overrun(last_epoch_s: float, training_left: float) -> bool:
@@ -142,7 +150,7 @@ class Replanner:
         self.said_too_small = True
         need = None
         if epoch_s is not None:
-            need = p.elapsed() + epoch_s / PLAN_FRACTION + p.reserve() + p.FINISH_S
+            need = p.budget - p.training_left() + epoch_s / PLAN_FRACTION  # spent and kept back, then the epoch
         return too_small_line(p.budget, why, need)
 
 
