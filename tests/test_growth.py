@@ -61,9 +61,9 @@ def test_growth_prices_a_rerun_by_the_timing_its_checkpoints_recorded_or_does_no
     assert growth.grown_epochs(15, 300.0, (0.0, 0), 0.0, 0.0, 10) == 0
     clock = Clock()
     plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
-    plan.begin_fold(0)
+    plan.times.begin_fold(0)
     for epoch in (1, 2):
-        plan.begin_epoch(10, 2)
+        plan.times.begin_epoch(10, 2)
         clock.t += 5.0
         plan.end_epoch(epoch)
     plan.prediction.fold_s = 2.0
@@ -174,9 +174,9 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     engine = project_modules.engine
     plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
     for k, (epochs, epoch_s, extra) in enumerate([(10, 6.0, 20.0), (8, 6.0, 9.0), (10, 5.0, 4.0)]):
-        plan.begin_fold(k)
+        plan.times.begin_fold(k)
         for e in range(1, epochs + 1):
-            plan.begin_epoch(10, 2)
+            plan.times.begin_epoch(10, 2)
             clock.t += epoch_s
             plan.end_epoch(e)
         clock.t += extra
@@ -226,7 +226,7 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     plan = planner_module.TimePlanner(100, 3, 10, clock=clock, log=lines.append)
     plan.planned, plan.growing = True, True
     for epoch in range(1, 4):
-        plan.begin_epoch(10, 2)
+        plan.times.begin_epoch(10, 2)
         clock.t += 30.0
         plan.end_epoch(epoch)
     assert not [line for line in lines if line.startswith("TIME PLAN")] and plan.epochs == 10

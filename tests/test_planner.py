@@ -21,10 +21,10 @@ def make(planner_module, budget, folds=5, epochs=30, **kw):
 
 def first_epoch(planner, clock, s_per_step, batches=40, valid_batches=10):
     """Fold 0, epoch 1: warm-up steps (slow: compile / autotune), then steady steps."""
-    planner.begin_fold(0)
-    planner.begin_epoch(batches, valid_batches)
+    planner.times.begin_fold(0)
+    planner.times.begin_epoch(batches, valid_batches)
     for i in range(batches):
-        clock.t += 5.0 if i < planner.WARMUP_BATCHES else s_per_step
+        clock.t += 5.0 if i < planner.times.WARMUP_BATCHES else s_per_step
         assert not planner.tick(i)
     clock.t += s_per_step * 2 / 3 * valid_batches  # validation
     planner.end_epoch(1)
@@ -71,7 +71,7 @@ def test_replan_after_a_slow_first_fold(project_modules):
     first_epoch(planner, clock, 0.05)  # the estimate says it fits
     assert (planner.folds, planner.epochs) == (5, 4)
     for epoch in (2, 3, 4):  # then the data loader slows down: 60 s epochs
-        planner.begin_epoch(40, 10)
+        planner.times.begin_epoch(40, 10)
         clock.t += 60
         planner.end_epoch(epoch)
     # after epoch 2: 2 + 4 x 4 epochs x 60 s = 18 min > 95% of the ~13 min left -> 3 folds fit
@@ -84,7 +84,7 @@ def test_replan_after_a_slow_first_fold(project_modules):
 
     planner2, clock2, lines2 = make(plan, budget=1000, folds=5, epochs=2)
     first_epoch(planner2, clock2, 0.05)
-    planner2.begin_epoch(40, 10)
+    planner2.times.begin_epoch(40, 10)
     clock2.t += 190  # one very slow epoch: the first fold has used > 20% of the budget
     planner2.end_epoch(2)
     planner2.end_fold(0, first=True)
@@ -99,10 +99,10 @@ def test_a_cut_prices_each_plan_with_its_own_reserve(project_modules):
     fewer checkpoints: each candidate is priced with its own reserve."""
     plan = project_modules.planner
     planner, clock, lines = make(plan, budget=100, folds=3, epochs=6, min_epochs=1, elapsed_s=40.0)
-    planner.begin_fold(0)
-    planner.begin_epoch(10, 2)
+    planner.times.begin_fold(0)
+    planner.times.begin_epoch(10, 2)
     for i in range(10):
-        clock.t += 1.0 if i < planner.WARMUP_BATCHES else 0.2
+        clock.t += 1.0 if i < planner.times.WARMUP_BATCHES else 0.2
         assert not planner.tick(i)
     assert (planner.folds, planner.epochs) == (3, 4), lines  # the first plan: 2.3 s/epoch, a 15 s reserve
     clock.t += 0.5  # validation, measured: a checkpoint's share of prediction is 10 s
@@ -119,10 +119,10 @@ def test_a_cut_prices_each_plan_with_its_own_reserve(project_modules):
 def test_deadline_guard_and_sigterm(project_modules):
     plan = project_modules.planner
     planner, clock, lines = make(plan, budget=100, folds=1, epochs=30)
-    planner.begin_fold(0)
+    planner.times.begin_fold(0)
     for epoch in range(1, 30):
         assert planner.can_start_epoch()
-        planner.begin_epoch(2, 1)
+        planner.times.begin_epoch(2, 1)
         clock.t += 10
         planner.end_epoch(epoch)
         if clock.t - 1000 + 10 + planner.reserve() + planner.FINISH_S > 100:
@@ -134,8 +134,8 @@ def test_deadline_guard_and_sigterm(project_modules):
     assert "+ finish 5.0s > budget 100s" in lines[-1]
 
     mid, mclock, _ = make(plan, budget=100, folds=1, epochs=30)
-    mid.begin_fold(0)
-    mid.begin_epoch(1000, 1)
+    mid.times.begin_fold(0)
+    mid.times.begin_epoch(1000, 1)
     mclock.t += 86  # inside an epoch, past budget - reserve: stop at the next batch
     assert mid.tick(500) and mid.stop_reason == "deadline"
 
@@ -210,10 +210,10 @@ def test_run_py_safety_net_comes_after_the_planned_end_of_training(project_modul
     for budget in (60.0, 75.0, 600.0, 9 * 3600.0):
         planner = rules(budget, folds=5, epochs=10)
         end_of_training = budget - planner.reserve() - planner.FINISH_S
-        assert rules.SAFETY_NET * budget - end_of_training >= 0.05 * budget
+        assert project_modules.planner.SAFETY_NET * budget - end_of_training >= 0.05 * budget
         planner.prediction.note_inference(0.1, 1000, test_rows=10, views=1, decode_s_per_image=0.0, model_s=0.1)
         latest = budget - planner.reserve() - planner.FINISH_S  # measured: the 8% floor, the latest end
-        assert rules.SAFETY_NET * budget - latest >= max(5.0, 0.03 * budget), (budget, latest)
+        assert project_modules.planner.SAFETY_NET * budget - latest >= max(5.0, 0.03 * budget), (budget, latest)
 
 
 def test_no_budget_plans_nothing(project_modules):
@@ -232,12 +232,12 @@ def test_a_time_line_is_due_when_the_plan_changes_not_every_epoch(project_module
     assert planner.plan_changed
     planner.status_line()
     assert not planner.plan_changed
-    planner.begin_epoch(40, 10)
+    planner.times.begin_epoch(40, 10)
     clock.t += 3  # as estimated: nothing changes
     planner.end_epoch(2)
     assert not planner.plan_changed
     for epoch in (3, 4):  # 60 s epochs: the plan is cut
-        planner.begin_epoch(40, 10)
+        planner.times.begin_epoch(40, 10)
         clock.t += 60
         planner.end_epoch(epoch)
     assert planner.plan_changed and lines[-1].startswith("TIME PLAN: re-plan")
@@ -263,14 +263,14 @@ def test_measured_epochs_faster_than_the_estimate_get_epochs_back(project_module
     planner, clock, lines = make(plan, budget=600)
     first_epoch(planner, clock, 0.25)
     assert (planner.folds, planner.epochs) == (2, 16), lines
-    planner.begin_epoch(40, 10)
+    planner.times.begin_epoch(40, 10)
     clock.t += 4.0  # a measured epoch: 4 s, not the estimate's 11.7 s
     planner.end_epoch(2)
     assert planner.epochs > 16 and planner.epochs <= 30 and planner.folds == 2, lines
     assert lines[-1].startswith("TIME PLAN: measured 4.0s/epoch") and lines[-1].endswith("(given back)")
     given = planner.epochs
     for epoch in range(3, 6):  # more fast epochs: never past the configured 30, never another line
-        planner.begin_epoch(40, 10)
+        planner.times.begin_epoch(40, 10)
         clock.t += 4.0
         planner.end_epoch(epoch)
     assert given <= planner.epochs <= 30
@@ -284,7 +284,7 @@ def test_no_epochs_given_back_once_the_last_fold_has_ended(project_modules):
     first_epoch(planner, clock, 1.0)  # 1 fold, epochs cut to fit
     cut = planner.epochs
     assert cut < 30, lines
-    planner.begin_epoch(40, 10)
+    planner.times.begin_epoch(40, 10)
     clock.t += 200  # a slow epoch that takes the fold past 20% of the budget...
     planner.end_epoch(2)
     before = list(lines)
@@ -303,7 +303,7 @@ def test_folds_cut_by_the_estimate_are_given_back_when_measured_epochs_leave_tim
     first_epoch(planner, clock, s_per_step)
     assert (planner.folds, planner.epochs) == (3, 30), lines
     for epoch in range(2, 5):
-        planner.begin_epoch(40, 10)
+        planner.times.begin_epoch(40, 10)
         clock.t += 1.0
         planner.end_epoch(epoch)
     if workers > 1:
@@ -324,9 +324,9 @@ def test_a_budget_too_small_for_one_epoch_is_said_once_at_the_first_estimate(pro
     """Issue 30 (round two): `run.py --budget 20s` trained from a never-validated model with no word
     that the budget was too small. The first estimate says so, with the budget that fits one."""
     planner, clock, lines = make(project_modules.planner, budget=120)
-    planner.begin_fold(0)
-    planner.begin_epoch(400, 100)  # 0.5 s a step: ~3.9 min an epoch, far past the budget
-    for i in range(planner.WARMUP_BATCHES + planner.MEASURE_BATCHES + 5):
+    planner.times.begin_fold(0)
+    planner.times.begin_epoch(400, 100)  # 0.5 s a step: ~3.9 min an epoch, far past the budget
+    for i in range(planner.times.WARMUP_BATCHES + planner.times.MEASURE_BATCHES + 5):
         clock.t += 0.5
         planner.tick(i)
     said = [line for line in lines if "too small for one epoch" in line]
@@ -337,8 +337,8 @@ def test_a_budget_too_small_for_one_epoch_is_said_once_at_the_first_estimate(pro
 
 def test_a_deadline_before_any_estimate_says_the_budget_is_too_small(project_modules):
     planner, clock, lines = make(project_modules.planner, budget=20)
-    planner.begin_fold(0)
-    planner.begin_epoch(40, 10)
+    planner.times.begin_fold(0)
+    planner.times.begin_epoch(40, 10)
     clock.t += 30.0  # the first (warm-up) step outlasts the budget
     assert planner.tick(0)
     assert lines == [
@@ -351,10 +351,10 @@ def test_time_left_out_of_an_epoch_is_not_its_cost(project_modules):
     """audio's export, timed once for the reserve inside the first epoch, is not an epoch's cost:
     the plan is not cut for it (the budget's clock still counts it)."""
     planner, clock, _ = make(project_modules.planner, budget=600, folds=5, epochs=10)
-    planner.begin_fold(0)
-    planner.begin_epoch(10, 2)
+    planner.times.begin_fold(0)
+    planner.times.begin_epoch(10, 2)
     clock.t += 10.0
-    planner.leave_out(4.0)
+    planner.times.leave_out(4.0)
     planner.end_epoch(1)
     planner.end_fold(0, False)
     assert planner.times.epoch_s == [6.0] and planner.times.fold_s == [6.0] and planner.elapsed() == 10.0
@@ -373,14 +373,14 @@ def test_the_folds_change_at_most_once_a_fold_after_the_first_plan(project_modul
     changes = []
     for epoch, epoch_s in enumerate(swings, start=2):
         before = planner.folds
-        planner.begin_epoch(40, 10)
+        planner.times.begin_epoch(40, 10)
         clock.t += epoch_s
         planner.end_epoch(epoch)
         changes.append((before, planner.folds))
     in_fold_0 = [c for c in changes if c[0] != c[1]]
     assert in_fold_0 == [(3, 5)], lines  # given back once; the slow epochs after it cut epochs, not folds
-    planner.begin_fold(1)
-    planner.begin_epoch(40, 10)
+    planner.times.begin_fold(1)
+    planner.times.begin_epoch(40, 10)
     clock.t += 60.0  # a slow epoch in the next fold: now the folds may be cut
     planner.end_epoch(1)
     assert planner.folds < 5, lines
@@ -395,7 +395,7 @@ def test_epochs_are_given_back_at_most_once_a_fold_and_never_after_a_cut_in_it(p
     first_epoch(planner, clock, 0.25)  # the first plan cuts the epochs (a folds-3 plan keeps its folds)
     assert planner.epochs < 60, lines
     for epoch, epoch_s in enumerate([1.0, 1.0, 40.0, *[1.0] * 4, 40.0, *[1.0] * 4], start=2):  # fast, slow, fast...
-        planner.begin_epoch(40, 10)
+        planner.times.begin_epoch(40, 10)
         clock.t += epoch_s
         planner.end_epoch(epoch)
     in_fold_0 = [line for line in lines if line.startswith("TIME PLAN: ") and "estimate" not in line]
@@ -403,9 +403,9 @@ def test_epochs_are_given_back_at_most_once_a_fold_and_never_after_a_cut_in_it(p
     cut = next(i for i, line in enumerate(in_fold_0) if line.startswith("TIME PLAN: re-plan at "))
     assert all("given back" not in line for line in in_fold_0[cut:]), lines  # none after the cut
     assert len(in_fold_0) <= 4, lines  # epochs back, folds back, then cuts only (the old planner: 7)
-    planner.begin_fold(1)
+    planner.times.begin_fold(1)
     for epoch, epoch_s in enumerate([1.0, 1.0, 1.0, 1.0], start=1):  # fast again in the next fold
-        planner.begin_epoch(40, 10)
+        planner.times.begin_epoch(40, 10)
         clock.t += epoch_s
         planner.end_epoch(epoch)
     assert lines[-1].endswith("(given back)"), lines

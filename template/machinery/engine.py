@@ -184,7 +184,7 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
             planner.resumed_fold(done.get("timing"))  # growth prices what it adds by it
         else:
             first = not planner.times.epoch_s  # the first fold this process trains: probe, Model line, estimate
-            planner.begin_fold(k)
+            planner.times.begin_fold(k)
             fold = comp.fold(k, trn_idx, val_idx)
             best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, first)
             planner.end_fold(k, first)
@@ -240,7 +240,7 @@ def folds_back(comp, splits: list, trained: list[int], args, run: Training) -> l
         planner.fold_back(k)
         trn_idx, val_idx = splits[k]
         print(f"FOLD {k} ({k + 1} of {len(splits)}): {len(trn_idx)} train, {len(val_idx)} valid")
-        planner.begin_fold(k)
+        planner.times.begin_fold(k)
         fold = comp.fold(k, trn_idx, val_idx)
         best = train_fold(comp, fold, len(trn_idx), args, run.machine, run.batching, planner, run.jlog, False)
         planner.end_fold(k, False)
@@ -321,7 +321,7 @@ def grow_fold(comp, split: tuple, seed_no: int, args, run: Training, target: int
     fold_s, left = growth_fold_s(planner), planner.training_left()
     print(growth.fold_line(f"seed {seed_no} fold {k} (seed {seed})", (epochs, planned, target), said, fold_s, left))
     seed_everything(seed)
-    planner.begin_fold(k)
+    planner.times.begin_fold(k)
     fold = comp.fold(k, trn_idx, val_idx)
     fold.seed_no = seed_no
     with planner.grown_fold(epochs):

@@ -174,7 +174,7 @@ def train_epoch(
     train_batches, train_sampler, n_batches, n_valid = data
     k, epoch = at
     machine.monitor.reset()
-    planner.begin_epoch(n_batches, n_valid)
+    planner.times.begin_epoch(n_batches, n_valid)
     if train_sampler is not None:
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
     model.train()
@@ -231,7 +231,7 @@ def validate(comp, fold: Fold, bare, valid_batches, machine: Machine, args, plan
         if setup:
             t_setup = time.time()
             model_s += setup(bare)
-            planner.leave_out(time.time() - t_setup)  # timed once: not an epoch's cost
+            planner.times.leave_out(time.time() - t_setup)  # timed once: not an epoch's cost
         planner.prediction.note_inference(valid_s, len(pred), comp.test_rows, comp.test_views, comp.decode_s, model_s)
     pred = parallel.gather_rows(pred, len(fold.y_valid), machine.device)  # DDP: every rank's share, in order
     planner.end_epoch(epoch)

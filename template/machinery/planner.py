@@ -23,6 +23,11 @@ from .timings import Progress, Timings
 PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
 KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet off
 DEFAULT_PLAN = {task.name: (task.folds, task.epochs) for task in TASKS}  # folds, epochs: the registry's (tasks.py)
+# run.py's safety net: SIGTERM to a train.py still running at this share of the budget. It must come
+# after the planner's own end of training (1 - reserve.py's MEASURED_FRACTION at the latest, less
+# TimePlanner.FINISH_S): at 85%, equal to the end of that time, a healthy run was killed while its
+# interpreter exited. 95% leaves 3% of the budget and 5 s after it.
+SAFETY_NET = 0.95
 
 
 def make_planner(
@@ -69,27 +74,15 @@ def install_stop_signals(request_stop) -> None:
 
 
 class TimePlanner:
-    """Plans folds and epochs to fit a wall-time budget, re-plans with measured times, and
-    guards the deadline so prediction always gets its reserve: the run's state (the plan, the
-    measures in `times`, predict.py's reserve in `prediction`) and the hooks the training loop
-    calls. The rules that change the plan are replanning.py's (docs/time-budget.md): the first
-    estimate must fit 80% of the training time left, measured epochs 95%, cuts go folds to 3, then
-    epochs, then folds towards 1; faster epochs give epochs, then folds, back; and at once if the
-    first fold took > 20% of the budget.
-
-    Seam for tests: `clock` (monotonic seconds) and `sync` (torch.cuda.synchronize on CUDA, so
-    step timings are real); a fake clock drives every decision deterministically.
-    """
+    """Fits folds and epochs to a wall-time budget and guards the deadline, so prediction always gets
+    its reserve: the plan, the measures (`times`, timings.py), predict.py's reserve (`prediction`,
+    reserve.py) and the hooks the training loop calls. What changes the plan is replanning.py's rules
+    (docs/time-budget.md). Seams for tests: `clock` (monotonic seconds; a fake one drives every
+    decision) and `sync` (torch.cuda.synchronize on CUDA, so the timed steps are real)."""
 
     # After the last epoch train.py still scores the OOF predictions, draws the report and exits;
     # the interpreter's exit alone (torch, timm) took 1-2 s of the 3 s measured on 2 CPU cores.
     FINISH_S = 5.0
-    # run.py's safety net: SIGTERM to a train.py still running at this share of the budget. It
-    # must come after the planner's own end of training (1 - reserve.py's MEASURED_FRACTION at the
-    # latest, less FINISH_S): at 85%, equal to the end of that time, a healthy run was killed while its
-    # interpreter exited. 95% leaves 3% of the budget and 5 s after it.
-    SAFETY_NET = 0.95
-    WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
 
     def __init__(
         self,
@@ -168,27 +161,13 @@ class TimePlanner:
             self.epochs = planned
 
     # --- hooks the training loop calls (the measures: self.times)
-    def begin_fold(self, fold: int) -> None:
-        self.times.begin_fold(fold)
-
-    def leave_out(self, seconds: float) -> None:
-        """Seconds spent inside an epoch on something done once (audio's export, timed for the
-        reserve): left out of this epoch's and this fold's measured time, not out of the budget."""
-        self.times.leave_out(seconds)
-
-    def begin_epoch(self, batches: int, valid_batches: int) -> None:
-        self.times.begin_epoch(batches, valid_batches)
-
     def tick(self, batch: int) -> bool:
         """After each training batch: time the first steps after warm-up (the first estimate)
         and say whether to stop now (deadline passed or SIGTERM)."""
         if self.budget and not self.planned and not self.growing:  # a grown fold never re-plans the folds
-            if batch == self.WARMUP_BATCHES - 1:
-                self.sync()
-                self.times.start_steps()
-            elif self.times.steps_started() and batch == self.WARMUP_BATCHES - 1 + self.MEASURE_BATCHES:
-                self.sync()
-                self._first_plan(self.times.step_s(self.MEASURE_BATCHES))
+            s_per_step = self.times.first_steps(batch, self.sync)
+            if s_per_step is not None:
+                self._first_plan(s_per_step)
         if self.budget and self.training_left() <= 0:
             self.request_stop("deadline")
             if not self.planned and not self.times.epoch_s:
@@ -214,10 +193,9 @@ class TimePlanner:
         return {**self.times.fold_timing(), "predict_fold_s": self.prediction.fold_s}
 
     def resumed_fold(self, timing) -> None:
-        """A planned fold skipped as complete (resume): the timing its checkpoint recorded stands for
-        this process's measure. Without one (an older checkpoint) nothing is timed, and growth waits
-        for a fold this process trains (before, it grew with TTA views priced at 0 s and a reserve for
-        one checkpoint while predict.py ensembled four)."""
+        """A planned fold skipped as complete (resume): its checkpoint's timing stands for this process's
+        measure. Without one (an older checkpoint) growth waits for a fold this process trains (it had
+        grown with TTA views priced at 0 s and a reserve for 1 checkpoint while predict.py ensembled 4)."""
         if self.times.resumed(timing):
             self.prediction.resumed(float(timing.get("predict_fold_s") or 0))
 
@@ -238,10 +216,7 @@ class TimePlanner:
 
     def _first_plan(self, s_per_step: float | None) -> None:
         self.planned = self.plan_changed = True
-        if s_per_step is None:
-            epoch_s, how = self.times.epoch_s[-1], f"{fmt_s(self.times.epoch_s[-1])}/epoch measured"
-        else:
-            epoch_s, how = self.times.steady_epoch(s_per_step)
+        epoch_s, how = self.times.first_estimate(s_per_step)
         self.log(estimate_line(how, epoch_s, self.epochs, self.folds, self.training_time(), self.reserve()))
         if not self._replan(epoch_s, "estimate", first=True):
             self.log(f"TIME PLAN: fits, kept folds={self.folds} epochs={self.epochs}")

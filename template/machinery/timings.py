@@ -51,6 +51,8 @@ def estimate_epoch(epoch_s: list[float], steady_s: float) -> float:
 class Timings:
     """The run's measures, on the planner's clock (monotonic seconds; a fake one in tests)."""
 
+    WARMUP_BATCHES, MEASURE_BATCHES = 2, 5  # skip compile / cuDNN autotune, then time 5 batches
+
     def __init__(self, clock=time.monotonic):
         self.clock = clock
         self.epoch_s: list[float] = []  # every epoch's wall time, in order
@@ -66,7 +68,8 @@ class Timings:
         self.fold, self._fold_t0, self.fold_finished, self.epoch = fold, self.clock(), False, 0
 
     def leave_out(self, seconds: float) -> None:
-        """Seconds spent once inside an epoch (audio's export): out of this epoch's and fold's time."""
+        """Seconds spent once inside an epoch (audio's export, timed for the reserve): out of this
+        epoch's and fold's measured time, not out of the budget."""
         if self._epoch_t0 is not None:
             self._epoch_t0 += seconds
         if self._fold_t0 is not None:
@@ -76,19 +79,23 @@ class Timings:
         self.batches, self.valid_batches = batches, valid_batches
         self._epoch_t0 = self.clock()
 
-    def start_steps(self) -> None:
-        """The warm-up is over: the timed steps start now."""
-        self._steps_t0 = self.clock()
+    def first_steps(self, batch: int, sync) -> float | None:
+        """The first estimate's measure, called after each training batch: the steps after WARMUP_BATCHES
+        (compile, cuDNN's autotune) timed over MEASURE_BATCHES; their seconds a step once measured, else
+        None. `sync`: torch.cuda.synchronize on CUDA, so the timed steps are real."""
+        if batch == self.WARMUP_BATCHES - 1:
+            sync()
+            self._steps_t0 = self.clock()
+        elif self._steps_t0 is not None and batch == self.WARMUP_BATCHES - 1 + self.MEASURE_BATCHES:
+            sync()
+            return (self.clock() - self._steps_t0) / self.MEASURE_BATCHES
+        return None
 
-    def steps_started(self) -> bool:
-        return self._steps_t0 is not None
-
-    def step_s(self, steps: int) -> float:
-        """Seconds a step since start_steps, over `steps` steps."""
-        return (self.clock() - self._steps_t0) / steps
-
-    def steady_epoch(self, s_per_step: float) -> tuple[float, str]:
-        """An epoch from the timed steps (validation: forward only, batches twice as big), and how."""
+    def first_estimate(self, s_per_step: float | None) -> tuple[float, str]:
+        """The first estimate of an epoch, and how it was made: from the timed steps (validation: forward
+        only, batches twice as big), or the first epoch itself when it had too few batches to time steps."""
+        if s_per_step is None:
+            return self.epoch_s[-1], f"{fmt_s(self.epoch_s[-1])}/epoch measured"
         valid_s = s_per_step * 2 / 3 * self.valid_batches
         self.steady_epoch_s = s_per_step * self.batches + valid_s
         return self.steady_epoch_s, f"{s_per_step:.3f} s/step x {self.batches} steps + validation ~{fmt_s(valid_s)}"
