@@ -133,25 +133,26 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
     jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
     watchers_started(args.signature)
     worker, lost = parallel.fold_worker(), []
+    run = Training(machine, batching, planner, jlog)  # what the fold loop, growth and the finish share, by name
     if worker is None and parallel.writes():  # predict.py's views are this run's choice (growth's) or the plan's,
         tta_views.forget(out)  # never an earlier run's: a run killed before growth predicts with the plan's
     # the experiments row: written now (running), rewritten at the end, or with the error that ended the run
     row = experiment_row(comp, args, batching, run_id)
     with experiments.recording(out / "experiments.csv", row, planner.elapsed, parallel.writes() and worker is None):
         if args.parallel == "folds" and worker is None:
-            trained, lost = train_on_workers(comp, args, machine, batching, planner, run_id)
+            trained, lost = train_on_workers(comp, args, run, run_id)
             jlog.records = logs.read_records(jlog.path, run_id)
         else:
-            trained = train_folds(comp, splits, args, machine, batching, planner, jlog)
+            trained = train_folds(comp, splits, args, run)
             queue = workers.FoldQueue(out / ".folds") if worker else None  # a fold worker grows claimed units
             if worker or parallel.writes():
-                trained = grow(comp, splits, trained, args, Training(machine, batching, planner, jlog), queue)
+                trained = grow(comp, splits, trained, args, run, queue)
     if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
         if worker and planner.stop_reason:
             print(logs.stopped_line(planner.stop_reason))
         parallel.finish_ddp()
         return {}
-    scores = finish(comp, args, machine, batching, planner, jlog, trained, row)
+    scores = finish(comp, args, run, trained, row)
     watchers_stopped(planner.stop_reason)
     parallel.finish_ddp()
     if lost:
@@ -159,11 +160,11 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
     return scores
 
 
-def train_folds(comp, splits, args, machine: Machine, batching: Batching, planner: TimePlanner, jlog) -> list[int]:
+def train_folds(comp, splits, args, run: Training) -> list[int]:
     """The fold loop of one process. A fold worker takes only the folds no other worker has
     (parallel.FoldQueue) and keeps the plan's fold count shared; under DDP every rank runs
     every fold, with the plan agreed. Returns the folds trained or found complete."""
-    out, queue = Path(args.out_dir), None
+    out, queue, machine, planner = Path(args.out_dir), None, run.machine, run.planner
     if parallel.fold_worker():
         queue = workers.FoldQueue(out / ".folds")
     trained = []
@@ -176,7 +177,7 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
             continue  # another worker has it (to train, or found complete)
         path = out / f"model_fold{k}.pth"
         done = storage.finished_fold(
-            path, artifacts.checkpoint_config(args, machine, batching), artifacts.run_keys(comp)
+            path, artifacts.checkpoint_config(args, machine, run.batching), artifacts.run_keys(comp)
         )
         print(f"FOLD {k} ({k + 1} of {planner.folds}): {len(trn_idx)} train, {len(val_idx)} valid")
         if done:
@@ -186,7 +187,7 @@ def train_folds(comp, splits, args, machine: Machine, batching: Batching, planne
             first = not planner.times.epoch_s  # the first fold this process trains: probe, Model line, estimate
             planner.times.begin_fold(k)
             fold = comp.fold(k, trn_idx, val_idx)
-            best = train_fold(comp, fold, len(trn_idx), args, machine, batching, planner, jlog, first)
+            best = train_fold(comp, fold, len(trn_idx), args, run, first)
             planner.end_fold(k, first)
             planner.times.val_curves.append(fold.val_losses)  # growth's evidence for more epochs
             print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
@@ -242,7 +243,7 @@ def folds_back(comp, splits: list, trained: list[int], args, run: Training) -> l
         print(f"FOLD {k} ({k + 1} of {len(splits)}): {len(trn_idx)} train, {len(val_idx)} valid")
         planner.times.begin_fold(k)
         fold = comp.fold(k, trn_idx, val_idx)
-        best = train_fold(comp, fold, len(trn_idx), args, run.machine, run.batching, planner, run.jlog, False)
+        best = train_fold(comp, fold, len(trn_idx), args, run, False)
         planner.end_fold(k, False)
         planner.times.val_curves.append(fold.val_losses)
         print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
@@ -325,7 +326,7 @@ def grow_fold(comp, split: tuple, seed_no: int, args, run: Training, target: int
     fold = comp.fold(k, trn_idx, val_idx)
     fold.seed_no = seed_no
     with planner.grown_fold(epochs):
-        best = train_fold(comp, fold, len(trn_idx), args, machine, run.batching, planner, run.jlog, False)
+        best = train_fold(comp, fold, len(trn_idx), args, run, False)
     planner.end_fold(k, False)
     if planner.stop_reason:
         print(f"GROW: seed {seed_no} fold {k} cut ({planner.stop_reason}): not ensembled")
@@ -335,14 +336,15 @@ def grow_fold(comp, split: tuple, seed_no: int, args, run: Training, target: int
     return True
 
 
-def train_on_workers(comp, args, machine, batching, planner, run_id: str) -> tuple[list[int], list[str]]:
+def train_on_workers(comp, args, run: Training, run_id: str) -> tuple[list[int], list[str]]:
     """--parallel folds: one worker per device trains folds from a shared queue; returns the
     folds to score (taken by a worker this run, or complete from an earlier one) and a line for
     each worker that died (its current fold is lost; the others go on)."""
+    machine, planner = run.machine, run.planner
     out, devices = Path(args.out_dir), parallel.devices_for(args.devices, machine.device)
     start = time.time() - planner.elapsed()  # one deadline for every worker
     result = workers.run_fold_workers(devices, planner.folds, run_id, out, start, planner)
-    config = artifacts.checkpoint_config(args, machine, batching)
+    config = artifacts.checkpoint_config(args, machine, run.batching)
     done = {
         k
         for k in range(result["cap"])
@@ -373,8 +375,9 @@ def experiment_row(comp, args, batching: Batching, run_id: str) -> dict:
     }
 
 
-def finish(comp, args, machine: Machine, batching: Batching, planner, jlog, trained: list[int], row: dict) -> dict:
+def finish(comp, args, run: Training, trained: list[int], row: dict) -> dict:
     """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
+    machine, batching, planner, jlog = run.machine, run.batching, run.planner, run.jlog
     out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
     counted = artifacts.grown_seeds(comp, out, trained, config)  # each grown seed's checkpoint read once
     counted = artifacts.kept_seeds(comp, out, trained, args.signature, counted)  # none, when they lose

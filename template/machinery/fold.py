@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import artifacts, compiling, growth, logs, parallel, probe, storage
-from .machine import Batching, Machine, batch_set_by_user
+from .machine import Batching, Machine, Training, batch_set_by_user
 from .steps import loader, make_optimizer, predict, run_epoch, to_device, warmup_cosine
 
 
@@ -82,8 +82,9 @@ def watchers_stopped(reason: str | None) -> None:
 # ----------------------------------------------------------------------------- one fold
 
 
-def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog, first: bool) -> float:
+def train_fold(comp, fold: Fold, n_train, args, run: Training, first: bool) -> float:
     """Train one fold, its best epoch kept in fold.checkpoint; returns its best val loss."""
+    machine, batching, planner, k, out = run.machine, run.batching, run.planner, fold.index, Path(args.out_dir)
     model, bare, optimizer, grads, model_s = build(comp, fold, n_train, args, machine, batching, first)
     train_sampler = parallel.sampler(fold.train, train=True, seed=args.seed)  # None without DDP
     train_batches = loader(comp, fold.train, batching.size, True, train_sampler)
@@ -91,7 +92,6 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
     model = compiling.settle(model, bare, train_batches, comp.batch_loss, args, machine, batching.parts, first)
     n_batches = min(len(train_batches), 3 if args.dry_run else len(train_batches))
     scheduler = warmup_cosine(optimizer, math.ceil(n_batches / batching.accum_steps), lambda: planner.epochs)
-    k, out = fold.index, Path(args.out_dir)
 
     def batch_loss(batch):
         return comp.batch_loss(model, to_device(batch, machine))
@@ -126,7 +126,7 @@ def train_fold(comp, fold: Fold, n_train, args, machine, batching, planner, jlog
         val_loss, metric = evaluate(comp, fold, y, pred, f"fold {k} epoch {epoch}")
         stats = dict(train_loss=train_loss, val_loss=val_loss, metric=metric, lr=scheduler.get_last_lr()[0])
         stats.update(time_s=time.time() - t0, samples_per_s=seen / max(train_time, 1e-9))
-        last_peak = log_epoch(comp, (k, epoch, lines), stats, machine, batching, planner, jlog, last_peak)
+        last_peak = log_epoch(comp, (k, epoch, lines), stats, run, last_peak)
         if val_loss < best:
             best, bad_epochs, saved = val_loss, 0, True
             save(epoch, val_loss=best, complete=False)
@@ -251,11 +251,11 @@ def evaluate(comp, fold: Fold, y: np.ndarray, pred: np.ndarray, where: str) -> t
     return fold.val_losses[-1], list(comp.score(y, pred).values())[-1]
 
 
-def log_epoch(comp, at: tuple, stats: dict, machine, batching, planner, jlog, last_peak):
+def log_epoch(comp, at: tuple, stats: dict, run: Training, last_peak):
     """The Epoch line (at most one a second: logs.EpochLines; TIME when the plan changed), tune.py's
     watcher, a memory-drop line and the JSON record. `at` is (fold, epoch, the fold's EpochLines).
     Returns this epoch's memory peak (the next epoch's drop is measured from it)."""
-    k, epoch, lines = at
+    (k, epoch, lines), machine, batching, planner = at, run.machine, run.batching, run.planner
     lines.show(logs.epoch_line(epoch, stats, comp.metric_name, machine.monitor.field()))
     if planner.plan_changed:
         lines.flush()
@@ -266,7 +266,7 @@ def log_epoch(comp, at: tuple, stats: dict, machine, batching, planner, jlog, la
     if drop := logs.memory_drop_line(last_peak, peak):
         lines.flush()
         print(drop)
-    jlog.write(
+    run.jlog.write(
         fold=k,
         epoch=epoch,
         **stats,
