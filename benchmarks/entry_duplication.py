@@ -1,6 +1,7 @@
 """How much of each task's entry scripts stands word for word in another task's (issue 58).
 
     python benchmarks/entry_duplication.py            # all six tasks rendered; one line per script
+    python benchmarks/entry_duplication.py --kinds    # ...and what the shared lines are, by kind
 
 The template's entry scripts are Jinja-named files (`{% if task == 'image' %}train.py{% endif %}.jinja`),
 which `duplicates` skips: copy-paste between tasks was invisible to the project's own checks. This
@@ -12,6 +13,8 @@ or more (shorter lines, `return out` and the like, say nothing about copying). T
 from __future__ import annotations
 
 import argparse
+import ast
+import collections
 import sys
 import tempfile
 from pathlib import Path
@@ -55,18 +58,58 @@ def shared(projects: dict[str, Path], script: str) -> tuple[int, int, dict[str, 
     return same, total, per_task
 
 
-def measure(work: Path) -> dict[str, tuple[int, int, dict[str, float]]]:
+def docstring_lines(path: Path) -> set[str]:
+    """Every line of the script's docstrings (module, classes, functions), stripped."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(node, clean=False):
+            found.update(line.strip().strip('"') for line in ast.get_docstring(node, clean=False).splitlines())
+    return found
+
+
+def kind(line: str, docs: set[str], tasks: set[str]) -> str:
+    """What a shared line is: the interface, the run commands, a machinery call, or competition code."""
+    if line.strip('"') in docs or line.startswith('"""'):
+        return "docstrings: the run commands and their prose"
+    if line.startswith(("import ", "from ")):
+        return "imports"
+    if line.startswith(("def ", "class ", "if __name__", "return engine.parse", "return prediction.parse")):
+        return "signatures every task implements"
+    if len(tasks) >= 4:
+        return "other lines in 4 or more tasks (calls of the shared machinery)"
+    return "competition code of " + ", ".join(sorted(tasks))
+
+
+def kinds(projects: dict[str, Path], script: str) -> collections.Counter:
+    """The shared lines of `script` by kind, each counted once in every task's script that holds it."""
+    lines = {task: code_lines(path / script) for task, path in projects.items()}
+    where = collections.defaultdict(set)
+    for task, mine in lines.items():
+        for line in mine:
+            where[line].add(task)
+    counts = collections.Counter()
+    for task, mine in lines.items():
+        docs = docstring_lines(projects[task] / script)
+        counts.update(kind(line, docs, where[line]) for line in mine if len(where[line]) > 1)
+    return counts
+
+
+def measure(work: Path, by_kind: bool = False) -> dict[str, tuple]:
     projects = {task: render(work / task, task=task, **answers) for task, answers in TASKS.items()}
-    return {script: shared(projects, script) for script in SCRIPTS}
+    return {script: (*shared(projects, script), kinds(projects, script) if by_kind else None) for script in SCRIPTS}
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kinds", action="store_true", help="also what the shared lines are, by kind")
+    args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="kagtpl-dup-") as tmp:
-        for script, (same, total, per_task) in measure(Path(tmp)).items():
+        for script, (same, total, per_task, by_kind) in measure(Path(tmp), args.kinds).items():
             tasks = ", ".join(f"{t} {share:.0%}" for t, share in per_task.items())
             share = same / max(total, 1)
             print(f"{script}: {same} of {total} lines ({share:.1%}) stand in another task's {script} ({tasks})")
+            for name, n in (by_kind or collections.Counter()).most_common():
+                print(f"  {n:4d}  {name}")
 
 
 if __name__ == "__main__":

@@ -271,7 +271,7 @@ def test_the_competition_code_shared_between_tasks_stays_under_20_lines(tmp_path
 # with the shared flags (engine.parser, add_batch_flags, add_schedule_flags, images.add_folder_flags) and
 # runs.start's profile and recommendation; the goal is 10%. A ratchet: copy-paste between tasks may
 # shrink, never grow; each step down lowers these.
-ENTRY_SHARED_CEILING = {"train.py": 0.211, "predict.py": 0.24}
+ENTRY_SHARED_CEILING = {"train.py": 0.209, "predict.py": 0.24}
 
 
 @pytest.mark.slow
@@ -281,6 +281,8 @@ def test_the_entry_scripts_copied_between_tasks_do_not_grow(tmp_path):
         import entry_duplication
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    for script, (same, total, per_task) in entry_duplication.measure(tmp_path).items():
+    for script, (same, total, per_task, by_kind) in entry_duplication.measure(tmp_path, by_kind=True).items():
         assert total > 500, (script, total)  # six tasks' scripts were read
         assert same / total <= ENTRY_SHARED_CEILING[script], (script, same, total, per_task)
+        # --kinds sorts every shared line into one kind (docs/generated-project.md's table)
+        assert sum(by_kind.values()) == same and by_kind["signatures every task implements"] > 0, by_kind
