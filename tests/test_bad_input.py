@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import timm
 import torch
 
 from conftest import ROOT, RUN_ENV, dry_run_into_output, render, run_script, start_until
@@ -1078,6 +1077,7 @@ class Payload:
 
 
 def _weights(tmp_path: Path, kind: str) -> Path:
+    import timm  # here, not at the top: its import (torchvision, torch._dynamo) cost every worker's collection ~3 s
     from safetensors.torch import save_file
 
     path = tmp_path / f"{kind}.weights"
