@@ -45,9 +45,13 @@ def code_lines(path: Path) -> list[str]:
     return lines
 
 
-def shared(projects: dict[str, Path], script: str) -> tuple[int, int, dict[str, float]]:
-    """(lines standing in another task's `script`, all lines, each task's share)."""
-    lines = {task: code_lines(path / script) for task, path in projects.items() if (path / script).is_file()}
+def script_lines(projects: dict[str, Path], script: str) -> dict[str, list[str]]:
+    """Each task's `script` as the measure reads it (code_lines), read once for both counts."""
+    return {task: code_lines(path / script) for task, path in projects.items() if (path / script).is_file()}
+
+
+def shared(lines: dict[str, list[str]]) -> tuple[int, int, dict[str, float]]:
+    """(lines standing in another task's script, all lines, each task's share)."""
     total = same = 0
     per_task = {}
     for task, mine in lines.items():
@@ -80,9 +84,8 @@ def kind(line: str, docs: set[str], tasks: set[str]) -> str:
     return "competition code of " + ", ".join(sorted(tasks))
 
 
-def kinds(projects: dict[str, Path], script: str) -> collections.Counter:
+def kinds(lines: dict[str, list[str]], projects: dict[str, Path], script: str) -> collections.Counter:
     """The shared lines of `script` by kind, each counted once in every task's script that holds it."""
-    lines = {task: code_lines(path / script) for task, path in projects.items()}
     where = collections.defaultdict(set)
     for task, mine in lines.items():
         for line in mine:
@@ -95,8 +98,13 @@ def kinds(projects: dict[str, Path], script: str) -> collections.Counter:
 
 
 def measure(work: Path, by_kind: bool = False) -> dict[str, tuple]:
+    """Per script: (shared lines, all lines, each task's share, the shared lines by kind or None)."""
     projects = {task: render(work / task, task=task, **answers) for task, answers in TASKS.items()}
-    return {script: (*shared(projects, script), kinds(projects, script) if by_kind else None) for script in SCRIPTS}
+    measured = {}
+    for script in SCRIPTS:
+        lines = script_lines(projects, script)
+        measured[script] = (*shared(lines), kinds(lines, projects, script) if by_kind else None)
+    return measured
 
 
 def main() -> None:
