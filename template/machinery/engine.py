@@ -48,6 +48,7 @@ import signal
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import artifacts, experiments, growth, logs, parallel, serving, storage, tta_views, workers
 from .artifacts import copy_oof, fallback_submission, fixed_folds, read_targets, target_columns
@@ -57,7 +58,6 @@ from .gpu import describe_gpu, device_memory, seed_everything
 from .machine import (
     Batching,
     Machine,
-    Training,
     batch_set_by_user,
     fit_steps,
     inference_machine,
@@ -66,7 +66,7 @@ from .machine import (
     print_start,
     profile,
 )
-from .planner import TimePlanner, fmt_s
+from .planner import fmt_s
 from .runflags import (
     FLAG_RANGES,
     Given,
@@ -80,6 +80,9 @@ from .runflags import (
     parser,
 )
 from .steps import TensorBatches, predict
+
+if TYPE_CHECKING:  # runs.py builds the run and imports this module
+    from .runs import Run
 
 # The names train.py and predict.py call as engine.<name>; each lives in the module imported from.
 __all__ = [
@@ -118,41 +121,42 @@ __all__ = [
 # ----------------------------------------------------------------------------- cross-validation
 
 
-def cross_validate(comp, splits, args, machine: Machine, batching: Batching, planner: TimePlanner) -> dict:
+def cross_validate(comp, splits, run: Run) -> dict:
     """Train every fold the plan allows, then score the OOF predictions. Returns the OOF scores.
 
     `splits` is an iterable of (train indices, validation indices), e.g. StratifiedKFold's.
-    `args` carries the run flags the engine reads: out_dir, epochs, patience, weight_decay,
-    compile, autoscale (CUDA only), dry_run, parallel and the config saved with each checkpoint.
+    `run` (runs.Run) is the run by name: its flags (`run.args`: out_dir, epochs, patience, weight_decay,
+    compile, autoscale (CUDA only), dry_run, parallel and the config saved with each checkpoint), the
+    machine, the batching and the time planner; the JSON log is opened here, as `run.jlog`.
     With --parallel folds this process starts one worker per device (parallel.py), which train
     the folds; it then scores them and writes the report, as a sequential run does.
     """
+    args, planner = run.args, run.planner
     out, splits = Path(args.out_dir), list(splits)  # growth.py's seeds go over the same splits again
     run_id = os.environ.get(parallel.RUN_ID_ENV) or experiments.run_id()
     # rank 0 alone writes the JSON log (the other ranks keep their records in memory)
-    jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
+    run.jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
     watchers_started(args.signature)
     worker, lost = parallel.fold_worker(), []
-    run = Training(machine, batching, planner, jlog)  # what the fold loop, growth and the finish share, by name
     if worker is None and parallel.writes():  # predict.py's views are this run's choice (growth's) or the plan's,
         tta_views.forget(out)  # never an earlier run's: a run killed before growth predicts with the plan's
     # the experiments row: written now (running), rewritten at the end, or with the error that ended the run
-    row = experiment_row(comp, args, batching, run_id)
+    row = experiment_row(comp, run, run_id)
     with experiments.recording(out / "experiments.csv", row, planner.elapsed, parallel.writes() and worker is None):
         if args.parallel == "folds" and worker is None:
-            trained, lost = train_on_workers(comp, args, run, run_id)
-            jlog.records = logs.read_records(jlog.path, run_id)
+            trained, lost = train_on_workers(comp, run, run_id)
+            run.jlog.records = logs.read_records(run.jlog.path, run_id)
         else:
-            trained = train_folds(comp, splits, args, run)
+            trained = train_folds(comp, splits, run)
             queue = workers.FoldQueue(out / ".folds") if worker else None  # a fold worker grows claimed units
             if worker or parallel.writes():
-                trained = grow(comp, splits, trained, args, run, queue)
+                trained = grow(comp, splits, trained, run, queue)
     if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
         if worker and planner.stop_reason:
             print(logs.stopped_line(planner.stop_reason))
         parallel.finish_ddp()
         return {}
-    scores = finish(comp, args, run, trained, row)
+    scores = finish(comp, run, trained, row)
     watchers_stopped(planner.stop_reason)
     parallel.finish_ddp()
     if lost:
@@ -160,11 +164,12 @@ def cross_validate(comp, splits, args, machine: Machine, batching: Batching, pla
     return scores
 
 
-def train_folds(comp, splits, args, run: Training) -> list[int]:
+def train_folds(comp, splits, run: Run) -> list[int]:
     """The fold loop of one process. A fold worker takes only the folds no other worker has
     (parallel.FoldQueue) and keeps the plan's fold count shared; under DDP every rank runs
     every fold, with the plan agreed. Returns the folds trained or found complete."""
-    out, queue, machine, planner = Path(args.out_dir), None, run.machine, run.planner
+    args, machine, planner = run.args, run.machine, run.planner
+    out, queue = Path(args.out_dir), None
     if parallel.fold_worker():
         queue = workers.FoldQueue(out / ".folds")
     trained = []
@@ -187,7 +192,7 @@ def train_folds(comp, splits, args, run: Training) -> list[int]:
             first = not planner.times.epoch_s  # the first fold this process trains: probe, Model line, estimate
             planner.times.begin_fold(k)
             fold = comp.fold(k, trn_idx, val_idx)
-            best = train_fold(comp, fold, len(trn_idx), args, run, first)
+            best = train_fold(comp, fold, len(trn_idx), run, first)
             planner.end_fold(k, first)
             planner.times.val_curves.append(fold.val_losses)  # growth's evidence for more epochs
             print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
@@ -196,7 +201,7 @@ def train_folds(comp, splits, args, run: Training) -> list[int]:
     return trained
 
 
-def grow(comp, splits: list, trained: list[int], args, run: Training, queue=None) -> list[int]:
+def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[int]:
     """The plan's folds are trained with time to spare: first the folds a cut plan left out (each
     while it fits), then TTA views, then the same folds again from other seeds (growth.py's
     rules), each fold added only when it and its prediction fit; a GROW line says each step and
@@ -205,7 +210,7 @@ def grow(comp, splits: list, trained: list[int], args, run: Training, queue=None
     (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused). Returns the folds trained
     (the plan's, and those given back)."""
     planner = run.planner
-    why = growth.why_not(args, planner, worker=queue is not None)
+    why = growth.why_not(run.args, planner, worker=queue is not None)
     if why:
         print(f"GROW: none ({why})")
         return trained
@@ -214,17 +219,17 @@ def grow(comp, splits: list, trained: list[int], args, run: Training, queue=None
         return trained
     planner.growing = True  # each added fold is checked to fit before it starts: no re-plan inside it
     if queue is not None:  # the folds every worker shares; the views need every fold's OOF: the plan's
-        grow_seeds(comp, splits[: queue.cap(planner.folds)], args, run, queue)
+        grow_seeds(comp, splits[: queue.cap(planner.folds)], run, queue)
         return trained
-    trained = folds_back(comp, splits, trained, args, run)
+    trained = folds_back(comp, splits, trained, run)
     if len(trained) < len(splits):  # a fold of the split does not fit: nor does a seed's (the same size)
         return trained
-    tta_views.grow(comp, splits, args, run)  # first: the seeds' fit checks count the views' price
-    grow_seeds(comp, splits, args, run)
+    tta_views.grow(comp, splits, run)  # first: the seeds' fit checks count the views' price
+    grow_seeds(comp, splits, run)
     return trained
 
 
-def folds_back(comp, splits: list, trained: list[int], args, run: Training) -> list[int]:
+def folds_back(comp, splits: list, trained: list[int], run: Run) -> list[int]:
     """The folds of the split a cut plan left out, trained before any seed grows, at the plan's
     epochs, each while it and its share of prediction fit (a loaded 2-core machine cut a table's
     plan 5->3 and its MLP spent 61% of the training time on seeds while folds 3 and 4 were never
@@ -243,7 +248,7 @@ def folds_back(comp, splits: list, trained: list[int], args, run: Training) -> l
         print(f"FOLD {k} ({k + 1} of {len(splits)}): {len(trn_idx)} train, {len(val_idx)} valid")
         planner.times.begin_fold(k)
         fold = comp.fold(k, trn_idx, val_idx)
-        best = train_fold(comp, fold, len(trn_idx), args, run, False)
+        best = train_fold(comp, fold, len(trn_idx), run, False)
         planner.end_fold(k, False)
         planner.times.val_curves.append(fold.val_losses)
         print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
@@ -253,7 +258,7 @@ def folds_back(comp, splits: list, trained: list[int], args, run: Training) -> l
     return trained
 
 
-def grow_seeds(comp, splits: list, args, run: Training, queue=None) -> None:
+def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
     """The same folds again from other seeds, each fold added only when it and its prediction fit;
     a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
     planner = run.planner
@@ -270,7 +275,7 @@ def grow_seeds(comp, splits: list, args, run: Training, queue=None) -> None:
                 continue  # another worker has it
             if queue is not None:  # every worker's grown folds: predict.py ensembles them all (the reserve)
                 planner.prediction.set_grown(queue.grown() - 1)
-            if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, args, run, target):
+            if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, run, target):
                 return
 
 
@@ -295,26 +300,27 @@ def grown_epochs(planner, target: int) -> tuple[int, str]:
     return growth.grown_epochs(target, left, fold, epoch_s, planner.prediction.fold_s, planner.epochs), said
 
 
-def served_room(args, machine: Machine, planner) -> str | None:
+def served_room(run: Run) -> str | None:
     """growth.served_room for this run: its device's room for serve.py's folds, its first fold's
     checkpoint as the size of each, the plan's folds and the grown ones with the next."""
+    args, planner = run.args, run.planner
     first = Path(args.out_dir) / "model_fold0.pth"
     size = first.stat().st_size if first.is_file() else 0
-    room = int(serving.HELD_SHARE * device_memory(machine.device))
+    room = int(serving.HELD_SHARE * device_memory(run.machine.device))
     return growth.served_room(args.data_dir, room, size, planner.folds + planner.prediction.extra_models + 1)
 
 
-def grow_fold(comp, split: tuple, seed_no: int, args, run: Training, target: int) -> bool:
+def grow_fold(comp, split: tuple, seed_no: int, run: Run, target: int) -> bool:
     """One grown seed's fold of `target` epochs (or fewer, the last, to fit): skipped when complete
     (resume), else trained if it fits. Returns whether growth goes on."""
-    (k, trn_idx, val_idx), machine, planner = split, run.machine, run.planner
-    out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, run.batching)
+    (k, trn_idx, val_idx), args, planner = split, run.args, run.planner
+    out, config = Path(args.out_dir), artifacts.checkpoint_config(args, run.machine, run.batching)
     name = growth.checkpoint_name(k, seed_no)
     if storage.fold_is_done(out / name, config, artifacts.run_keys(comp)):
         print(f"GROW: seed {seed_no} fold {k}: {name} is complete, skipping (resume)")
         return True
     epochs, said = grown_epochs(planner, target)
-    held = served_room(args, machine, planner)
+    held = served_room(run)
     if planner.stop_reason or not epochs or held:
         print(f"GROW: stop before seed {seed_no} fold {k} ({planner.stop_reason or held or said})")
         return False
@@ -326,7 +332,7 @@ def grow_fold(comp, split: tuple, seed_no: int, args, run: Training, target: int
     fold = comp.fold(k, trn_idx, val_idx)
     fold.seed_no = seed_no
     with planner.grown_fold(epochs):
-        best = train_fold(comp, fold, len(trn_idx), args, run, False)
+        best = train_fold(comp, fold, len(trn_idx), run, False)
     planner.end_fold(k, False)
     if planner.stop_reason:
         print(f"GROW: seed {seed_no} fold {k} cut ({planner.stop_reason}): not ensembled")
@@ -336,11 +342,11 @@ def grow_fold(comp, split: tuple, seed_no: int, args, run: Training, target: int
     return True
 
 
-def train_on_workers(comp, args, run: Training, run_id: str) -> tuple[list[int], list[str]]:
+def train_on_workers(comp, run: Run, run_id: str) -> tuple[list[int], list[str]]:
     """--parallel folds: one worker per device trains folds from a shared queue; returns the
     folds to score (taken by a worker this run, or complete from an earlier one) and a line for
     each worker that died (its current fold is lost; the others go on)."""
-    machine, planner = run.machine, run.planner
+    args, machine, planner = run.args, run.machine, run.planner
     out, devices = Path(args.out_dir), parallel.devices_for(args.devices, machine.device)
     start = time.time() - planner.elapsed()  # one deadline for every worker
     result = workers.run_fold_workers(devices, planner.folds, run_id, out, start, planner)
@@ -359,8 +365,9 @@ def train_on_workers(comp, args, run: Training, run_id: str) -> tuple[list[int],
     return sorted(done | set(result["claims"])), lost
 
 
-def experiment_row(comp, args, batching: Batching, run_id: str) -> dict:
+def experiment_row(comp, run: Run, run_id: str) -> dict:
     """What the experiments row says of a run before it trains."""
+    args, batching = run.args, run.batching
     return {
         "run": run_id,
         "git": experiments.git_commit(),
@@ -375,9 +382,9 @@ def experiment_row(comp, args, batching: Batching, run_id: str) -> dict:
     }
 
 
-def finish(comp, args, run: Training, trained: list[int], row: dict) -> dict:
+def finish(comp, run: Run, trained: list[int], row: dict) -> dict:
     """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
-    machine, batching, planner, jlog = run.machine, run.batching, run.planner, run.jlog
+    args, machine, batching, planner, jlog = run.args, run.machine, run.batching, run.planner, run.jlog
     out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
     counted = artifacts.grown_seeds(comp, out, trained, config)  # each grown seed's checkpoint read once
     counted = artifacts.kept_seeds(comp, out, trained, args.signature, counted)  # none, when they lose

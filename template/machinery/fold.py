@@ -12,14 +12,17 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from . import artifacts, compiling, growth, logs, parallel, probe, storage
-from .machine import Batching, Machine, Training, batch_set_by_user
+from .machine import Batching, Machine, batch_set_by_user
 from .steps import loader, make_optimizer, predict, run_epoch, to_device, warmup_cosine
+
+if TYPE_CHECKING:  # runs.py builds the run (and imports engine, which imports this module)
+    from .runs import Run
 
 
 @dataclass
@@ -82,10 +85,11 @@ def watchers_stopped(reason: str | None) -> None:
 # ----------------------------------------------------------------------------- one fold
 
 
-def train_fold(comp, fold: Fold, n_train, args, run: Training, first: bool) -> float:
-    """Train one fold, its best epoch kept in fold.checkpoint; returns its best val loss."""
-    machine, batching, planner, k, out = run.machine, run.batching, run.planner, fold.index, Path(args.out_dir)
-    model, bare, optimizer, grads, model_s = build(comp, fold, n_train, args, machine, batching, first)
+def train_fold(comp, fold: Fold, n_train, run: Run, first: bool) -> float:
+    """Train one fold of `run` (runs.Run), its best epoch kept in fold.checkpoint; returns its best val loss."""
+    args, machine, batching, planner = run.args, run.machine, run.batching, run.planner
+    k, out = fold.index, Path(args.out_dir)
+    model, bare, optimizer, grads, model_s = build(comp, fold, n_train, run, first)
     train_sampler = parallel.sampler(fold.train, train=True, seed=args.seed)  # None without DDP
     train_batches = loader(comp, fold.train, batching.size, True, train_sampler)
     valid_batches = loader(comp, fold.valid, batching.eval_rows, False, parallel.sampler(fold.valid, False, args.seed))
@@ -122,7 +126,7 @@ def train_fold(comp, fold: Fold, n_train, args, run: Training, first: bool) -> f
             lines.flush()
             print(f"STOPPED: fold {k} epoch {epoch} ({planner.stop_reason}); best checkpoint kept")
             break
-        y, pred = validate(comp, fold, bare, valid_batches, machine, args, planner, epoch, (t0, train_time, model_s))
+        y, pred = validate(comp, fold, bare, valid_batches, run, epoch, (t0, train_time, model_s))
         val_loss, metric = evaluate(comp, fold, y, pred, f"fold {k} epoch {epoch}")
         stats = dict(train_loss=train_loss, val_loss=val_loss, metric=metric, lr=scheduler.get_last_lr()[0])
         stats.update(time_s=time.time() - t0, samples_per_s=seen / max(train_time, 1e-9))
@@ -132,12 +136,10 @@ def train_fold(comp, fold: Fold, n_train, args, run: Training, first: bool) -> f
             save(epoch, val_loss=best, complete=False)
             if parallel.writes():
                 artifacts.write_oof(comp, fold, y, pred, out / fold.oof, args)
-        else:
-            bad_epochs += 1
-            if stops_early(bad_epochs, epoch, args.patience, planner.epochs):
-                lines.flush()
-                print(f"EARLY STOP: fold {k} epoch {epoch}, no better val loss for {args.patience} epochs")
-                break
+        elif stops_early(bad_epochs := bad_epochs + 1, epoch, args.patience, planner.epochs):  # one more bad epoch
+            lines.flush()
+            print(f"EARLY STOP: fold {k} epoch {epoch}, no better val loss for {args.patience} epochs")
+            break
     lines.flush()
     print(planner.status_line())  # one per fold
     finish_fold(model, fold, out, machine, planner)
@@ -185,10 +187,11 @@ def train_epoch(
     return parallel.mean(train_loss, machine.device), seen * batching.world
 
 
-def build(comp, fold: Fold, n_train: int, args, machine: Machine, batching: Batching, first: bool):
+def build(comp, fold: Fold, n_train: int, run: Run, first: bool):
     """The fold's model on the device (the Model line and the batch probe before the first fold),
     its optimizer and the DDP wrap (--compile: compiling.settle). Returns (model, bare model, optimizer, GradSync,
     seconds to build the model: predict.py builds one per fold, part of the reserve)."""
+    args, machine, batching = run.args, run.machine, run.batching
     t_model = time.time()
     model = comp.build_model(fold).to(machine.device)
     model_s = time.time() - t_model
@@ -220,11 +223,11 @@ def first_step_lines(machine: Machine, batching: Batching) -> None:
     print(*logs.memory_used_lines(machine.monitor.peak(), batching.size, batching.why), sep="\n")
 
 
-def validate(comp, fold: Fold, bare, valid_batches, machine: Machine, args, planner, epoch: int, timing) -> tuple:
+def validate(comp, fold: Fold, bare, valid_batches, run: Run, epoch: int, timing) -> tuple:
     """The validation pass on the bare model; after the first epoch its speed becomes the
     prediction estimate (the planner's reserve). Returns (targets, predictions), every rank's."""
-    t0, train_time, model_s = timing
-    pred = predict(comp.predict, bare, valid_batches, machine, max_batches=2 if args.dry_run else None)
+    (t0, train_time, model_s), machine, planner = timing, run.machine, run.planner
+    pred = predict(comp.predict, bare, valid_batches, machine, max_batches=2 if run.args.dry_run else None)
     if epoch == 1:  # validation speed -> the prediction estimate -> the reserve
         valid_s = time.time() - t0 - train_time
         setup = getattr(comp, "predict_setup_s", None) if planner.budget else None  # audio: the ONNX export
@@ -251,7 +254,7 @@ def evaluate(comp, fold: Fold, y: np.ndarray, pred: np.ndarray, where: str) -> t
     return fold.val_losses[-1], list(comp.score(y, pred).values())[-1]
 
 
-def log_epoch(comp, at: tuple, stats: dict, run: Training, last_peak):
+def log_epoch(comp, at: tuple, stats: dict, run: Run, last_peak):
     """The Epoch line (at most one a second: logs.EpochLines; TIME when the plan changed), tune.py's
     watcher, a memory-drop line and the JSON record. `at` is (fold, epoch, the fold's EpochLines).
     Returns this epoch's memory peak (the next epoch's drop is measured from it)."""

@@ -1,6 +1,5 @@
 """Where a run trains and with what batch: the device's profile, precision (Machine), the one
-home of batch size, accumulation and LR (Batching), what the fold loop hands growth (Training),
-the small-data shrink and the start lines.
+home of batch size, accumulation and LR (Batching), the small-data shrink and the start lines.
 
 It is machinery: `copier update` may replace it.
 """
@@ -56,17 +55,6 @@ class Machine:
     channels_last: bool  # NHWC inputs and weights (CNNs on CUDA)
     monitor: GpuMonitor
     cpus: int
-
-
-@dataclass(frozen=True)
-class Training:
-    """What the fold loop hands growth (engine.grow, tta_views.grow), by name: where it trains
-    (Machine), with what batch (Batching), the time planner and the JSON log (logs.JsonLog)."""
-
-    machine: Machine
-    batching: Batching
-    planner: TimePlanner
-    jlog: object
 
 
 def profile(gpu_flag: str, device: torch.device) -> hardware.Profile:

@@ -1,6 +1,6 @@
-"""One run of train.py as one object: the parsed flags, the device, the machine (precision,
-loader), the batching (batch, accumulation, LR) and the time planner, built by one function
-and passed by name.
+"""One run of train.py as one object: the parsed flags, the machine (device, precision, loader),
+the batching (batch, accumulation, LR), the time planner and the JSON log, built by one function
+and passed by name, from train.py's `main()` through the fold loop, growth and the finish.
 
 The tasks that read their data through a DataLoader (image, segmentation, detection, audio) each
 held the same ten lines of set-up in their `main()` (issue 58: the run setup, word for word in four
@@ -24,10 +24,10 @@ from .planner import TimePlanner
 @dataclass
 class Run:
     args: object  # train.py's parsed flags (engine.begin checked them)
-    device: torch.device
-    machine: Machine
+    machine: Machine  # the device (machine.device), precision and loader
     batching: Batching
     planner: TimePlanner
+    jlog: object = None  # logs.JsonLog, opened as cross_validate starts (rank 0 alone writes its file)
 
     def fit_steps(self, rows: int) -> None:
         """Small data: the batch shrinks so an epoch of a fold's training rows keeps enough optimizer
@@ -45,8 +45,8 @@ class Run:
         return self.folds(comp, splits)
 
     def folds(self, comp, splits):
-        """engine.cross_validate with this run's machine, batching and planner, the batch as it is."""
-        return engine.cross_validate(comp, splits, self.args, self.machine, self.batching, self.planner)
+        """engine.cross_validate of this run, the batch as it is."""
+        return engine.cross_validate(comp, splits, self)
 
 
 def start(args, device: torch.device, side: int, decoder: str | None = None) -> Run:
@@ -61,7 +61,7 @@ def start(args, device: torch.device, side: int, decoder: str | None = None) -> 
     machine = engine.make_machine(device, args.amp, loader, rec.channels_last)
     accum = args.accum_steps or rec.accum_steps
     batching = Batching(rec.batch_size, accum, hardware.scaled_lr(args.lr, rec.batch_size * accum))
-    return begin(args, device, machine, batching, rec.why["batch_size"])
+    return begin(args, machine, batching, rec.why["batch_size"])
 
 
 def in_process(device: torch.device, amp: str, note: str) -> Machine:
@@ -71,8 +71,8 @@ def in_process(device: torch.device, amp: str, note: str) -> Machine:
     return engine.make_machine(device, amp, loader, channels_last=False)
 
 
-def begin(args, device: torch.device, machine: Machine, batching: Batching, why: str) -> Run:
+def begin(args, machine: Machine, batching: Batching, why: str) -> Run:
     """The run from its parts: the start lines (RESOURCES, GPU Memory, DataLoader, BATCH; `why`
     says who set the batch) and the time planner."""
     engine.print_start(machine, batching, why)
-    return Run(args, device, machine, batching, engine.make_planner(args, machine))
+    return Run(args, machine, batching, engine.make_planner(args, machine))

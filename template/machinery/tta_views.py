@@ -100,7 +100,7 @@ def evidence_s(planner, views: tuple[int, int], rows_share: float, took: float, 
 def fold_views(comp, k: int, split: tuple, names: list[str], run, out: Path) -> tuple | None:
     """Fold k's best checkpoint's predictions of its validation rows, one array per view, and
     their targets; None when the checkpoint cannot be read."""
-    machine, batching = run.machine, run.batching  # run: machine.Training
+    machine, batching = run.machine, run.batching  # run: runs.Run
     ckpt = storage.load_checkpoint(out / f"model_fold{k}.pth")
     if ckpt is None:
         return None
@@ -145,9 +145,9 @@ def evidence(comp, splits: list, names: list[str], plan: int, run, out: Path) ->
     return used, {n: float(comp.val_loss(y, np.mean(stacked[:n], axis=0))) for n in range(plan, len(names) + 1)}, took
 
 
-def grow(comp, splits: list, args, run) -> None:
-    """The views step: the evidence, the choice (the best that fits), its file and its GROW line."""
-    names, planner, out = list(getattr(comp, "tta_views", [])), run.planner, Path(args.out_dir)
+def grow(comp, splits: list, run) -> None:
+    """The views step of `run` (runs.Run): the evidence, the choice (the best that fits), its file and its GROW line."""
+    names, planner, out = list(getattr(comp, "tta_views", [])), run.planner, Path(run.args.out_dir)
     plan = planned(names, comp.test_views) if names else []
     if len(names) <= len(plan):
         return
@@ -167,4 +167,4 @@ def grow(comp, splits: list, args, run) -> None:
         planner.prediction.scale_views(n / len(plan))
         comp.test_views = n  # a grown seed's first validation pass measures predict.py's share at n views
         print(f"GROW: TTA views {', '.join(names[:n])}: {where}; reserve {fmt_s(before)} -> {fmt_s(planner.reserve())}")
-    write(out, names[:n], args.signature, losses)
+    write(out, names[:n], run.args.signature, losses)
