@@ -133,7 +133,7 @@ def test_planner_shares_the_later_folds_between_workers(project_modules):
     one, two = rules(3600, 4, 10), rules(3600, 4, 10)
     two.parallel = 2
     # fold 0 just started: 10 epochs of it, then 3 folds alone, or ceil(3 / 2) = 2 each side by side
-    assert one.progress().need(1.0, 4, 10) == 40 and two.progress().need(1.0, 4, 10) == 30
+    assert one.times.progress(1).need(1.0, 4, 10) == 40 and two.times.progress(two.parallel).need(1.0, 4, 10) == 30
 
 
 # ----------------------------------------------------------------------------- ddp (torchrun)

@@ -112,8 +112,9 @@ def test_a_cut_prices_each_plan_with_its_own_reserve(project_modules):
     assert lines[-1].startswith("TIME PLAN: re-plan at 2.3s/epoch: need 25s > 95% of 3.4s training time left")
     assert lines[-1].endswith("-> folds 3->2, epochs 4->3"), lines  # priced with 3 folds' reserve: epochs 4->1
     left = project_modules.replanning.REPLAN_FRACTION * planner.training_left()
-    assert planner.progress().need(2.27, planner.folds, planner.epochs) <= left  # the plan fits its own reserve
-    assert planner.progress().need(2.27, planner.folds, planner.epochs + 1) > left  # and no more epochs would
+    at = planner.times.progress(planner.parallel)
+    assert at.need(2.27, planner.folds, planner.epochs) <= left  # the plan fits its own reserve
+    assert at.need(2.27, planner.folds, planner.epochs + 1) > left  # and no more epochs would
 
 
 def test_deadline_guard_and_sigterm(project_modules):
@@ -125,12 +126,13 @@ def test_deadline_guard_and_sigterm(project_modules):
         planner.times.begin_epoch(2, 1)
         clock.t += 10
         planner.end_epoch(epoch)
-        if clock.t - 1000 + 10 + planner.reserve() + planner.FINISH_S > 100:
+        if clock.t - 1000 + 10 + planner.reserve() + project_modules.planner.FINISH_S > 100:
             break
     # elapsed + next epoch + reserve (15) + finish (5) > 100: the next epoch must not start
     assert not planner.can_start_epoch() and planner.stop_reason == "deadline"
     assert lines[-1].startswith("DEADLINE: ") and "prediction runs next" in lines[-1]
-    assert clock.t - 1000 + planner.reserve() + planner.FINISH_S <= 100  # the reserve is still there for predict
+    finish = project_modules.planner.FINISH_S
+    assert clock.t - 1000 + planner.reserve() + finish <= 100  # the reserve is still there for predict
     assert "+ finish 5.0s > budget 100s" in lines[-1]
 
     mid, mclock, _ = make(plan, budget=100, folds=1, epochs=30)
@@ -153,7 +155,7 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
     planner.prediction.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004, model_s=2.0)
     expected = 1.25 * (8.0 + 5 * (2.0 + 0.02 * 10_000 * 2) + 0.004 * 10_000) + planner.prediction.END_S
     assert planner.reserve() == pytest.approx(expected) and planner.reserve() > 0.15 * 3600
-    assert planner.training_left() == pytest.approx(3600 - expected - planner.FINISH_S)
+    assert planner.training_left() == pytest.approx(3600 - expected - project_modules.planner.FINISH_S)
     # the budget's time for training, from the start: the first estimate and growth read it
     assert planner.training_time() == pytest.approx(planner.training_left() + planner.elapsed())
     assert planner.training_time(1) > planner.training_time() > planner.training_time(10)  # a fold's reserve each
@@ -209,10 +211,10 @@ def test_run_py_safety_net_comes_after_the_planned_end_of_training(project_modul
     rules = project_modules.planner.TimePlanner
     for budget in (60.0, 75.0, 600.0, 9 * 3600.0):
         planner = rules(budget, folds=5, epochs=10)
-        end_of_training = budget - planner.reserve() - planner.FINISH_S
+        end_of_training = budget - planner.reserve() - project_modules.planner.FINISH_S
         assert project_modules.planner.SAFETY_NET * budget - end_of_training >= 0.05 * budget
         planner.prediction.note_inference(0.1, 1000, test_rows=10, views=1, decode_s_per_image=0.0, model_s=0.1)
-        latest = budget - planner.reserve() - planner.FINISH_S  # measured: the 8% floor, the latest end
+        latest = budget - planner.reserve() - project_modules.planner.FINISH_S  # measured: the 8% floor, the latest end
         assert project_modules.planner.SAFETY_NET * budget - latest >= max(5.0, 0.03 * budget), (budget, latest)
 
 
@@ -275,7 +277,8 @@ def test_measured_epochs_faster_than_the_estimate_get_epochs_back(project_module
         planner.end_epoch(epoch)
     assert given <= planner.epochs <= 30
     # the rest of the plan fits 95% of the training time left
-    assert planner.progress().need(4.0, planner.folds, planner.epochs) <= 0.95 * planner.training_left()
+    at = planner.times.progress(planner.parallel)
+    assert at.need(4.0, planner.folds, planner.epochs) <= 0.95 * planner.training_left()
 
 
 def test_no_epochs_given_back_once_the_last_fold_has_ended(project_modules):
@@ -317,7 +320,8 @@ def test_folds_cut_by_the_estimate_are_given_back_when_measured_epochs_leave_tim
             if x.startswith("TIME PLAN: measured 1.0s/epoch") and x.endswith("-> folds 3->5 (given back)")
         )
     ]
-    assert planner.progress().need(1.0, planner.folds, planner.epochs) <= 0.75 * planner.training_left()
+    at = planner.times.progress(planner.parallel)
+    assert at.need(1.0, planner.folds, planner.epochs) <= 0.75 * planner.training_left()
 
 
 def test_a_budget_too_small_for_one_epoch_is_said_once_at_the_first_estimate(project_modules):

@@ -214,12 +214,14 @@ def test_template_has_no_tasks_migrations_or_extensions():
 # ----------------------------------------------------------------------------- the engine by concern (issue 23)
 
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 450, 60  # issue 58: "no machinery file over 450", no function over ~60
+# issue 58: "the largest class ~150 lines". A ratchet: TimePlanner is 157 (307 when the issue was filed)
+MAX_CLASS_LINES = 160
 
 
 @pytest.mark.parametrize("task", ["image", "tabular", "text", "segmentation", "detection", "audio"])
 def test_machinery_reads_file_by_file(tmp_path, task):
     """Every machinery file of every task says what it holds in its docstring, is at most 450 lines,
-    and has no function over 60 (classes are read method by method)."""
+    and has no function over 60 (classes are read method by method) and no class over 160."""
     import ast
 
     project = render(tmp_path / "p", task=task, **({"problem": "binary"} if task in ("tabular", "text") else {}))
@@ -232,6 +234,9 @@ def test_machinery_reads_file_by_file(tmp_path, task):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
                 assert length <= MAX_FUNCTION_LINES, f"{path.name}: {node.name} is {length} lines"
+            if isinstance(node, ast.ClassDef):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= MAX_CLASS_LINES, f"{path.name}: class {node.name} is {length} lines"
 
 
 def competition_lines(path) -> set[str]:

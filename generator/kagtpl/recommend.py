@@ -388,7 +388,7 @@ def budget_rows(gpu: str, budget: str | None, task: str = "image") -> list[tuple
         raise KagtplError(f"--budget: {e}") from None
     if seconds is None:
         return [("budget", "none", f"no time limit: nothing is cut (on Kaggle train.py uses {plan.KAGGLE_BUDGET})")]
-    rules, kept = plan.TimePlanner, plan.PredictionReserve
+    kept = plan.PredictionReserve
     reserve = kept.FRACTION * seconds
     folds, epochs = plan.DEFAULT_PLAN[task]
     return [
@@ -401,7 +401,7 @@ def budget_rows(gpu: str, budget: str | None, task: str = "image") -> list[tuple
         ),
         (
             "training",
-            f"<= {(seconds - reserve - rules.FINISH_S) / 60:.1f} min",
+            f"<= {(seconds - reserve - plan.FINISH_S) / 60:.1f} min",
             f"planned to {replanning().PLAN_FRACTION:.0%}: cut folds {folds}->3, epochs by 30-50%, then 1 fold",
         ),
         (

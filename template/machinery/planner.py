@@ -18,16 +18,19 @@ from .errors import RunError
 from .replanning import Replanner, deadline_line, epoch_would_overrun, estimate_line, first_fold_overran, time_line
 from .reserve import PredictionReserve
 from .tasks import TASKS
-from .timings import Progress, Timings
+from .timings import Timings
 
 PROCESS_START = time.time()  # wall clock at import: the budget counts from here unless told otherwise
 KAGGLE_BUDGET = "9h"  # Kaggle code competitions: 9 hours of wall time, internet off
 DEFAULT_PLAN = {task.name: (task.folds, task.epochs) for task in TASKS}  # folds, epochs: the registry's (tasks.py)
 # run.py's safety net: SIGTERM to a train.py still running at this share of the budget. It must come
 # after the planner's own end of training (1 - reserve.py's MEASURED_FRACTION at the latest, less
-# TimePlanner.FINISH_S): at 85%, equal to the end of that time, a healthy run was killed while its
+# FINISH_S): at 85%, equal to the end of that time, a healthy run was killed while its
 # interpreter exited. 95% leaves 3% of the budget and 5 s after it.
 SAFETY_NET = 0.95
+# After the last epoch train.py still scores the OOF predictions, draws the report and exits;
+# the interpreter's exit alone (torch, timm) took 1-2 s of the 3 s measured on 2 CPU cores.
+FINISH_S = 5.0
 
 
 def make_planner(
@@ -80,10 +83,6 @@ class TimePlanner:
     (docs/time-budget.md). Seams for tests: `clock` (monotonic seconds; a fake one drives every
     decision) and `sync` (torch.cuda.synchronize on CUDA, so the timed steps are real)."""
 
-    # After the last epoch train.py still scores the OOF predictions, draws the report and exits;
-    # the interpreter's exit alone (torch, timm) took 1-2 s of the 3 s measured on 2 CPU cores.
-    FINISH_S = 5.0
-
     def __init__(
         self,
         budget_s,
@@ -125,16 +124,12 @@ class TimePlanner:
     def training_time(self, folds: int | None = None) -> float:
         """The budget's time for training, from the run's start: the budget less the finish and
         predict.py's reserve for `folds` (default: the plan's as they stand)."""
-        return self.budget - self.prediction.seconds(self.folds if folds is None else folds) - self.FINISH_S
+        return self.budget - self.prediction.seconds(self.folds if folds is None else folds) - FINISH_S
 
     def training_left(self, folds: int | None = None) -> float:
         """training_time less the time spent. A cut prices each candidate plan with its own reserve:
         pricing 1 fold with 3 folds' reserve left a detection fold 1 epoch of the 6 that fit, on an H200."""
         return self.training_time(folds) - self.elapsed()
-
-    def room(self, fraction: float):
-        """limit(folds): the seconds a plan of that many folds may use: `fraction` of its training time left."""
-        return lambda folds: fraction * self.training_left(folds) * self.share
 
     def status_line(self) -> str:
         """The TIME line: after each fold and after an epoch that changed the plan (18 said nothing new)."""
@@ -206,14 +201,11 @@ class TimePlanner:
         last = self.times.epoch_s[-1] if self.times.epoch_s else None
         if self.budget and last is not None and epoch_would_overrun(last, self.training_left()):
             self.request_stop("deadline")
-            self.log(deadline_line(self.elapsed(), last, self.reserve(), self.FINISH_S, self.budget))
+            self.log(deadline_line(self.elapsed(), last, self.reserve(), FINISH_S, self.budget))
             return False
         return True
 
     # --- planning (the rules: replanning.py)
-    def progress(self) -> Progress:
-        return self.times.progress(self.parallel)
-
     def _first_plan(self, s_per_step: float | None) -> None:
         self.planned = self.plan_changed = True
         epoch_s, how = self.times.first_estimate(s_per_step)

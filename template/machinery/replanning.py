@@ -80,6 +80,12 @@ def epoch_would_overrun(last_epoch_s: float, training_left: float) -> bool:
     return last_epoch_s > training_left
 
 
+def room(p, fraction: float):
+    """limit(folds): the seconds a plan of that many folds may use in planner `p`: `fraction` of its
+    training time left, times this model's share of it (a table's models share the time)."""
+    return lambda folds: fraction * p.training_left(folds) * p.share
+
+
 class Replanner:
     """The re-plan rules over a planner's state: the first plan must fit 80% of the training time
     left, later re-plans use measured epochs and must fit 95% (cut_plan), or give epochs and then
@@ -97,7 +103,7 @@ class Replanner:
     def replan(self, p, epoch_s: float, why: str, first: bool = False):
         """The plan against `epoch_s`: kept (None), cut, or (measured, not the first) given back."""
         fraction = PLAN_FRACTION if first else REPLAN_FRACTION
-        limit, at = p.room(fraction), p.progress()
+        limit, at = room(p, fraction), p.times.progress(p.parallel)
         need = at.need(epoch_s, p.folds, p.epochs)
         if need <= limit(p.folds):
             return None if first else self.given_back(p, epoch_s)
@@ -125,17 +131,17 @@ class Replanner:
         fold = p.times.fold
         if len(p.times.epoch_s) < 2 or self.cut_in == fold:  # measured: an epoch after the first; none after a
             return None  # cut in this fold (a loaded machine gave back and cut 6 times in one fold)
-        limit = p.room(GIVE_BACK_FRACTION)
+        limit, at = room(p, GIVE_BACK_FRACTION), p.times.progress(p.parallel)
         left = f"measured {fmt_s(epoch_s)}/epoch: the rest fits in {fmt_s(max(0.0, p.training_left()))} left"
         if p.epochs < p.planned_epochs and self.epochs_back_in != fold:
-            epochs = give_back(p.progress(), epoch_s, p.folds, p.epochs, p.planned_epochs, limit(p.folds))
+            epochs = give_back(at, epoch_s, p.folds, p.epochs, p.planned_epochs, limit(p.folds))
             if epochs is None:
                 return None
             self.epochs_back_in = fold
             return p.folds, epochs, f"TIME PLAN: {left} -> epochs {p.epochs}->{epochs} (given back)"
         if p.folds >= p.planned_folds or p.parallel > 1 or self.folds_changed_in == fold:
             return None
-        folds = folds_back(p.progress(), epoch_s, p.folds, p.epochs, p.planned_folds, limit)
+        folds = folds_back(at, epoch_s, p.folds, p.epochs, p.planned_folds, limit)
         if folds is None:
             return None
         self.folds_changed_in = fold
