@@ -82,18 +82,10 @@ class Watcher(threading.Thread):
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 except OSError:
                     continue
-                self.seen[(int(pid), start)] = cmd.strip()
+                if cmd.strip():  # a zombie has none: keep what was read before
+                    self.seen[(int(pid), start)] = cmd.strip()
             alive, recent = now, fresh
             time.sleep(0.2)
-
-    def cmdline(self, pid: int, started: float) -> str | None:
-        """The command line seen for this pid nearest its accounted start (whole seconds), if any."""
-        if not hasattr(self, "_by_pid"):
-            self._by_pid = collections.defaultdict(list)
-            for (p, s), cmd in self.seen.items():
-                self._by_pid[p].append((s, cmd))
-        near = [(abs(s - started), cmd) for s, cmd in self._by_pid.get(pid, ()) if abs(s - started) < 1.5]
-        return min(near)[1] if near else None
 
 
 def read_records(path: Path) -> list[dict]:
@@ -126,7 +118,7 @@ def script_of(cmd: str) -> tuple[str, str]:
 
 
 def kind(rec: dict, parent: dict | None) -> str:
-    cmd = rec.get("cmd")
+    cmd = rec.get("cmd") or None  # "": a zombie's, or a kernel thread's
     if rec["comm"] == "pt_data_worker" and parent and parent.get("kind"):  # torch names its loader workers
         return parent["kind"].split(" > ")[0] + " > DataLoader worker"
     if cmd is None:  # too short to be seen: what its parent was, if it was forked (same image)
@@ -170,11 +162,16 @@ def kind(rec: dict, parent: dict | None) -> str:
     return f"python {base}"
 
 
-def classify(records: list[dict], watcher: Watcher) -> None:
-    """Each record's command line and kind, parents first (a kind reads its parent's)."""
+def classify(records: list[dict], seen: list[list]) -> None:
+    """Each record's command line (the one seen for its pid nearest its start: acct's start is whole
+    seconds) and kind, parents first (a kind reads its parent's)."""
+    cmds: dict[int, list[tuple[float, str]]] = collections.defaultdict(list)
+    for pid, start, cmd in seen:
+        cmds[pid].append((start, cmd))
     by_pid: dict[int, list[dict]] = collections.defaultdict(list)
     for rec in records:
-        rec["cmd"] = watcher.cmdline(rec["pid"], rec["start"])
+        near = [(abs(s - rec["start"]), c) for s, c in cmds.get(rec["pid"], ()) if abs(s - rec["start"]) < 1.5]
+        rec["cmd"] = min(near)[1] if near else None
         by_pid[rec["pid"]].append(rec)
 
     def parent_of(rec: dict) -> dict | None:
@@ -195,13 +192,25 @@ def classify(records: list[dict], watcher: Watcher) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", type=Path, help="write every process's record here (pid, parent, cmd, kind, cpu)")
+    ap.add_argument("--json", type=Path, help="write the run here (every process's record, the command lines seen)")
+    ap.add_argument("--from-json", type=Path, help="print the table of a run written by --json, measuring nothing")
     ap.add_argument("--top", type=int, default=30, help="kinds to print, most CPU first")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the command to measure, after --")
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        ap.error("give the command to measure after --")
+    if args.from_json:
+        run = json.loads(args.from_json.read_text())
+    elif command:
+        run = measure(command)
+        if args.json:  # before the table: the run is kept whatever reading it does
+            args.json.write_text(json.dumps(run))
+    else:
+        ap.error("give the command to measure after --, or --from-json")
+    report(run, args.top)
+    return run["exit"]
+
+
+def measure(command: list[str]) -> dict:
     libc = ctypes.CDLL(None, use_errno=True)
     log = Path(tempfile.mkstemp(prefix="suite-acct-")[1])
     if libc.acct(str(log).encode()) != 0:
@@ -219,22 +228,29 @@ def main() -> int:
     busy1, total1 = busy_ticks()
     records = [r for r in read_records(log) if r["start"] >= t0 - 1]
     log.unlink()
-    classify(records, watcher)
+    return {
+        "exit": rc,
+        "wall": wall,
+        "busy": (busy1 - busy0) / max(1, total1 - total0),
+        "records": records,
+        "seen": [[pid, start, cmd] for (pid, start), cmd in watcher.seen.items()],
+    }
+
+
+def report(run: dict, top: int) -> None:
+    records = run["records"]
+    classify(records, run["seen"])
     cpu: collections.Counter = collections.Counter()
     count: collections.Counter = collections.Counter()
     for rec in records:
         cpu[rec["kind"]] += rec["cpu"]
         count[rec["kind"]] += 1
     total = sum(cpu.values())
-    print(f"\nSUITE CPU: {total:.0f} CPU-s in {len(records)} processes; wall {wall:.0f} s; "
-          f"cores busy {(busy1 - busy0) / max(1, total1 - total0):.2f}; exit {rc}")  # fmt: skip
+    print(f"\nSUITE CPU: {total:.0f} CPU-s in {len(records)} processes; wall {run['wall']:.0f} s; "
+          f"cores busy {run['busy']:.2f}; exit {run['exit']}")  # fmt: skip
     print(f"{'CPU-s':>8} {'share':>6} {'procs':>6}  kind")
-    for name, seconds in cpu.most_common(args.top):
+    for name, seconds in cpu.most_common(top):
         print(f"{seconds:8.0f} {seconds / max(total, 1e-9):6.1%} {count[name]:6d}  {name}")
-    if args.json:
-        seen = [[pid, start, cmd] for (pid, start), cmd in watcher.seen.items()]
-        args.json.write_text(json.dumps({"records": records, "seen": seen}))
-    return rc
 
 
 if __name__ == "__main__":
