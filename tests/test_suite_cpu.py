@@ -1,0 +1,68 @@
+"""benchmarks/suite_cpu.py's reading of process accounting: the records' encoding and the kind each
+process gets from its command line and its parents (the measuring itself needs root: README)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("suite_cpu", ROOT / "benchmarks" / "suite_cpu.py")
+suite_cpu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(suite_cpu)
+
+PY = "/repo/.venv/bin/python"
+SERVER = f"{PY} /repo/tests/forkserver.py /tmp/kagtpl-fork-x/socket"
+
+
+def test_comp_t_is_a_13_bit_mantissa_and_a_base_8_exponent():
+    assert [suite_cpu.comp_t(v) for v in (0, 1, 0x1FFF, 0x2001, 0x4003)] == [0, 1, 8191, 8, 192]
+
+
+def test_a_record_is_read_back_with_its_cpu_in_seconds(tmp_path):
+    raw = suite_cpu.RECORD.pack(0, 3, 0, 0, 0, 0, 42, 7, 1_800_000_000, 150.0, 0x2019, 5, 0, 0, 0, 0, 0, 0, b"python3")
+    (tmp_path / "acct").write_bytes(raw * 2)
+    recs = suite_cpu.read_records(tmp_path / "acct")
+    assert recs == [{"pid": 42, "ppid": 7, "start": 1.8e9, "wall": 1.5, "cpu": 2.05, "comm": "python3"}] * 2
+
+
+def test_each_process_gets_the_kind_its_command_line_and_parents_give_it():
+    t = 1_800_000_000.0
+    procs = [  # pid, ppid, comm, command line as /proc showed it (None: not seen; "": a zombie's)
+        (10, 1, "python", f"{PY} -m pytest"),
+        (11, 10, "python", f"{PY} -u -c import sys;exec(eval(sys.stdin.readline()))"),
+        (12, 11, "python", SERVER),
+        (13, 12, "python", SERVER),  # the monitor, forked by the server
+        (14, 13, "python", SERVER),  # the script it runs (run.py here)
+        (15, 14, "pt_data_worker", None),
+        (16, 14, "python", f"{PY} train.py --budget=60s --start-time={t}"),
+        (17, 14, "python", f"{PY} /proj/predict.py --deadline={t}"),
+        (18, 16, "python", f"{PY} train.py --budget=60s --start-time={t} --device=cpu --start-time={t}"),
+        (19, 11, "python", f"{PY} -m torch.distributed.run --standalone --nproc-per-node=2 train.py"),
+        (20, 19, "python", f"{PY} -u train.py --parallel ddp"),
+        (21, 11, "python", f"{PY} predict.py --device cpu"),
+        (22, 21, "python", f"{PY} predict.py --device cpu"),  # a DataLoader worker, forked, seen
+        (23, 11, "git", ""),
+        (24, 11, "python", None),
+    ]
+    records = [{"pid": p, "ppid": pp, "start": t, "wall": 1.0, "cpu": 1.0, "comm": c} for p, pp, c, _ in procs]
+    seen = [[p, t + 0.4, cmd] for p, _, _, cmd in procs if cmd is not None]
+    seen.append([16, t - 30.0, "an older process with the same pid"])
+    suite_cpu.classify(records, seen)
+    assert {r["pid"]: r["kind"] for r in records} == {
+        10: "pytest (main)",
+        11: "pytest worker (light tests, renders, in-process checks)",
+        12: "fork server (its imports)",
+        13: "fork server: monitor",
+        14: "fork server: script run",
+        15: "fork server: script run > DataLoader worker",
+        16: "train.py started by run.py (cold)",
+        17: "predict.py started by run.py (cold)",
+        18: "train.py fold worker (cold)",
+        19: "torchrun",
+        20: "train.py DDP rank (cold)",
+        21: "predict.py (cold)",
+        22: "predict.py (cold) > forked child",
+        23: "git (unseen)",
+        24: "pytest worker (light tests, renders, in-process checks) > forked, unseen",
+    }
