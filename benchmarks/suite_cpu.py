@@ -159,23 +159,26 @@ def kind(rec: dict, parent: dict | None) -> str:
         return f"{base} (cold)"
     if "/benchmarks/" in what:
         return "benchmark script (cold)"
-    return f"python {base}"
+    return f"python -c {base[:20]}" if how == "-c" else f"python {base}"
 
 
 def classify(records: list[dict], seen: list[list]) -> None:
     """Each record's command line (the one seen for its pid nearest its start: acct's start is whole
-    seconds) and kind, parents first (a kind reads its parent's)."""
+    seconds, and drifts) and kind, parents first (a kind reads its parent's)."""
     cmds: dict[int, list[tuple[float, str]]] = collections.defaultdict(list)
     for pid, start, cmd in seen:
         cmds[pid].append((start, cmd))
     by_pid: dict[int, list[dict]] = collections.defaultdict(list)
     for rec in records:
-        near = [(abs(s - rec["start"]), c) for s, c in cmds.get(rec["pid"], ()) if abs(s - rec["start"]) < 1.5]
+        # acct's start is its exit's wall clock less the monotonic time lived: over a long life it
+        # drifts from /proc's (1.8 s in 2,120 s here), hence a tolerance that grows with the life
+        slack = 3.0 + 0.002 * rec["wall"]
+        near = [(abs(s - rec["start"]), c) for s, c in cmds.get(rec["pid"], ()) if abs(s - rec["start"]) < slack]
         rec["cmd"] = min(near)[1] if near else None
         by_pid[rec["pid"]].append(rec)
 
     def parent_of(rec: dict) -> dict | None:
-        cands = [p for p in by_pid.get(rec["ppid"], ()) if p["start"] <= rec["start"] + 1]
+        cands = [p for p in by_pid.get(rec["ppid"], ()) if p["start"] <= rec["start"] + 3]
         return max(cands, key=lambda p: p["start"]) if cands else None
 
     def kind_of(rec: dict, depth: int = 0) -> str:
