@@ -153,9 +153,12 @@ def kind(rec: dict, parent: dict | None) -> str:
             return f"{base} fold worker (cold)"
         if parent and parent.get("kind") == "torchrun":
             return f"{base} DDP rank (cold)"
-        if parent and parent.get("kind", "").startswith(("run.py", "fork server: script run")):
-            # a script forked by the test's fork server that starts train.py / predict.py is run.py
+        if parent and parent.get("kind", "").startswith("run.py"):
             return f"{base} started by run.py (cold)"
+        if parent and parent.get("kind", "").startswith("fork server: script run"):
+            # run.py, forked by the tests' fork server, is the script whose train.py has --start-time
+            # (run.py's budget_flag); the benchmarks' scripts start theirs without it
+            return f"{base} started by {'run.py' if parent.get('runs_train') else 'a benchmark'} (cold)"
         return f"{base} (cold)"
     if "/benchmarks/" in what:
         return "benchmark script (cold)"
@@ -189,6 +192,12 @@ def classify(records: list[dict], seen: list[list]) -> None:
             rec["kind"] = kind(rec, parent)
         return rec["kind"]
 
+    for rec in records:  # the scripts that started a train.py with run.py's --start-time (not a fold worker)
+        cmd = rec["cmd"] or ""
+        if "train.py" in cmd and "--start-time=" in cmd and not re.search(r"--device=\S+ --start-time=\S+$", cmd):
+            parent = parent_of(rec)
+            if parent is not None:
+                parent["runs_train"] = True
     for rec in records:
         kind_of(rec)
 

@@ -44,6 +44,10 @@ def test_each_process_gets_the_kind_its_command_line_and_parents_give_it():
         (22, 21, "python", f"{PY} predict.py --device cpu"),  # a DataLoader worker, forked, seen
         (23, 11, "git", ""),
         (24, 11, "python", None),
+        (25, 12, "python", SERVER),  # a second monitor: its script is a benchmark's
+        (26, 25, "python", SERVER),
+        (27, 26, "python", f"{PY} train.py --epochs 1"),  # no --start-time: not run.py's
+        (28, 26, "python", f"{PY} predict.py --device cpu"),
     ]
     records = [{"pid": p, "ppid": pp, "start": t, "wall": 1.0, "cpu": 1.0, "comm": c} for p, pp, c, _ in procs]
     seen = [[p, t + 0.4, cmd] for p, _, _, cmd in procs if cmd is not None]
@@ -65,4 +69,8 @@ def test_each_process_gets_the_kind_its_command_line_and_parents_give_it():
         22: "predict.py (cold) > forked child",
         23: "git (unseen)",
         24: "pytest worker (light tests, renders, in-process checks) > forked, unseen",
+        25: "fork server: monitor",
+        26: "fork server: script run",
+        27: "train.py started by a benchmark (cold)",
+        28: "predict.py started by a benchmark (cold)",
     }
