@@ -11,8 +11,8 @@ fork server of tests/forkserver.py and the scripts it forks, a cold train.py / p
 started with `python script`, a fold worker, a torchrun rank, a Jupyter kernel, git, PostgreSQL...
 
 It prints the CPU-seconds of each kind, the wall time and the share of the cores the command kept
-busy (/proc/stat). Accounting covers the whole machine: run it on a quiet one. The records of
-processes that did not exit before the command ended (a leak) are listed apart.
+busy (/proc/stat). Accounting covers the whole machine: run it on a quiet one. A process still
+running when the command ends has no record, and is not counted.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ RECORD = struct.Struct("<BBHIIIIIIfHHHHHHHH16s")  # struct acct_v3, linux/acct.h
 AHZ = 100  # the records' clock ticks a second
 TICKS = os.sysconf("SC_CLK_TCK")
 SCRIPTS = ("train.py", "predict.py", "run.py", "tune.py", "serve.py")
+FOLD_WORKER = re.compile(r"--device=\S+ --start-time=\S+$")  # workers.py: the parent's argv and these two
+SERVER, MONITOR, FORKED = "fork server (its imports)", "fork server: monitor", "fork server: script run"
 
 
 def comp_t(value: int) -> int:
@@ -134,14 +136,10 @@ def kind(rec: dict, parent: dict | None) -> str:
         return "pytest worker (light tests, renders, in-process checks)"
     if how == "-m" and base == "pytest":
         return "pytest (main)"
-    if base == "forkserver.py":
-        roles = {None: "fork server (its imports)", "fork server (its imports)": "fork server: monitor"}
-        role = roles.get(parent.get("kind") if forked else None)
-        if role:
-            return role
-        if parent.get("kind") == "fork server: monitor":
-            return "fork server: script run"
-        return "fork server: script run > forked child"
+    if base == "forkserver.py":  # tests/forkserver.py: server -> monitor -> script run, all one image
+        if not forked:
+            return SERVER
+        return {SERVER: MONITOR, MONITOR: FORKED}.get(parent["kind"], FORKED + " > forked child")
     if forked:
         return parent["kind"].split(" > ")[0] + " > forked child"
     if how == "-m":
@@ -149,13 +147,13 @@ def kind(rec: dict, parent: dict | None) -> str:
     if base in SCRIPTS:
         if "--tune-start=" in cmd:
             return "tune.py worker (cold)"
-        if re.search(r"--device=\S+ --start-time=\S+$", cmd):  # workers.py: the parent's argv and these two
+        if FOLD_WORKER.search(cmd):
             return f"{base} fold worker (cold)"
         if parent and parent.get("kind") == "torchrun":
             return f"{base} DDP rank (cold)"
         if parent and parent.get("kind", "").startswith("run.py"):
             return f"{base} started by run.py (cold)"
-        if parent and parent.get("kind", "").startswith("fork server: script run"):
+        if parent and parent.get("kind", "").startswith(FORKED):
             # run.py, forked by the tests' fork server, is the script whose train.py has --start-time
             # (run.py's budget_flag); the benchmarks' scripts start theirs without it
             return f"{base} started by {'run.py' if parent.get('runs_train') else 'a benchmark'} (cold)"
@@ -194,7 +192,7 @@ def classify(records: list[dict], seen: list[list]) -> None:
 
     for rec in records:  # the scripts that started a train.py with run.py's --start-time (not a fold worker)
         cmd = rec["cmd"] or ""
-        if "train.py" in cmd and "--start-time=" in cmd and not re.search(r"--device=\S+ --start-time=\S+$", cmd):
+        if "train.py" in cmd and "--start-time=" in cmd and not FOLD_WORKER.search(cmd):
             parent = parent_of(rec)
             if parent is not None:
                 parent["runs_train"] = True
