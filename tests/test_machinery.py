@@ -601,3 +601,24 @@ def test_the_fold_loop_holds_one_model_at_a_time_skips_unfit_weights_and_ends_at
     clock = m.submission.FoldClock(None, views=1)
     assert m.prediction.each_fold(checkpoints, clock, restore, predict_fold) == [0, 20]
     assert predicted == [0, 2, 3] and all(ref() is None for ref in alive)
+
+
+def augmented_batches(m, workers: int) -> list[np.ndarray]:
+    """The image task's training batches of 8 copies of one picture, after torch.manual_seed(0):
+    what differs between two of them is the augmentation's draws alone."""
+    cache = np.random.default_rng(1).integers(0, 255, (1, 32, 32, 3), dtype=np.uint8).repeat(8, axis=0)
+    rows = m.train.ImageDataset(cache, np.arange(8), np.zeros(8, np.int64), m.train.make_transforms(32, True, True))
+    settings = {"num_workers": workers, "prefetch_factor": 2 if workers else None, "persistent_workers": False}
+    torch.manual_seed(0)
+    return [x.numpy() for x, _ in m.images.make_loader(rows, 2, True, settings)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_same_seed_augments_the_same_and_each_loader_worker_draws_its_own(project_modules, workers):
+    """albumentations 2 draws from each Compose's own generator, out of numpy's and torch's seeds:
+    two runs with one --seed trained on different crops, and every DataLoader worker started as a
+    copy of the same generator (worker 0's batches were worker 1's). make_loader and worker_init
+    seed it from torch's generator, as DataLoader seeds each worker."""
+    first, again = augmented_batches(project_modules, workers), augmented_batches(project_modules, workers)
+    assert len(first) == 4 and all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert len({b.tobytes() for b in first}) == 4  # worker 0 yields batches 0 and 2, worker 1 batches 1 and 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 from contextlib import nullcontext
 
 import numpy as np
@@ -72,6 +73,7 @@ def check_kernels(device: torch.device) -> None:
 
 
 def seed_everything(seed: int) -> None:
+    random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
