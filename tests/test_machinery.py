@@ -614,7 +614,9 @@ def augmented_batches(m, workers: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_the_same_seed_augments_the_same_and_each_loader_worker_draws_its_own(project_modules, workers):
+def test_the_same_seed_augments_the_same_and_each_loader_worker_and_rank_draws_its_own(
+    project_modules, workers, monkeypatch
+):
     """albumentations 2 draws from each Compose's own generator, out of numpy's and torch's seeds:
     two runs with one --seed trained on different crops, and every DataLoader worker started as a
     copy of the same generator (worker 0's batches were worker 1's). make_loader and worker_init
@@ -622,3 +624,7 @@ def test_the_same_seed_augments_the_same_and_each_loader_worker_draws_its_own(pr
     first, again = augmented_batches(project_modules, workers), augmented_batches(project_modules, workers)
     assert len(first) == 4 and all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert len({b.tobytes() for b in first}) == 4  # worker 0 yields batches 0 and 2, worker 1 batches 1 and 3
+    # DDP's ranks all start from --seed: rank 1 (parallel.rank, as torch.distributed gives it) draws its own
+    monkeypatch.setattr(project_modules.images, "rank", lambda: 1)
+    other = augmented_batches(project_modules, workers)
+    assert not any(np.array_equal(a, b) for a, b in zip(first, other, strict=True))
