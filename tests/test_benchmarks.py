@@ -42,7 +42,7 @@ def test_training_loop_smoke():
     # the engine's loop at 0.27 of the bare loop (30.4 / 112.3 samples/s) in CI; alone, 0.83-0.97
     out = bench("training_loop.py", "--images", "64", "--size", "32", "--batch", "16", "--rounds", "2")
     rates = {}
-    for name in ("kagtpl train.py loop", "kagtpl loop, no hooks", "bare PyTorch loop"):
+    for name in ("kagtpl train.py loop", "kagtpl loop, no hooks", "bare PyTorch loop", "bare loop, AdamW unfused"):
         rate, ratio = map(float, re.search(rf"^{re.escape(name)}\s+{NUMBER}\s+{NUMBER}x$", out, re.M).groups())
         rates[name] = rate
         assert rate > 0 and ratio > 0, out

@@ -181,6 +181,42 @@ def test_accumulation_steps_on_the_last_partial_group_with_the_right_scale(proje
         torch.testing.assert_close(p, q)
 
 
+def test_adamw_is_fused_over_float_parameters_and_steps_like_the_default_through_a_real_grad_scaler(project_modules):
+    """make_optimizer asks for the fused AdamW when every parameter is floating point on a CPU or a
+    card: its updates are the default AdamW's, and a real fp16 GradScaler still skips an inf step.
+    A parameter it cannot fuse (a frozen uint8 tensor, as QLoRA's 4-bit weights) keeps the default."""
+    m = project_modules
+
+    class Plain:  # a Competition without param_groups: every parameter in one group
+        pass
+
+    model, ref = _model(), _model()
+    opt = m.steps.make_optimizer(Plain(), model, 1e-2, 0.05)
+    assert opt.defaults["fused"] is True
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.05)  # PyTorch's default on CPU
+    assert ref_opt.defaults["fused"] is None
+    amp = m.gpu.Amp("fp16", torch.device("cpu"))  # real half precision and a real GradScaler on CPU
+    x, y = torch.randn(8, 12), torch.randint(0, 3, (8,))
+    for _ in range(3):
+        for mod, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(mod(x), y).backward()
+            o.step()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    with amp.autocast():
+        loss = model(x).float().sum() * float("inf")
+    amp.backward(loss)
+    amp.step(opt)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))  # skipped, not NaN
+
+    frozen = _model()
+    frozen.register_parameter("packed", torch.nn.Parameter(torch.zeros(4, dtype=torch.uint8), requires_grad=False))
+    assert m.steps.make_optimizer(Plain(), frozen, 1e-2, 0.0).defaults["fused"] is None
+
+
 def test_check_submission_catches_each_mistake(project_modules):
     check_submission = project_modules.submission.check_submission
     sample = pd.DataFrame({"id": ["a", "b"], "x": [0.5, 0.5], "y": [0.5, 0.5]})
