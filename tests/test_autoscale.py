@@ -135,7 +135,7 @@ def test_engine_autoscale_updates_batch_accumulation_and_lr(project_modules, dig
     comp = m.train.Competition(args, machine)
     fold = comp.fold(0, np.arange(64), np.arange(64, 80))
     model = comp.build_model(fold)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = m.steps.make_optimizer(comp, model, 1e-3, 0.05)  # the fold's AdamW (fused), as fold.build makes it
     sizes, eval_sizes, peak = [], [], {"gb": 0.0}
 
     def seen(module, inputs, output):  # the fake memory follows the batch the real step ran
