@@ -253,7 +253,7 @@ def test_the_data_is_found_where_kaggle_mounts_it(project_modules, tmp_path, mon
 
 
 KAGGLE_DRIVER = r"""
-import json, os, signal, sys, threading, time
+import json, os, re, signal, sys, threading, time
 from pathlib import Path
 
 import nbformat
@@ -277,9 +277,9 @@ def execute():
 thread = threading.Thread(target=execute, daemon=True)
 thread.start()
 t_end = time.time() + 300
-while time.time() < t_end:  # the stop comes mid-training: fold 0's second epoch
+while time.time() < t_end:  # the stop comes mid-training: fold 0's second epoch or a later one
     log = (work / "run.log").read_text() if (work / "run.log").is_file() else ""
-    if "Epoch 2: " in log:
+    if re.search(r"^Epoch (?:[2-9]|[1-9][0-9]+): ", log, re.M):  # an epoch under 1 s may hold its line back
         break
     time.sleep(0.2)
 kernel = client.km.provisioner.process.pid

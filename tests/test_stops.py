@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from test_run import assert_valid_submission
 
-from conftest import RUN_ENV, render, run_script
+from conftest import RUN_ENV, epoch_at_least, render, run_script
 
 HANDED_FOLDS = "RUN: handed in {out}/submission.csv, predict.py's ensemble of the checkpoints"
 
@@ -43,12 +43,15 @@ def start_run(project: Path, out: Path, *args: str, env: dict | None = None) -> 
     )
 
 
-def read_until(proc: subprocess.Popen, pattern: str, seen: list) -> list:
+def read_until(proc: subprocess.Popen, pattern, seen: list) -> list:
+    """Lines until one matches `pattern` (a regex) or `pattern(line)` is true (conftest.epoch_at_least)."""
+    found = pattern if callable(pattern) else lambda line: re.search(pattern, line)
     for line in proc.stdout:
         seen.append(line)
-        if re.search(pattern, line):
+        if found(line):
             return seen
-    raise AssertionError("never printed " + pattern + "\n" + "".join(seen)[-3000:])
+    wanted = pattern if isinstance(pattern, str) else "the line awaited"
+    raise AssertionError(f"never printed {wanted}\n" + "".join(seen)[-3000:])
 
 
 def rest(proc: subprocess.Popen, seen: list, timeout: float = 120) -> str:
@@ -104,7 +107,7 @@ def test_a_container_stop_hands_in_the_trained_folds(project, digits_dir, tmp_pa
     saves fold 0, and run.py and predict.py live on to hand it in."""
     out = tmp_path / "out"
     proc = start_run(project, out, "--budget", "60s")
-    seen = read_until(proc, r"^Epoch 2: ", [])
+    seen = read_until(proc, epoch_at_least(2), [])
     os.killpg(proc.pid, signal.SIGTERM)
     log = rest(proc, seen)
     assert proc.wait(timeout=60) == 0, log[-3000:]
@@ -125,7 +128,7 @@ def test_run_py_stopped_alone_leaves_no_orphan_and_hands_in_the_folds(project, d
     waits for it and hands in the folds. SIGTERM and Ctrl-C: run.py ends training and hands in."""
     out = tmp_path / "out"
     proc = start_run(project, out, "--budget", "60s")
-    seen = read_until(proc, r"^Epoch 2: ", [])
+    seen = read_until(proc, epoch_at_least(2), [])
     os.kill(proc.pid, sig)
     log = rest(proc, seen)
     code = proc.wait(timeout=60)
