@@ -204,6 +204,8 @@ def make_optimizer(comp, model, lr: float, weight_decay: float) -> torch.optim.O
     for group in groups:
         group.setdefault("lr_scale", 1.0)
         group["lr"] = lr * group["lr_scale"]
+    # None, not False, where it cannot fuse: fused=False would also turn off PyTorch's foreach
+    # default on a card (torch.optim.adam: foreach is chosen only when both are None)
     return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=fusable(groups) or None)
 
 
