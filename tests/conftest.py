@@ -210,16 +210,18 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(session, config, items):
     """The `alone` tests first, then the other slow tests, modules longest first, then the light
-    ones (not `slow`: no generated script). --dist worksteal hands each worker a contiguous half of
-    this list: the first worker's opens with the `alone` tests, the second's is light tests (they
-    are more than half the suite: 496 of 781), which need not wait for the machine
-    (pytest_runtest_protocol): they run while the `alone` tests hold it, where the second worker
-    used to idle (~470 s of the full suite). A worker that runs out then steals the other's last
-    slow tests, which are the short ones."""
+    ones (not `slow`: no generated script), then the `onecore` ones. --dist worksteal hands each
+    worker a contiguous half of this list: the first worker's opens with the `alone` tests, the
+    second's is light tests (they are more than half the suite: 503 of 789) and the `onecore` tests,
+    which need not wait for the machine (pytest_runtest_protocol): they run while the `alone` tests
+    hold it, where the second worker used to idle (~470 s of the full suite; then ~115 s once its
+    light tests were done: the `alone` tests take ~300 s, its light tests ~130 s). A worker that runs
+    out then steals the other's last slow tests, which are the short ones."""
 
     def rank(item):
         name = item.module.__name__
-        kind = 0 if item.get_closest_marker("alone") else 1 if item.get_closest_marker("slow") else 2
+        kind = 0 if item.get_closest_marker("alone") else 3 if item.get_closest_marker("onecore") else 2
+        kind = 1 if kind == 2 and item.get_closest_marker("slow") else kind
         return (kind, LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
 
     items.sort(key=rank)  # stable: a module's tests keep their order
@@ -230,7 +232,9 @@ def pytest_collection_modifyitems(session, config, items):
 # workers at once (4 busy loops on 2 cores) stalled one's preflight for 36 s of a 40 s budget.
 # A light test (not `slow`: one process of a few seconds, no generated script) holds only the light
 # lock, shared: its one core is the one an `alone` test leaves (each runs one training process at a
-# time, on OMP_NUM_THREADS=1), unlike a neighbour's run.py with train.py and predict.py at work. An
+# time, on OMP_NUM_THREADS=1), unlike a neighbour's run.py with train.py and predict.py at work. So
+# does a slow test marked `onecore`: its processes run one at a time and it times nothing (Copier,
+# git, pip, espeak-ng, ruff, the fork server's own checks; no training under a budget). An
 # `alone` test that slows the machine on purpose (slowed_machine: two busy loops) holds the light
 # lock alone too. A turnstile keeps tests from taking a lock shared while an `alone` test waits.
 RUN_UID = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
@@ -244,7 +248,7 @@ def _locks(item) -> list[tuple[Path, int]]:
     if item.get_closest_marker("alone") is not None:
         hog = "slowed_machine" in getattr(item, "fixturenames", ())
         return [(MACHINE_LOCK, fcntl.LOCK_EX)] + ([(LIGHT_LOCK, fcntl.LOCK_EX)] if hog else [])
-    if item.get_closest_marker("slow") is not None:
+    if item.get_closest_marker("slow") is not None and item.get_closest_marker("onecore") is None:
         return [(MACHINE_LOCK, fcntl.LOCK_SH)]
     return [(LIGHT_LOCK, fcntl.LOCK_SH)]
 

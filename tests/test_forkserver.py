@@ -14,7 +14,7 @@ import pytest
 
 from conftest import RUN_ENV
 
-pytestmark = pytest.mark.slow  # each test starts real interpreters beside the fork server's (21 s in all)
+pytestmark = [pytest.mark.slow, pytest.mark.onecore]  # real interpreters beside the fork server's, one at a time (21 s)
 
 PROBE = """
 import atexit, json, os, sys

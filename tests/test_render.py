@@ -282,6 +282,7 @@ ENTRY_SHARED_CEILING = {"train.py": 0.209, "predict.py": 0.24}
 
 
 @pytest.mark.slow
+@pytest.mark.onecore  # six Copier renders, one after another
 def test_the_entry_scripts_copied_between_tasks_do_not_grow(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:

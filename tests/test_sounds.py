@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from kagtpl import sounds
 from kagtpl.cli import app
 
-pytestmark = pytest.mark.slow  # espeak-ng speaks every clip (23 s in all)
+pytestmark = [pytest.mark.slow, pytest.mark.onecore]  # espeak-ng speaks every clip (23 s in all)
 
 
 def speech_peak(segment: np.ndarray, rate: int) -> float:

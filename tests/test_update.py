@@ -20,7 +20,7 @@ import yaml
 
 from conftest import ROOT, RUN_ENV
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.onecore]  # Copier, git, build, pip: one process at a time
 
 GIT_ID = ["-c", "user.name=kagtpl test", "-c", "user.email=test@kagtpl.invalid", "-c", "commit.gpgsign=false"]
 # the v2 template change: a new machinery line in gpu.py and a changed line in train.py

@@ -12,7 +12,7 @@ import yaml
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.onecore]  # build, pip, kagtpl new: one process at a time
 
 
 @pytest.fixture(scope="module")
