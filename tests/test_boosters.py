@@ -51,6 +51,23 @@ def test_booster_threads_follow_omp_num_threads(tmp_path, monkeypatch):
     assert m.boosters.threads() == 2
 
 
+@pytest.mark.parametrize("name", ["lgbm", "xgb", "cat"])
+def test_a_fit_stopped_at_its_first_tree_keeps_it_and_predicts(tmp_path, name):
+    """The deadline's stop() after the first tree: early stopping has recorded no best yet (XGBoost
+    then raised AttributeError for best_iteration, and train.py died under a 15 s table budget):
+    the fit keeps the trees it built and they predict."""
+    project, _ = project_for(tmp_path, "binary")
+    fits = import_project(project, ("booster_fits",)).booster_fits
+    rng = np.random.default_rng(0)
+    x = pd.DataFrame(rng.normal(size=(200, 4)), columns=list("abcd"))
+    y = (x["a"] + 0.3 * rng.normal(size=200) > 0).astype(int).to_numpy()
+    data = (x[:150], y[:150], x[150:], y[150:])
+    params = {"rounds": 200, "lr": 0.1, "early_stop": 20}
+    model, seen, kept = fits.fit(name, params, "binary", "auc", data, "cpu", 1, 0, stop=lambda: True)
+    assert kept == 1 and seen.tolist() == [0, 1]
+    assert model.predict_proba(x[150:]).shape == (50, 2)
+
+
 def test_members_over_different_rows_are_blended_on_the_shared_rows_with_a_line_that_says_so(tmp_path, capsys):
     """The planner cut the MLP to 3 of 5 folds: it has 360 OOF rows where the trees have 600."""
     project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="binary", metric="auc")
