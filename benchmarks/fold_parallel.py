@@ -4,7 +4,7 @@ twice, side by side in one run: once in one process (--parallel none), once as 2
 each process uses one core, as each worker uses one GPU on T4x2. Reports both wall times and
 their ratio (goal: about 0.55; 0.5 is perfect scaling, the rest is the workers' start-up).
 
-    python benchmarks/fold_parallel.py [--folds 4] [--epochs 6]
+    python benchmarks/fold_parallel.py [--folds 4] [--epochs 6] [--images 400] [--model resnet18]
 """
 
 from __future__ import annotations
@@ -50,13 +50,15 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--folds", type=int, default=4)
     p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--images", type=int, default=400, help="digit images to train on")
+    p.add_argument("--model", default="resnet18", help="timm model (tests/test_benchmarks.py: resnet10t)")
     args = p.parse_args()
     import copier
 
     work = Path(tempfile.mkdtemp(prefix="kagtpl-bench-folds-"))
-    data = demo.write_digits(work / "data", n_train=400, n_test=40)
+    data = demo.write_digits(work / "data", n_train=args.images, n_test=40)
     project = work / "proj"
-    answers = {"project_name": "proj", "task": "image", "gpu": "cpu", "model": "resnet18", "image_size": 32}
+    answers = {"project_name": "proj", "task": "image", "gpu": "cpu", "model": args.model, "image_size": 32}
     copier.run_copy(
         str(ROOT), project, data={**answers, "data_dir": str(data)}, defaults=True, vcs_ref="HEAD", quiet=True
     )
@@ -68,7 +70,8 @@ def main() -> None:
     trained = {tag: len(re.findall(rf"^\[{tag}\] FOLD \d+ DONE", log, re.M)) for tag in ("cpu0", "cpu1")}
     seq_epoch, par_epoch = epoch_seconds(seq_log), epoch_seconds(log)
     seq_train, par_train = seq_epoch * args.folds * args.epochs, par_epoch * args.folds * args.epochs / 2
-    print(f"fold-parallel: resnet18 at 32 px, {args.folds} folds x {args.epochs} epochs, 400 digit images, CPU")
+    plan = f"{args.folds} folds x {args.epochs} epochs, {args.images} digit images"
+    print(f"fold-parallel: {args.model} at 32 px, {plan}, CPU")
     print(f"machine: {os.cpu_count()} CPUs; one torch thread per process, no loader workers")
     print(f"sequential (1 process):      {seq:.1f}s")
     print(f"fold-parallel (2 workers):   {par:.1f}s   folds per worker: {trained}")

@@ -8,7 +8,7 @@
 3. --workers 1 vs --workers 2 on the same small model (the MLP of a tabular project, CPU):
    finished trials per minute with the pruner off, so every trial does the same work.
 
-    python benchmarks/tune_storage.py [--stress-trials 150] [--trials 16]
+    python benchmarks/tune_storage.py [--stress-trials 150] [--trials 16] [--epochs 10]
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ def main() -> None:
     p.add_argument("--stress-trials", type=int, default=150, help="trials per process in the storage stress")
     p.add_argument("--steps", type=int, default=20, help="reports per stress trial")
     p.add_argument("--trials", type=int, default=16, help="tune.py trials per run")
+    p.add_argument("--epochs", type=int, default=10, help="the MLP's epochs in each tune.py trial")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kagtpl-tune-"))
 
@@ -105,8 +106,8 @@ def main() -> None:
         print(f"{name:<10} {rate:>11.0f} {done:>6} {errors:>7}")
     print(f"journal / sqlite trials per minute: {rates['journal'] / rates['sqlite']:.2f}x")
 
-    project = table_project(work, "binary", folds=3, epochs=10)
-    print(f"\n2. tune.py --workers 2, {args.trials} trials of the tabular MLP (10 epochs, CPU)")
+    project = table_project(work, "binary", folds=3, epochs=args.epochs)
+    print(f"\n2. tune.py --workers 2, {args.trials} trials of the tabular MLP ({args.epochs} epochs, CPU)")
     print(f"{'storage':<10} {'trials/min':>11} {'finished':>9} {'errors':>7}")
     for name, flags in (("journal", []), ("sqlite", ["--storage", f"sqlite:///{work / 'tune.db'}"])):
         rate, finished, errors, _ = tune(project, f"s-{name}", args.trials, "--workers", "2", *flags)
