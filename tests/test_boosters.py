@@ -196,3 +196,33 @@ def test_a_budget_that_runs_out_cuts_the_models_at_the_end_and_still_submits(tmp
     assert "SUBMISSION:" in log and wall <= 40, wall
     sub = pd.read_csv(project / "output" / "submission.csv")
     assert len(sub) == len(pd.read_csv(data / "sample_submission.csv"))
+
+
+@pytest.mark.slow
+def test_a_budget_that_leaves_no_time_to_train_hands_in_the_fallback_and_names_a_budget_that_does(tmp_path):
+    """A budget whose start, finish and prediction reserve leave no time before the first model
+    (6 s did here; --predict-reserve makes it certain on any machine): every model is cut, train.py
+    names the budget above which there is time, and predict.py keeps the fallback with one line
+    instead of `ERROR: ... run train.py first` (it did run), and the run exits 0."""
+    project, data = project_for(tmp_path, "binary")
+    r = run_script(project, "run.py", "--budget", "30s", "--device", "cpu", "--predict-reserve", "26")
+    log = r.stdout
+    assert "MODELS: cut lgbm, xgb, cat, mlp (no training time left)" in log, log[-3000:]
+    m = re.search(
+        r"^TIME PLAN: the budget 30s leaves no time to train \(([\d.]+)s spent before the first model, 5\.0s for the "
+        r"end, 26s kept for predict.py\): the submission will be train.py's fallback; a budget above (\d+)s leaves "
+        r"time to train$",
+        log,
+        re.M,
+    )
+    assert m and abs(float(m.group(2)) - (float(m.group(1)) + 5 + 26)) <= 0.5, log[-3000:]
+    kept = "SUBMISSION: output/submission.csv kept: train.py saved no model in this run, so its fallback is handed in"
+    assert kept in log, log[-3000:]
+    assert "run train.py first" not in log + r.stderr and "RUN FAILED" not in r.stderr
+    assert log.rstrip().splitlines()[-1] == (
+        "RUN: handed in output/submission.csv, this run's fallback (the training prior): "
+        "predict.py kept it (its SUBMISSION line above says why)"
+    )
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    assert len(sub) == len(pd.read_csv(data / "sample_submission.csv"))
+    assert sub[sub.columns[1]].nunique() == 1  # the training prior, every row alike

@@ -176,17 +176,19 @@ def test_a_budget_too_small_for_one_epoch_still_ends_inside_it_with_a_valid_subm
     log = r.stdout + r.stderr
     assert wall <= budget + 1, f"took {wall:.1f}s of a {budget}s budget\n{log[-3000:]}"
     assert "SUBMISSION: output/submission.csv is a fallback (class priors for every row)" in log, log[-3000:]
+    kept = ("no fold finished before the deadline", "no checkpoint was validated", "train.py saved no model")
     ends = (
         r"^SUBMISSION: output/submission.csv \(400 rows, \d fold\(s\) ensembled\)$",
-        r"^SUBMISSION: output/submission.csv kept: (no fold finished before the deadline|no checkpoint was validated)",
+        rf"^SUBMISSION: output/submission.csv kept: ({'|'.join(kept)})",
         r"^RUN: predict.py stopped at the budget: output/submission.csv is the last submission this run wrote$",
-        r"^RUN FAILED: predict.py exited 1 \(its message is above\); output/submission.csv is this run's fallback",
     )
     found = [bool(re.search(end, log, re.M)) for end in ends]
-    # predict.py's own last word is one of three; run.py's "stopped at the budget" may follow any of
-    # them (under the CPU hogs, predict.py's exit after its line can outlast the budget's last second)
-    assert any(found) and found[:2].count(True) + found[3] <= 1, log[-3000:]
-    assert r.returncode == (1 if "RUN FAILED" in r.stderr else 0), log[-3000:]
+    # predict.py's own last word is one of two; run.py's "stopped at the budget" may follow either
+    # (under the CPU hogs, predict.py's exit after its line can outlast the budget's last second).
+    # No checkpoint at all is no failure: predict.py keeps the fallback (it said "run train.py first")
+    assert any(found) and found[:2].count(True) <= 1, log[-3000:]
+    assert "RUN FAILED: predict.py" not in r.stderr, log[-3000:]
+    assert r.returncode == (1 if "RUN FAILED: train.py" in r.stderr else 0), log[-3000:]  # killed past its grace
     sub = assert_valid_submission(project, data)
     if not re.search(ends[0], log, re.M):  # the fallback: every row the training class frequencies
         priors = sub[sub.columns[1:]].to_numpy()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import JUDGED_ENV, render, run_script
+from conftest import JUDGED_ENV, RUN_ENV, render, run_script
 
 
 def log_loss(y, pred):
@@ -120,11 +122,36 @@ def test_grown_seeds_that_lose_on_the_oof_rows_are_left_out_of_the_ensemble(proj
     assert hand_in.left_out(tmp_path) == set()
 
 
+def test_no_model_at_all_keeps_this_runs_fallback_under_run_py_and_only_then(project_modules, tmp_path):
+    """predict.py found no model. Under run.py (supervised) with the fallback written since its
+    process started (train.py's, after preflight: a budget or a stop ended train.py before its first
+    checkpoint), that file is handed in, exit 0. An earlier run's file, or none, is an error that
+    points at train.py's lines; by hand, without run.py, the error says to run train.py first."""
+    hand_in, errors = project_modules.hand_in, project_modules.errors
+    none = errors.NothingTrained("loadable model_fold*.pth", tmp_path)
+    assert str(none) == f"no loadable model_fold*.pth in {tmp_path}: run train.py first (nothing was written)"
+    assert hand_in.untrained(none, supervised=False) is none
+    missing = hand_in.untrained(none, supervised=True)
+    assert type(missing) is errors.RunError and str(missing) == (
+        f"no loadable model_fold*.pth in {tmp_path} and no fallback of this run: train.py's lines above say why"
+    )
+    (tmp_path / "submission.csv").write_text("id,a\n1,0.5\n")  # written now: since this process started
+    kept = hand_in.untrained(none, supervised=True)
+    assert isinstance(kept, errors.KeptFallback) and str(kept) == (
+        f"SUBMISSION: {tmp_path}/submission.csv kept: train.py saved no model in this run, so its fallback is "
+        "handed in (train.py's lines above say why)"
+    )
+    assert hand_in.untrained(none, supervised=True, submission="other.csv").__class__ is errors.RunError
+    os.utime(tmp_path / "submission.csv", (1e9, 1e9))  # an earlier run's file (2001)
+    assert type(hand_in.untrained(none, supervised=True)) is errors.RunError
+
+
 @pytest.mark.slow
 def test_predict_keeps_the_fallback_over_folds_judged_worse_or_never_validated(tmp_path, digits_dir):
     """The issue's run, for real: folds that learned nothing useful (one epoch at LR 3: OOF log
     loss ~31 against the prior's 2.28 on the digits) are judged by train.py, and run.py hands in
-    the fallback with one line saying why. A checkpoint never validated is left out by predict.py."""
+    the fallback with one line saying why. A checkpoint never validated is left out by predict.py;
+    with no checkpoint at all, predict.py under run.py keeps the fallback train.py wrote."""
     project = render(tmp_path / "proj", data_dir=str(digits_dir))
     out = tmp_path / "out"
     flags = ["--device", "cpu", f"--out-dir={out}", "--epochs", "1", "--folds", "2", "--lr", "3", "--no-grow"]
@@ -165,3 +192,25 @@ def test_predict_keeps_the_fallback_over_folds_judged_worse_or_never_validated(t
     assert (cut / "submission.csv").read_bytes() == fallback
     sub = pd.read_csv(cut / "submission.csv")
     assert (sub.iloc[:, 1:].to_numpy() == sub.iloc[0, 1:].to_numpy()).all()  # the prior, every row alike
+    # no checkpoint at all (a budget or a stop ended train.py before one): predict.py as run.py
+    # starts it (--after-train, its go on stdin) with the fallback written after its start, as
+    # train.py writes it after preflight
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "predict.py", "--device", "cpu", f"--out-dir={empty}", "--after-train"],
+        cwd=project,
+        env=RUN_ENV,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    (empty / "submission.csv").write_bytes(fallback)
+    stdout, stderr = proc.communicate("go\n", timeout=300)
+    assert proc.returncode == 0, stdout + stderr
+    assert stdout.strip().splitlines()[-1] == (
+        f"SUBMISSION: {empty}/submission.csv kept: train.py saved no model in this run, so its fallback is handed "
+        "in (train.py's lines above say why)"
+    )
+    assert (empty / "submission.csv").read_bytes() == fallback

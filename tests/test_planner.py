@@ -117,6 +117,35 @@ def test_a_cut_prices_each_plan_with_its_own_reserve(project_modules):
     assert at.need(2.27, planner.folds, planner.epochs + 1) > left  # and no more epochs would
 
 
+@pytest.mark.parametrize("reserve", ["rule", "measured", "fixed"])
+def test_a_budget_that_leaves_no_time_to_train_names_the_budget_that_does(project_modules, reserve):
+    """Tables: the models are cut when the start, the finish and predict.py's reserve leave no time
+    (a 6 s run.py budget). The line names the budget above which they leave some: the same planner,
+    started the same, has training time just above it and none just below, whichever reserve rule
+    holds (15% before a measure; the trees' measured start; --predict-reserve's seconds)."""
+    plan, fixed = project_modules.planner, 26.0 if reserve == "fixed" else None
+
+    def planner_at(budget):
+        planner, clock, lines = make(plan, budget=budget, folds=3, epochs=30, elapsed_s=2.6, fixed_reserve=fixed)
+        if reserve == "measured":
+            planner.prediction.note_startup()  # predict.py's start (10 s here) in the reserve: 17.5 s
+        return planner
+
+    short = planner_at(6.0)
+    assert short.training_left() <= 0
+    line = project_modules.replanning.no_training_line(short)
+    spent = 2.6 + plan.FINISH_S
+    need = short.prediction.budget_leaving(spent, 3)
+    expected = {"rule": spent / 0.85, "measured": spent + 17.5, "fixed": spent + (fixed or 0)}[reserve]
+    assert need == pytest.approx(expected)
+    assert line == (
+        f"TIME PLAN: the budget 6.0s leaves no time to train (2.6s spent before the first model, 5.0s for the end, "
+        f"{plan.fmt_s(short.reserve())} kept for predict.py): the submission will be "
+        f"train.py's fallback; a budget above {plan.fmt_s(need)} leaves time to train"
+    )
+    assert planner_at(need + 0.01).training_left() > 0 >= planner_at(need - 0.01).training_left()
+
+
 def test_deadline_guard_and_sigterm(project_modules):
     plan = project_modules.planner
     planner, clock, lines = make(plan, budget=100, folds=1, epochs=30)

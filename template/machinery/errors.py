@@ -24,6 +24,15 @@ class DataError(RunError):
     prefix = "PREFLIGHT ERROR"
 
 
+class NothingTrained(RunError):
+    """predict.py found no model in the output folder (`what`: the files it looked for). Under
+    run.py, with this run's fallback in place, the fallback stays instead (hand_in.untrained)."""
+
+    def __init__(self, what: str, out_dir):
+        self.what, self.out_dir = what, out_dir
+        super().__init__(f"no {what} in {out_dir}: run train.py first (nothing was written)")
+
+
 class KeptFallback(Exception):
     """predict.py's end when the run's own evidence says its checkpoints are worse than train.py's
     fallback (or there is none validated): its line on stdout, exit 0, the fallback handed in."""

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import KeptFallback
+from .durations import process_age
+from .errors import KeptFallback, NothingTrained, RunError
 from .storage import atomic_write
 
 FILE = "hand_in.json"
@@ -144,6 +145,27 @@ def check(out: Path, submission: str = "submission.csv") -> None:
         f"SUBMISSION: {Path(out) / submission} kept: train.py's fallback (the training prior), because the folds' "
         f"OOF {name} {value:.4f} is worse than the prior's {prior:.4f} ({Path(out) / FILE}; delete it to hand in the folds)"
     )
+
+
+def untrained(error: NothingTrained, supervised: bool, submission: str = "submission.csv") -> Exception:
+    """What predict.py raises when it found no model (`error`). Under run.py (`supervised`: its go
+    came after train.py ended) with this run's fallback in place (the submission written since this
+    process started: train.py writes it after its preflight), that file is handed in: KeptFallback,
+    exit 0, as when no fold finishes before the deadline; train.py's lines say why it saved no model
+    (a budget that left no training time, a stop, an error). Without run.py: run train.py first."""
+    if not supervised:
+        return error
+    path = Path(error.out_dir) / submission
+    try:
+        ours = path.stat().st_mtime >= time.time() - process_age()
+    except OSError:
+        ours = False
+    if ours:
+        return KeptFallback(
+            f"SUBMISSION: {path} kept: train.py saved no model in this run, so its fallback is handed in "
+            f"(train.py's lines above say why)"
+        )
+    return RunError(f"no {error.what} in {error.out_dir} and no fallback of this run: train.py's lines above say why")
 
 
 def seeds_lose(comp, y: np.ndarray, first: np.ndarray, averaged: np.ndarray) -> tuple[float, int]:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from . import gpu, hardware, serving, storage, submission
-from .errors import one_line_errors
+from . import gpu, hand_in, hardware, serving, storage, submission
+from .errors import NothingTrained, one_line_errors
 from .machine import Machine, inference_machine, profile
 from .runflags import check_flags
 
@@ -77,16 +77,20 @@ def start(args, required: bool = True) -> Start:
     """run.py's wait for train.py, the device (a card this torch cannot run: one ERROR line before
     any reading), the ensemble's checkpoints (storage.ensemble_checkpoints: the fallback's verdict,
     the folds left out) and stale temp files of killed runs swept. `required=False` (the table,
-    whose trees need no checkpoint): with none, the config train.py wrote beside its models."""
+    whose trees need no checkpoint): with none, the config train.py wrote beside its models. No
+    model at all under run.py: this run's fallback stays (hand_in.untrained)."""
     supervised = submission.wait_for_train(args.after_train, Path(args.out_dir))
     device = gpu.resolve_device(args.device)
     out, data = Path(args.out_dir), Path(args.data_dir)
-    checkpoints = storage.ensemble_checkpoints(out, required=required)
-    storage.sweep_stale_tmp(out)
-    if checkpoints:
-        config, classes = checkpoints[0][1]["config"], checkpoints[0][1]["classes"]
-    else:
-        config, classes = storage.read_config(out)
+    try:
+        checkpoints = storage.ensemble_checkpoints(out, required=required)
+        storage.sweep_stale_tmp(out)
+        if checkpoints:
+            config, classes = checkpoints[0][1]["config"], checkpoints[0][1]["classes"]
+        else:
+            config, classes = storage.read_config(out)
+    except NothingTrained as e:  # under run.py, this run's fallback stays (hand_in.untrained)
+        raise hand_in.untrained(e, supervised, args.submission) from None
     return Start(supervised, device, out, data, checkpoints, config, classes)
 
 

@@ -170,6 +170,18 @@ def too_small_line(budget_s: float, why: str, fits_one_s: float | None) -> str:
     )
 
 
+def no_training_line(p) -> str:
+    """Tables: the TIME PLAN line of a budget whose start, finish and prediction reserve left no time
+    before the first model, and the budget above which the same start leaves some."""
+    spent = p.budget - p.training_left() - p.reserve()  # the time so far and the run's finish
+    need = p.prediction.budget_leaving(spent, p.folds)
+    return (
+        f"TIME PLAN: the budget {fmt_s(p.budget)} leaves no time to train ({fmt_s(p.elapsed())} spent before the "
+        f"first model, {fmt_s(spent - p.elapsed())} for the end, {fmt_s(p.reserve())} kept for predict.py): the "
+        f"submission will be train.py's fallback; a budget above {fmt_s(need)} leaves time to train"
+    )
+
+
 def time_line(elapsed_s: float, budget_s: float, reserve_s: float, folds: int, epochs: int, epoch_s=None) -> str:
     """The TIME line: where the run stands against its budget, and the plan."""
     plan = f"plan folds={folds} epochs={epochs}"

@@ -46,6 +46,14 @@ class PredictionReserve:
         floor = self.MEASURED_FRACTION if self.measured else self.FRACTION
         return max(floor * self.budget, self.need_s(folds))
 
+    def budget_leaving(self, spent_s: float, folds: int) -> float:
+        """The budget above which `spent_s` (the run's start, its finish) and this reserve, priced at
+        that budget, leave time to train: budget - seconds(folds) - spent_s > 0 solved for the budget."""
+        if self.fixed_s is not None:
+            return spent_s + self.fixed_s
+        floor = self.MEASURED_FRACTION if self.measured else self.FRACTION
+        return max(spent_s + self.need_s(folds), spent_s / (1 - floor))
+
     def note_inference(self, seconds, samples, test_rows, views, decode_s_per_image, model_s=1.0) -> None:
         """Measured validation speed -> the prediction estimate: process start, then per fold a model
         build and the test set's views, plus decoding. A later fold's faster pass never lowers the

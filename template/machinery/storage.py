@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import DataError, KeptFallback, RunError
+from .errors import DataError, KeptFallback, NothingTrained, RunError
 
 # A temporary file's name carries its writer's pid (".model_fold0.pth.4242.k3j_x9a1.tmp"), so a
 # later run can tell a killed run's leftovers from a live writer's file.
@@ -194,7 +194,7 @@ def read_config(out_dir: Path) -> tuple[dict, list]:
 
     path = Path(out_dir) / "config.json"
     if not path.is_file():
-        raise RunError(f"no model_fold*.pth and no config.json in {out_dir}: run train.py first (nothing was written)")
+        raise NothingTrained("model_fold*.pth and no config.json", out_dir)
     saved = json.loads(path.read_text())
     return saved["config"], saved["classes"]
 
@@ -369,7 +369,7 @@ def ensemble_checkpoints(out_dir: Path, required: bool = True) -> list[tuple[Pat
     if not found and not required:
         return []
     if not found:
-        raise RunError(f"no loadable model_fold*.pth in {out_dir}: run train.py first (nothing was written)")
+        raise NothingTrained("loadable model_fold*.pth", out_dir)
     found = same_run(found)
     lost = hand_in.left_out(out_dir)  # grown seeds that lost on the OOF rows (artifacts.grown_gain_line)
     if any(p.name in lost for p, _ in found):
