@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -206,6 +207,7 @@ def test_predict_keeps_the_fallback_over_folds_judged_worse_or_never_validated(t
         stderr=subprocess.PIPE,
         text=True,
     )
+    time.sleep(0.5)  # train.py writes its fallback after its preflight: seconds after predict.py starts
     (empty / "submission.csv").write_bytes(fallback)
     stdout, stderr = proc.communicate("go\n", timeout=300)
     assert proc.returncode == 0, stdout + stderr
