@@ -134,13 +134,14 @@ def test_no_model_at_all_keeps_this_runs_fallback_under_run_py_and_only_then(pro
     assert hand_in.untrained(none, supervised=False) is none
     missing = hand_in.untrained(none, supervised=True)
     assert type(missing) is errors.RunError and str(missing) == (
-        f"no loadable model_fold*.pth in {tmp_path} and no fallback of this run: train.py's lines above say why"
+        f"no loadable model_fold*.pth in {tmp_path} and no fallback of this run: the lines above say why "
+        "(train.py's, run.py's)"
     )
     (tmp_path / "submission.csv").write_text("id,a\n1,0.5\n")  # written now: since this process started
     kept = hand_in.untrained(none, supervised=True)
     assert isinstance(kept, errors.KeptFallback) and str(kept) == (
         f"SUBMISSION: {tmp_path}/submission.csv kept: train.py saved no model in this run, so its fallback is "
-        "handed in (train.py's lines above say why)"
+        "handed in (the lines above say why: train.py's, run.py's)"
     )
     assert hand_in.untrained(none, supervised=True, submission="other.csv").__class__ is errors.RunError
     os.utime(tmp_path / "submission.csv", (1e9, 1e9))  # an earlier run's file (2001)
@@ -213,6 +214,6 @@ def test_predict_keeps_the_fallback_over_folds_judged_worse_or_never_validated(t
     assert proc.returncode == 0, stdout + stderr
     assert stdout.strip().splitlines()[-1] == (
         f"SUBMISSION: {empty}/submission.csv kept: train.py saved no model in this run, so its fallback is handed "
-        "in (train.py's lines above say why)"
+        "in (the lines above say why: train.py's, run.py's)"
     )
     assert (empty / "submission.csv").read_bytes() == fallback

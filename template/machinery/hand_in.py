@@ -155,7 +155,7 @@ def untrained(error: NothingTrained, supervised: bool, submission: str = "submis
     """What predict.py raises when it found no model (`error`). Under run.py (`supervised`: its go
     came after train.py ended) with this run's fallback in place (the submission written since this
     process started: train.py writes it after its preflight), that file is handed in: KeptFallback,
-    exit 0, as when no fold finishes before the deadline; train.py's lines say why it saved no model
+    exit 0, as when no fold finishes before the deadline; the lines above it say why train.py saved none
     (a budget that left no training time, a stop, an error). Without run.py: run train.py first."""
     if not supervised:
         return error
@@ -167,9 +167,11 @@ def untrained(error: NothingTrained, supervised: bool, submission: str = "submis
     if ours:
         return KeptFallback(
             f"SUBMISSION: {path} kept: train.py saved no model in this run, so its fallback is handed in "
-            f"(train.py's lines above say why)"
+            f"(the lines above say why: train.py's, run.py's)"
         )
-    return RunError(f"no {error.what} in {error.out_dir} and no fallback of this run: train.py's lines above say why")
+    return RunError(
+        f"no {error.what} in {error.out_dir} and no fallback of this run: the lines above say why (train.py's, run.py's)"
+    )
 
 
 def seeds_lose(comp, y: np.ndarray, first: np.ndarray, averaged: np.ndarray) -> tuple[float, int]:
