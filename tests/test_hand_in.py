@@ -127,7 +127,7 @@ def test_no_model_at_all_keeps_this_runs_fallback_under_run_py_and_only_then(pro
     """predict.py found no model. Under run.py (supervised) with the fallback written since its
     process started (train.py's, after preflight: a budget or a stop ended train.py before its first
     checkpoint), that file is handed in, exit 0. An earlier run's file, or none, is an error that
-    points at train.py's lines; by hand, without run.py, the error says to run train.py first."""
+    points at the lines above (train.py's, run.py's); by hand, without run.py, the error says to run train.py first."""
     hand_in, errors = project_modules.hand_in, project_modules.errors
     none = errors.NothingTrained("loadable model_fold*.pth", tmp_path)
     assert str(none) == f"no loadable model_fold*.pth in {tmp_path}: run train.py first (nothing was written)"
