@@ -219,6 +219,18 @@ def predict_batch(ensemble, state, batch, *more):
 """
 
 
+# predict.py with sklearn unimportable (every sklearn module the fork server preloaded made None): each
+# task's train.py, which predict.py and serve.py import, imports sklearn where it scores or splits, not
+# at the top, so a cold predict.py (run.py starts one beside train.py) never pays its ~0.8 s of imports
+WITHOUT_SKLEARN = """
+import runpy, sys
+for name in [m for m in sys.modules if m.split(".")[0] == "sklearn"] + ["sklearn"]:
+    sys.modules[name] = None
+sys.argv = ["predict.py", *sys.argv[1:]]
+runpy.run_path("predict.py", run_name="__main__")
+"""
+
+
 @pytest.fixture(scope="module", params=["image", "text", "segmentation", "detection", "audio"])
 def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]:
     """A project of another task, trained by --dry-run (2 folds), whose competition folder holds
@@ -226,7 +238,8 @@ def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]
     batches in all. image: 40 test digits named by id; text: 40 reviews; segmentation: 8 shapes
     images (PNG masks, RLE answers); detection: 8 images of boxes (prediction strings); audio: the
     8 five-second windows of 2 spoken-word soundscapes (BirdCLEF's row ids, read from the test
-    folder; on CPU each fold's CNN runs in ONNX Runtime, in predict.py and serve.py alike)."""
+    folder; on CPU each fold's CNN runs in ONNX Runtime, in predict.py and serve.py alike).
+    Its predict.py runs without sklearn (WITHOUT_SKLEARN)."""
     task = request.param
     root = tmp_path_factory.mktemp(f"serve-{task}")
     if task == "image":
@@ -245,7 +258,7 @@ def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]
         project = new.new_project(new.NewAnswers(name="comp", task=task, gpu="cpu", data=data, dest=root, **plan))
     shutil.copytree(STANDIN, data / "kaggle_evaluation")
     dry_run_into_output(project, "--device", "cpu")
-    run_script(project, "predict.py", "--device", "cpu")
+    run_script(project, "-c", WITHOUT_SKLEARN, "--device", "cpu")
     sent = data / ("test.csv" if task == "text" else "sample_submission.csv")
     return project, sent, 10 if task in ("image", "text") else 2
 

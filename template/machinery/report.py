@@ -43,7 +43,8 @@ def plot(records: list[dict], path: Path, title: str = "training") -> Path:
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
+    # tight_layout's margins, fixed (6-digit tick labels fit): it drew the figure once more, 0.08 s of 0.21
+    fig.subplots_adjust(left=0.045, right=0.99, bottom=0.12, top=0.86, wspace=0.18)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=90)
