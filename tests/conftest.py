@@ -8,9 +8,11 @@ import importlib
 import importlib.metadata
 import json
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -82,6 +84,21 @@ RUN_ENV = {
 }
 JUDGED_ENV = {**RUN_ENV, "KAGTPL_HAND_IN": "judged"}
 GROW_ENV = {**RUN_ENV, "KAGTPL_GROW": "on"}
+
+
+def free_port() -> int:
+    """A TCP port no process holds, for a server a test starts (Kaggle's evaluation server,
+    PostgreSQL), taken below the kernel's ephemeral range (32768-60999 on Linux): bind(port 0) hands
+    out ports from that range alone, so nothing else can take this one before the server binds it.
+    From that range, a Jupyter kernel's own ZMQ channels once took the evaluation server's port
+    between the check and its bind, and the gateway waited out its 300 s."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
+    for port in random.sample(range(min(20000, low // 2), low), 100):
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("", port))
+            return port
+    raise AssertionError(f"no free port below {low}")
 
 
 def render(dest: Path, **data) -> Path:

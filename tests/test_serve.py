@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ import pytest
 import textdata
 from test_text import text_project
 
-from conftest import ROOT, RUN_ENV, dry_run_into_output, render, run_script
+from conftest import ROOT, RUN_ENV, dry_run_into_output, free_port, render, run_script
 from kagtpl import new, shapes, sounds, table
 
 pytestmark = pytest.mark.slow
@@ -40,12 +39,6 @@ TABULAR = {
     "competition": "stream-comp",
 }
 STANDIN = ROOT / "tests" / "standin" / "kaggle_evaluation"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def serve_env(**extra) -> dict:

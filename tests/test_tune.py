@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import render, run_script, start_until, stop_group
+from conftest import free_port, render, run_script, start_until, stop_group
 from kagtpl import table
 
 TABULAR = {
@@ -332,12 +331,6 @@ def postgres_bin() -> Path | None:
         if (folder / "initdb").exists() and (folder / "pg_ctl").exists():
             return folder
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture()
