@@ -214,7 +214,7 @@ def predict_batch(ensemble, state, batch, *more):
 
 # predict.py with sklearn unimportable (every sklearn module the fork server preloaded made None): each
 # task's train.py, which predict.py and serve.py import, imports sklearn where it scores or splits, not
-# at the top, so a cold predict.py (run.py starts one beside train.py) never pays its ~0.8 s of imports
+# at the top, so a cold predict.py (run.py starts one beside train.py) never pays its ~1 s of imports
 WITHOUT_SKLEARN = """
 import runpy, sys
 for name in [m for m in sys.modules if m.split(".")[0] == "sklearn"] + ["sklearn"]:
