@@ -24,13 +24,32 @@ HF_HUB_OFFLINE before its first import of transformers, and must keep being the 
 Each runner dumps every thread's stack to its stderr on SIGUSR2 (faulthandler): run_script asks for
 that when a script has not ended in its time, so the failure says where it waited.
 
-KAGTPL_TEST_FORKSERVER=0 turns it off: every script then starts as `python script`.
+A runner's own children are warm too: when run.py starts `python train.py ...` or `python predict.py
+...` (subprocess.Popen, sys.executable, a script or -m), the child is forked from run.py instead of
+exec'ing a new interpreter, and does what exec and a new interpreter's start would: its pipes on 0-2
+and every other descriptor closed, its session, process group and preexec_fn as asked, caught signals
+back to their defaults, the parent's atexit handlers, project modules (machinery), sys.path and
+warnings dropped, new std streams, the RNGs reseeded, and its command line (/proc/PID/cmdline, ps)
+rewritten to `python train.py ...` in room the server's own command line keeps for it. It is run.py's
+real child (waitpid, its exit code, parent-death signals, its process group). The parents: run.py,
+train.py (its fold workers), tune.py (its trial workers) and the benchmarks (their run.py), and only
+where the child's variables read at import are the runner's (a DDP rank's, a fake GPU's PYTHONPATH are
+not) and no module the server left out (NEVER_PRELOADED) was imported since; any other child is a new
+interpreter as before. run.py's children alone were a quarter of the suite's CPU, each paying 3-5 s
+of imports. tests/test_budget.py starts its run.py as `python run.py` on purpose: a budget that holds
+with every interpreter's real start.
+
+KAGTPL_TEST_FORKSERVER=0 turns it off: every script then starts as `python script`;
+KAGTPL_TEST_WARM_CHILDREN=0 turns off the warm children alone.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
+import gc
+import io
 import json
 import locale
 import os
@@ -44,6 +63,7 @@ import tempfile
 import threading
 import time
 import types
+import warnings
 
 PRELOAD = (
     "numpy",
@@ -109,6 +129,7 @@ def serve(path: str, images: bool = False) -> dict:
     early = [m for m in NEVER_PRELOADED if m in sys.modules and m not in allowed]
     if early:
         raise SystemExit(f"forkserver: {early} imported by the preload; scripts must import them first")
+    SERVER.update(modules=set(sys.modules), path=list(sys.path), warnings=list(warnings.filters))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
@@ -162,6 +183,9 @@ def _become_runner(request: dict, stdin: int, stdout: int, stderr: int) -> dict:
 
     numpy.random.seed()  # a new interpreter's generators start from the OS's entropy
     torch.seed()
+    subprocess.Popen._execute_child = _execute_child  # its children: warm where they can be
+    SERVER["import_env"] = import_env(request["env"])  # the server's, as conftest.server_for matched it
+    _set_cmdline([sys.executable, *request["argv"]])
     return request
 
 
@@ -180,8 +204,9 @@ def run(request: dict) -> None:
         sys.argv = list(argv)
         sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))  # python's rules for both
         path = os.path.abspath(argv[0])
-        with open(path, "rb") as f:
-            _run_main(f.read(), path)
+        with open(path, "rb") as f:  # closed before it runs, as python's own reading of it is
+            source = f.read()
+        _run_main(source, path)
 
 
 def _run_main(source, filename: str) -> None:
@@ -194,7 +219,201 @@ def _run_main(source, filename: str) -> None:
     exec(compile(source, filename, "exec"), main.__dict__)
 
 
+# --- a runner's children (warm where they can be) ------------------------------------------------
+
+SERVER: dict = {}  # what the server had at its start: modules, sys.path, warnings, variables read at import
+# the parents whose children start warm: the generated scripts, and benchmarks/ (each starts run.py)
+WARM_PARENTS = ("run.py", "train.py", "tune.py", "benchmarks")
+_exec_child = subprocess.Popen._execute_child
+_EXEC_ARGS = list(__import__("inspect").signature(_exec_child).parameters)[1:]
+_kept: list = []  # what a warm child inherited and dropped: kept alive (freeing it would close its descriptors)
+
+
+def _execute_child(self, *args) -> None:
+    """subprocess.Popen's start of a child, in a runner: `python script ...` forked warm (see the
+    module's docstring) where _warm says it can be; anything else as subprocess starts it."""
+    a = dict(zip(_EXEC_ARGS, args, strict=True))
+    if not _warm(a):
+        return _exec_child(self, *args)
+    fds = [a[k] for k in ("p2cread", "p2cwrite", "c2pread", "c2pwrite", "errread", "errwrite")]
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _become_child(a, *fds)
+        except BaseException as e:  # noqa: BLE001 - what exec's failure would be: a message and 127
+            os.write(2, f"forkserver: warm child failed to start: {e!r}\n".encode())
+            os._exit(127)
+        _run_as_interpreter([os.fsdecode(x) for x in a["args"][1:]])
+    self.pid, self._child_created = pid, True
+    self._close_pipe_fds(*fds)
+
+
+def _warm(a: dict) -> bool:
+    args = a["args"]
+    if a["shell"] or not isinstance(args, (list, tuple)) or len(args) < 2 or not a["close_fds"]:
+        return False
+    if any(a[k] is not None for k in ("gid", "gids", "uid")) or a["executable"] not in (None, args[0]):
+        return False
+    folder, name = os.path.split(os.path.abspath(getattr(sys.modules["__main__"], "__file__", None) or "/"))
+    parent = "benchmarks" if os.path.basename(folder) == "benchmarks" else name
+    first = os.fsdecode(args[1])
+    script = (
+        first == "-m"
+        and len(args) > 2
+        or (not first.startswith("-") and os.path.isfile(os.path.join(a["cwd"] or ".", first)))
+    )
+    env = a["env"] if a["env"] is not None else os.environ
+    return (
+        parent in WARM_PARENTS
+        and env.get("KAGTPL_TEST_WARM_CHILDREN", "1") != "0"
+        and os.fsdecode(args[0]) == sys.executable
+        and script
+        and (a["cwd"] is None or os.path.isdir(a["cwd"]))
+        and import_env({os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}) == SERVER["import_env"]
+        and not any(m not in SERVER["modules"] and _installed(sys.modules.get(m)) for m in NEVER_PRELOADED)
+    )
+
+
+def _become_child(a: dict, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite) -> None:
+    """What _posixsubprocess does between fork and exec, then what exec does to signals."""
+    for fd in (p2cwrite, c2pread, errread):
+        if fd != -1:
+            os.close(fd)
+    if c2pwrite == 0:
+        c2pwrite = os.dup(c2pwrite)
+    while errwrite in (0, 1):
+        errwrite = os.dup(errwrite)
+    for fd, target in ((p2cread, 0), (c2pwrite, 1), (errwrite, 2)):
+        if fd == target:
+            os.set_inheritable(fd, True)
+        elif fd != -1:
+            os.dup2(fd, target)
+    if a["cwd"] is not None:
+        os.chdir(a["cwd"])
+    if a["umask"] >= 0:
+        os.umask(a["umask"])
+    if a["restore_signals"]:
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+    if a["start_new_session"]:
+        os.setsid()
+    if a.get("process_group", -1) >= 0:
+        os.setpgid(0, a["process_group"])
+    if a["preexec_fn"] is not None:
+        a["preexec_fn"]()
+    keep = sorted({0, 1, 2, *a["pass_fds"]})
+    for low, high in zip(keep, [*keep[1:], os.sysconf("SC_OPEN_MAX")], strict=True):
+        os.closerange(low + 1, high)
+    for sig in signal.valid_signals():  # exec: a caught signal is back to its default, an ignored one stays
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            if callable(signal.getsignal(sig)) and sig not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(sig, signal.SIG_DFL)
+    if a["env"] is not None:
+        os.environ.clear()
+        os.environ.update({os.fsdecode(k): os.fsdecode(v) for k, v in a["env"].items()})
+
+
+def _run_as_interpreter(argv: list[str]) -> None:
+    """A new interpreter's start, `python ARGV`, then its exit: never returns."""
+    gc.freeze()  # what the parent left is never collected: its files' descriptors were closed above
+    atexit._clear()
+    mine = [n for n, m in sys.modules.items() if n not in SERVER["modules"] and not _installed(m)]
+    _kept.extend(sys.modules.pop(n) for n in mine)  # the project's modules (machinery) import afresh
+    sys.path[:] = SERVER["path"]
+    warnings.filters[:] = SERVER["warnings"]
+    warnings._filters_mutated()
+    _kept.extend((sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__))
+    sys.stdin = sys.__stdin__ = _stream(0, "r")
+    sys.stdout = sys.__stdout__ = _stream(1, "w")
+    sys.stderr = sys.__stderr__ = _stream(2, "w")
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python's own start
+        signal.signal(sig, signal.SIG_IGN)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _set_cmdline([sys.executable, *argv])
+    import numpy
+    import torch
+
+    numpy.random.seed()
+    torch.seed()
+    code, interrupted = 0, False
+    try:
+        run({"argv": argv})
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:
+        _traceback()
+        code, interrupted = 130, True
+    except BaseException:  # noqa: BLE001 - the interpreter's own: the traceback, exit 1
+        _traceback()
+        code = 1
+    with contextlib.suppress(Exception):
+        threading._shutdown()  # non-daemon threads are joined, then atexit, then the streams flushed
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if interrupted:  # Python ends a KeyboardInterrupt by SIGINT itself
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _traceback() -> None:
+    """The exception being handled, as the interpreter prints it: from the script's frames on."""
+    kind, value, tb = sys.exc_info()
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    sys.excepthook(kind, value.with_traceback(tb), tb)
+
+
+def _installed(module) -> bool:
+    """A module of the interpreter's or of site-packages (kept), not the project's (imported afresh)."""
+    if module is None:
+        return False
+    file = getattr(module, "__file__", None)
+    return file is None or os.path.abspath(file).startswith((sys.prefix, sys.base_prefix, sys.exec_prefix))
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _stream(fd: int, mode: str):
+    """sys.stdin/stdout/stderr as a new interpreter makes them on this descriptor (None if closed)."""
+    try:
+        raw = io.FileIO(fd, mode, closefd=False)
+    except OSError:
+        return None
+    unbuffered = mode == "w" and bool(os.environ.get("PYTHONUNBUFFERED"))
+    buffered = raw if unbuffered else (io.BufferedWriter(raw) if mode == "w" else io.BufferedReader(raw))
+    return io.TextIOWrapper(
+        buffered,
+        encoding=os.environ.get("PYTHONIOENCODING") or locale.getpreferredencoding(False),
+        errors="backslashreplace" if fd == 2 else None,
+        line_buffering=fd == 2 or raw.isatty(),
+        write_through=unbuffered,
+    )
+
+
+def _set_cmdline(argv: list[str]) -> None:
+    """/proc/PID/cmdline (what ps shows) says ARGV, written into the process's own argument area
+    (the server's command line keeps room for it: Server's ROOM). Cut to fit where it is longer."""
+    fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: proc(5) fields 48 and 49
+    data = b"\0".join(os.fsencode(x) for x in argv)[: end - start - 1]
+    __import__("ctypes").memmove(start, data.ljust(end - start, b"\0"), end - start)
+
+
 # --- the client (pytest) -------------------------------------------------------------------------
+
+
+ROOM = "--room=" + "." * 8192  # the server's last argument: room for its runners' command lines (_set_cmdline)
 
 
 class Server:
@@ -205,7 +424,11 @@ class Server:
         self.path = os.path.join(self.dir, "socket")
         argv, env = ([self.path, "images"], {**env, **IMAGE_ENV}) if images else ([self.path], env)
         self.process = subprocess.Popen(
-            [sys.executable, __file__, *argv], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
+            [sys.executable, __file__, *argv, ROOM],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         ready = self.process.stdout.readline()
         if ready != "ready\n":
@@ -298,4 +521,4 @@ class Forked:
 
 
 if __name__ == "__main__":
-    run(serve(sys.argv[1], images=sys.argv[2:] == ["images"]))
+    run(serve(sys.argv[1], images="images" in sys.argv[2:]))

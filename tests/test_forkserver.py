@@ -50,18 +50,18 @@ def probe(tmp_path):
     return tmp_path
 
 
-def both(server, folder, *args, env=None, new_session=False):
-    """The probe run as `python probe.py ARGS` and through the server: (returncode, stdout, stderr)."""
+def both(server, folder, *args, env=None, new_session=False, script="probe.py"):
+    """The script run as `python SCRIPT ARGS` and through the server: (returncode, stdout, stderr)."""
     env = {**RUN_ENV, **(env or {})}
     real = subprocess.run(
-        [sys.executable, "probe.py", *args],
+        [sys.executable, script, *args],
         cwd=folder,
         env=env,
         capture_output=True,
         text=True,
         start_new_session=new_session,
     )
-    forked = server.popen(["probe.py", *args], folder, env, subprocess.PIPE, new_session)
+    forked = server.popen([script, *args], folder, env, subprocess.PIPE, new_session)
     out, err = forked.communicate(timeout=60)
     return (real.returncode, real.stdout, real.stderr), (forked.returncode, out, err)
 
@@ -125,3 +125,72 @@ def test_an_image_projects_server_preloads_timm_and_leaves_the_environment_the_r
 def test_a_variable_read_at_import_gets_a_server_of_its_own():
     assert forkserver.import_env({**RUN_ENV, "OMP_NUM_THREADS": "7"}) != forkserver.import_env(RUN_ENV)
     assert forkserver.import_env({**RUN_ENV, "KAGTPL_FOLD_WORKER": "1"}) == forkserver.import_env(RUN_ENV)
+
+
+# run.py's children: forked warm from it (forkserver's WARM_PARENTS), as `python child.py` would start
+PARENT = """
+import atexit, json, os, signal, subprocess, sys
+import machinery
+machinery.STATE.append("run.py's")  # the child imports machinery afresh: it sees []
+signal.signal(signal.SIGTERM, lambda *a: None)  # caught here: the child starts with the default
+atexit.register(lambda: print("parent's atexit", flush=True))
+held = open("held.txt", "w")  # a descriptor of the parent's that the child must not hold
+child = subprocess.Popen(
+    [sys.executable, "child.py", *sys.argv[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE, text=True, start_new_session=True,
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+)
+out, err = child.communicate("go\\n")
+print(json.dumps({"code": child.returncode, "out": out, "err": err, "pid": os.getpid()}))
+"""
+CHILD = """
+import atexit, json, os, signal, sys
+warm = "torch" in sys.modules
+import machinery
+if sys.argv[1:2] == ["raise"]:
+    raise ValueError("from the child")
+atexit.register(lambda: print("child's atexit", flush=True))
+print("to stderr", file=sys.stderr)
+print(json.dumps({
+    "warm": warm, "argv": sys.argv, "path0": sys.path[0], "name": __name__, "state": machinery.STATE,
+    "stdin": sys.stdin.readline(), "fds": sorted(os.listdir("/proc/self/fd")),
+    "sid_is_pid": os.getsid(0) == os.getpid(),
+    "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").decode().split("\\0")[1:],
+    "signals": [getattr(signal.getsignal(s), "name", "?") for s in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE)],
+    "parent": os.getppid(),
+    "stdout_tty": sys.stdout.isatty(), "unbuffered": sys.stdout.write_through,
+}, default=repr))
+"""
+
+
+@pytest.fixture()
+def parent(tmp_path):
+    (tmp_path / "run.py").write_text(PARENT)
+    (tmp_path / "child.py").write_text(CHILD)
+    (tmp_path / "machinery").mkdir()
+    (tmp_path / "machinery" / "__init__.py").write_text("STATE = []\n")
+    return tmp_path
+
+
+def test_run_pys_children_are_forked_warm_and_see_what_python_child_py_would(server, parent):
+    real, forked = both(server, parent, "a", "b c", new_session=True, script="run.py")
+    assert real[0] == forked[0] == 0 and real[2] == forked[2] == "", (real, forked)
+    ours, theirs = (json.loads(r[1].splitlines()[0]) for r in (real, forked))
+    assert real[1].splitlines()[1:] == forked[1].splitlines()[1:] == ["parent's atexit"]  # once: not the child's too
+    assert ours["code"] == theirs["code"] == 0 and ours["err"] == theirs["err"] == "to stderr\n"
+    mine, warm = (json.loads(r["out"].splitlines()[0]) for r in (ours, theirs))
+    assert (mine.pop("warm"), warm.pop("warm")) == (False, True)  # imports paid: forked from run.py
+    assert (mine.pop("parent"), warm.pop("parent")) == (ours["pid"], theirs["pid"])  # run.py's own child
+    assert mine == warm, (mine, warm)
+    assert warm["cmdline"] == ["child.py", "a", "b c"] and warm["state"] == [] and warm["stdin"] == "go\n"
+    assert warm["fds"] == ["0", "1", "2", "3"]  # its pipes, and the listing's own: not held.txt
+    assert warm["signals"] == ["SIG_DFL", "SIG_IGN", "SIG_IGN"] and warm["sid_is_pid"]  # SIGINT: its preexec_fn
+    assert ours["out"].splitlines()[1:] == theirs["out"].splitlines()[1:] == ["child's atexit"]
+
+
+def test_a_warm_childs_traceback_and_exit_code_are_python_child_pys(server, parent):
+    real, forked = both(server, parent, "raise", script="run.py")
+    ours, theirs = (json.loads(r[1].splitlines()[0]) for r in (real, forked))
+    assert ours["code"] == theirs["code"] == 1
+    assert ours["err"].splitlines()[-1] == theirs["err"].splitlines()[-1] == "ValueError: from the child"
+    assert ours["err"].replace(sys.executable, "") == theirs["err"].replace(sys.executable, ""), theirs["err"]

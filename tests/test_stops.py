@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from test_run import assert_valid_submission
 
-from conftest import RUN_ENV, epoch_at_least, render, run_script
+from conftest import RUN_ENV, epoch_at_least, launch, render, run_script
 
 HANDED_FOLDS = "RUN: handed in {out}/submission.csv, predict.py's ensemble of the checkpoints"
 
@@ -30,17 +30,11 @@ def project(tmp_path_factory, digits_dir):
     return render(tmp_path_factory.mktemp("stops") / "proj", data_dir=str(digits_dir), folds=3, epochs=30)
 
 
-def start_run(project: Path, out: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    """run.py in a session of its own (a container's process group), its lines merged on a pipe."""
-    return subprocess.Popen(
-        [sys.executable, "run.py", "--device", "cpu", f"--out-dir={out}", *args],
-        cwd=project,
-        env=env or RUN_ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+def start_run(project: Path, out: Path, *args: str, env: dict | None = None):
+    """run.py in a session of its own (a container's process group), its lines merged on a pipe;
+    through the fork server (conftest.launch), its train.py and predict.py forked warm from it."""
+    args = ["run.py", "--device", "cpu", f"--out-dir={out}", *args]
+    return launch(project, args, env or RUN_ENV, subprocess.STDOUT, new_session=True)
 
 
 def read_until(proc: subprocess.Popen, pattern, seen: list) -> list:
