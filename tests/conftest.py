@@ -161,6 +161,19 @@ def server_for(env: dict, images: bool = False) -> forkserver.Server:
     return _servers[key]
 
 
+def forkpython(env: dict, folder: Path, images: bool = False) -> dict:
+    """`env` for a shell script whose PYTHON starts its scripts through this worker's fork server
+    (tests/forkpython.py, an executable written into `folder`); `env` as it is without the server."""
+    if not FORKSERVER:
+        return {**env, "PYTHON": sys.executable}
+    python = Path(folder) / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{ROOT / "tests" / "forkpython.py"}" "$@"\n')
+    python.chmod(0o755)
+    key = json.dumps(forkserver.import_env(env))
+    return {**env, "PYTHON": str(python), "KAGTPL_TEST_FORKSERVER_SOCKET": server_for(env, images).path,
+            "KAGTPL_TEST_FORKSERVER_KEY": key}  # fmt: skip
+
+
 def image_project(folder: Path) -> bool:
     """An image, segmentation, detection or audio project: its scripts import timm (and albumentations)."""
     return (Path(folder) / "machinery" / "images.py").is_file()

@@ -254,8 +254,9 @@ def _warm(a: dict) -> bool:
         return False
     if any(a[k] is not None for k in ("gid", "gids", "uid")) or a["executable"] not in (None, args[0]):
         return False
-    folder, name = os.path.split(os.path.abspath(getattr(sys.modules["__main__"], "__file__", None) or "/"))
-    parent = "benchmarks" if os.path.basename(folder) == "benchmarks" else name
+    main = sys.modules["__main__"]  # a project's script or a benchmark, not an installed module (torchrun's run.py)
+    folder, name = os.path.split(os.path.abspath(getattr(main, "__file__", None) or "/"))
+    parent = "" if _installed(main) else "benchmarks" if os.path.basename(folder) == "benchmarks" else name
     first = os.fsdecode(args[1])
     script = (
         first == "-m"
@@ -413,6 +414,18 @@ def _set_cmdline(argv: list[str]) -> None:
 # --- the client (pytest) -------------------------------------------------------------------------
 
 
+def request(path: str, argv, cwd, env: dict, stdio: tuple[int, int, int], new_session: bool) -> int:
+    """Ask the server at `path` for `python ARGV` on these stdin, stdout and stderr descriptors:
+    the status descriptor to read (the runner's pid, then its exit code) is returned."""
+    status_r, status_w = os.pipe()
+    message = {"argv": list(argv), "cwd": str(cwd), "env": dict(env), "new_session": new_session}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        conn.connect(path)
+        socket.send_fds(conn, [json.dumps(message).encode()], [*stdio, status_w])
+    os.close(status_w)
+    return status_r
+
+
 ROOM = "--room=" + "." * 8192  # the server's last argument: room for its runners' command lines (_set_cmdline)
 
 
@@ -438,13 +451,9 @@ class Server:
         """Like subprocess.Popen(text=True, stdout=PIPE) with stderr PIPE or STDOUT."""
         out_r, out_w = os.pipe()
         err_r, err_w = (None, out_w) if stderr == subprocess.STDOUT else os.pipe()
-        status_r, status_w = os.pipe()
         devnull = os.open(os.devnull, os.O_RDONLY)
-        request = {"argv": list(argv), "cwd": str(cwd), "env": dict(env), "new_session": new_session}
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
-            conn.connect(self.path)
-            socket.send_fds(conn, [json.dumps(request).encode()], [devnull, out_w, err_w, status_w])
-        for fd in {devnull, out_w, err_w, status_w}:
+        status_r = request(self.path, argv, cwd, env, (devnull, out_w, err_w), new_session)
+        for fd in {devnull, out_w, err_w}:
             os.close(fd)
         return Forked(status_r, out_r, err_r)
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import GROW_ENV, ROOT, RUN_ENV, run_script
+from conftest import GROW_ENV, ROOT, RUN_ENV, forkpython, run_script
 
 pytestmark = pytest.mark.slow
 
@@ -96,24 +96,28 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
     the script itself (rendering, flags, the checks on its logs) cannot rot between GPU days."""
     r = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_smoke.sh"), str(tmp_path / "smoke")],
-        env={
-            **RUN_ENV,
-            "SMOKE_DEVICE": "cpu",
-            # the script's steps on a CPU's load: 300 digits of 32 px on resnet10t, not a card's 1200 of
-            # 64 px on resnet18 (measured alone: 176 s against 220 s, every step the same)
-            "SMOKE_IMAGES": "300",
-            "SMOKE_SIZE": "32",
-            "SMOKE_MODEL": "resnet10t",
-            "SMOKE_BUDGET": "20s",  # 12 s: under the other worker's load, train.py's preflight outlasted it
-            "SMOKE_TUNE_BUDGET": "90s",  # 2 trials of 1 epoch take ~20 s; under load 60 s let each 33 s, no epoch
-            "SMOKE_TUNE_TRIALS": "2",
-            "SMOKE_TUNE_EPOCHS": "1",
-            # step 9 on the quickest task: the step itself is checked here (16 s, audio's 45 s). Each task's run
-            # under run.py --budget has its own tests; all seven on a card: benchmarks/gpu_tasks.py
-            "SMOKE_TASKS": "tabular",
-            "SMOKE_TASK_BUDGET": "60s",  # a ceiling: the plan fits and ends early (a quarter of it used)
-            "PYTHON": sys.executable,
-        },
+        # its python through the fork server (an image project's): each step without 3-5 s of imports
+        env=forkpython(
+            {
+                **RUN_ENV,
+                "SMOKE_DEVICE": "cpu",
+                # the script's steps on a CPU's load: 300 digits of 32 px on resnet10t, not a card's 1200 of
+                # 64 px on resnet18 (measured alone: 176 s against 220 s, every step the same)
+                "SMOKE_IMAGES": "300",
+                "SMOKE_SIZE": "32",
+                "SMOKE_MODEL": "resnet10t",
+                "SMOKE_BUDGET": "20s",  # 12 s: under the other worker's load, train.py's preflight outlasted it
+                "SMOKE_TUNE_BUDGET": "90s",  # 2 trials of 1 epoch take ~20 s; under load 60 s let each 33 s, no epoch
+                "SMOKE_TUNE_TRIALS": "2",
+                "SMOKE_TUNE_EPOCHS": "1",
+                # step 9 on the quickest task: the step itself is checked here (16 s, audio's 45 s). Each task's run
+                # under run.py --budget has its own tests; all seven on a card: benchmarks/gpu_tasks.py
+                "SMOKE_TASKS": "tabular",
+                "SMOKE_TASK_BUDGET": "60s",  # a ceiling: the plan fits and ends early (a quarter of it used)
+            },
+            tmp_path,
+            images=True,
+        ),
         capture_output=True,
         text=True,
         timeout=600,
