@@ -321,6 +321,8 @@ def _run_as_interpreter(argv: list[str]) -> None:
     mine = [n for n, m in sys.modules.items() if n not in SERVER["modules"] and not _installed(m)]
     _kept.extend(sys.modules.pop(n) for n in mine)  # the project's modules (machinery) import afresh
     sys.path[:] = SERVER["path"]
+    sys.excepthook, sys.unraisablehook = sys.__excepthook__, sys.__unraisablehook__
+    threading.excepthook = threading.__excepthook__
     warnings.filters[:] = SERVER["warnings"]
     warnings._filters_mutated()
     _kept.extend((sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__))
