@@ -222,8 +222,10 @@ def _run_main(source, filename: str) -> None:
 # --- a runner's children (warm where they can be) ------------------------------------------------
 
 SERVER: dict = {}  # what the server had at its start: modules, sys.path, warnings, variables read at import
-# the parents whose children start warm: the generated scripts, and benchmarks/ (each starts run.py)
-WARM_PARENTS = ("run.py", "train.py", "tune.py", "benchmarks")
+# the parents whose children start warm: the generated scripts, benchmarks/ (each starts run.py) and
+# torchrun (`python -u train.py` a rank, with variables of its own that no library reads at import)
+WARM_PARENTS = ("run.py", "train.py", "tune.py", "benchmarks", "torchrun")
+RANK_ENV_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
 _exec_child = subprocess.Popen._execute_child
 _EXEC_ARGS = list(__import__("inspect").signature(_exec_child).parameters)[1:]
 _kept: list = []  # what a warm child inherited and dropped: kept alive (freeing it would close its descriptors)
@@ -243,7 +245,8 @@ def _execute_child(self, *args) -> None:
         except BaseException as e:  # noqa: BLE001 - what exec's failure would be: a message and 127
             os.write(2, f"forkserver: warm child failed to start: {e!r}\n".encode())
             os._exit(127)
-        _run_as_interpreter([os.fsdecode(x) for x in a["args"][1:]])
+        argv = [os.fsdecode(x) for x in a["args"][1:]]
+        _run_as_interpreter(argv)
     self.pid, self._child_created = pid, True
     self._close_pipe_fds(*fds)
 
@@ -257,22 +260,29 @@ def _warm(a: dict) -> bool:
     main = sys.modules["__main__"]  # a project's script or a benchmark, not an installed module (torchrun's run.py)
     folder, name = os.path.split(os.path.abspath(getattr(main, "__file__", None) or "/"))
     parent = "" if _installed(main) else "benchmarks" if os.path.basename(folder) == "benchmarks" else name
-    first = os.fsdecode(args[1])
-    script = (
-        first == "-m"
-        and len(args) > 2
-        or (not first.startswith("-") and os.path.isfile(os.path.join(a["cwd"] or ".", first)))
+    parent = "torchrun" if getattr(main.__spec__, "name", None) == "torch.distributed.run" else parent
+    argv = _python_argv([os.fsdecode(x) for x in args[1:]])
+    script = bool(argv) and (
+        argv[0] == "-m"
+        and len(argv) > 1
+        or (not argv[0].startswith("-") and os.path.isfile(os.path.join(a["cwd"] or ".", argv[0])))
     )
-    env = a["env"] if a["env"] is not None else os.environ
+    env = {os.fsdecode(k): os.fsdecode(v) for k, v in (a["env"] if a["env"] is not None else os.environ).items()}
+    env = {k: v for k, v in env.items() if not k.startswith(RANK_ENV_PREFIXES)}
     return (
         parent in WARM_PARENTS
         and env.get("KAGTPL_TEST_WARM_CHILDREN", "1") != "0"
         and os.fsdecode(args[0]) == sys.executable
         and script
         and (a["cwd"] is None or os.path.isdir(a["cwd"]))
-        and import_env({os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}) == SERVER["import_env"]
+        and import_env(env) == SERVER["import_env"]
         and not any(m not in SERVER["modules"] and _installed(sys.modules.get(m)) for m in NEVER_PRELOADED)
     )
+
+
+def _python_argv(argv: list[str]) -> list[str]:
+    """`python -u ARGS` (torchrun's ranks) is `python ARGS` with unbuffered streams."""
+    return argv[1:] if argv[:1] == ["-u"] else argv
 
 
 def _become_child(a: dict, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite) -> None:
@@ -314,8 +324,9 @@ def _become_child(a: dict, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwri
         os.environ.update({os.fsdecode(k): os.fsdecode(v) for k, v in a["env"].items()})
 
 
-def _run_as_interpreter(argv: list[str]) -> None:
-    """A new interpreter's start, `python ARGV`, then its exit: never returns."""
+def _run_as_interpreter(given: list[str]) -> None:
+    """A new interpreter's start, `python ARGV` (-u: unbuffered streams), then its exit: never returns."""
+    argv, unbuffered = _python_argv(given), given[:1] == ["-u"]
     gc.freeze()  # what the parent left is never collected: its files' descriptors were closed above
     atexit._clear()
     mine = [n for n, m in sys.modules.items() if n not in SERVER["modules"] and not _installed(m)]
@@ -327,13 +338,13 @@ def _run_as_interpreter(argv: list[str]) -> None:
     warnings._filters_mutated()
     _kept.extend((sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__))
     sys.stdin = sys.__stdin__ = _stream(0, "r")
-    sys.stdout = sys.__stdout__ = _stream(1, "w")
-    sys.stderr = sys.__stderr__ = _stream(2, "w")
+    sys.stdout = sys.__stdout__ = _stream(1, "w", unbuffered)
+    sys.stderr = sys.__stderr__ = _stream(2, "w", unbuffered)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python's own start
         signal.signal(sig, signal.SIG_IGN)
     if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    _set_cmdline([sys.executable, *argv])
+    _set_cmdline([sys.executable, *given])
     import numpy
     import torch
 
@@ -387,13 +398,13 @@ def _exit_code(code) -> int:
     return 1
 
 
-def _stream(fd: int, mode: str):
+def _stream(fd: int, mode: str, unbuffered: bool = False):
     """sys.stdin/stdout/stderr as a new interpreter makes them on this descriptor (None if closed)."""
     try:
         raw = io.FileIO(fd, mode, closefd=False)
     except OSError:
         return None
-    unbuffered = mode == "w" and bool(os.environ.get("PYTHONUNBUFFERED"))
+    unbuffered = mode == "w" and (unbuffered or bool(os.environ.get("PYTHONUNBUFFERED")))
     buffered = raw if unbuffered else (io.BufferedWriter(raw) if mode == "w" else io.BufferedReader(raw))
     return io.TextIOWrapper(
         buffered,
