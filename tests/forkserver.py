@@ -32,9 +32,10 @@ back to their defaults, the parent's atexit handlers, project modules (machinery
 warnings dropped, new std streams, the RNGs reseeded, and its command line (/proc/PID/cmdline, ps)
 rewritten to `python train.py ...` in room the server's own command line keeps for it. It is run.py's
 real child (waitpid, its exit code, parent-death signals, its process group). The parents: run.py,
-train.py (its fold workers), tune.py (its trial workers) and the benchmarks (their run.py), and only
-where the child's variables read at import are the runner's (a DDP rank's, a fake GPU's PYTHONPATH are
-not) and no module the server left out (NEVER_PRELOADED) was imported since; any other child is a new
+train.py (its fold workers), tune.py (its trial workers), torchrun (its ranks, `python -u train.py`)
+and the benchmarks (their run.py), and only where the child's variables read at import are the
+runner's (a fake GPU's PYTHONPATH is not; torchrun's TORCHELASTIC_* are read by no library at import)
+and no module the server left out (NEVER_PRELOADED) was imported since; any other child is a new
 interpreter as before. run.py's children alone were a quarter of the suite's CPU, each paying 3-5 s
 of imports. tests/test_budget.py starts its run.py as `python run.py` on purpose: a budget that holds
 with every interpreter's real start.
