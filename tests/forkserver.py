@@ -262,11 +262,11 @@ def _warm(a: dict) -> bool:
     folder, name = os.path.split(os.path.abspath(getattr(main, "__file__", None) or "/"))
     parent = "" if _installed(main) else "benchmarks" if os.path.basename(folder) == "benchmarks" else name
     parent = "torchrun" if getattr(main.__spec__, "name", None) == "torch.distributed.run" else parent
-    argv = _python_argv([os.fsdecode(x) for x in args[1:]])
+    argv, cwd = _python_argv([os.fsdecode(x) for x in args[1:]]), a["cwd"] and os.fsdecode(a["cwd"])
     script = bool(argv) and (
         argv[0] == "-m"
         and len(argv) > 1
-        or (not argv[0].startswith("-") and os.path.isfile(os.path.join(a["cwd"] or ".", argv[0])))
+        or (not argv[0].startswith("-") and os.path.isfile(os.path.join(cwd or ".", argv[0])))
     )
     env = {os.fsdecode(k): os.fsdecode(v) for k, v in (a["env"] if a["env"] is not None else os.environ).items()}
     env = {k: v for k, v in env.items() if not k.startswith(RANK_ENV_PREFIXES)}
@@ -275,7 +275,7 @@ def _warm(a: dict) -> bool:
         and env.get("KAGTPL_TEST_WARM_CHILDREN", "1") != "0"
         and os.fsdecode(args[0]) == sys.executable
         and script
-        and (a["cwd"] is None or os.path.isdir(a["cwd"]))
+        and (cwd is None or os.path.isdir(cwd))
         and import_env(env) == SERVER["import_env"]
         and not any(m not in SERVER["modules"] and _installed(sys.modules.get(m)) for m in NEVER_PRELOADED)
     )
@@ -419,7 +419,8 @@ def _stream(fd: int, mode: str, unbuffered: bool = False):
 def _set_cmdline(argv: list[str]) -> None:
     """/proc/PID/cmdline (what ps shows) says ARGV, written into the process's own argument area
     (the server's command line keeps room for it: Server's ROOM). Cut to fit where it is longer."""
-    fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
     start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: proc(5) fields 48 and 49
     data = b"\0".join(os.fsencode(x) for x in argv)[: end - start - 1]
     __import__("ctypes").memmove(start, data.ljust(end - start, b"\0"), end - start)
