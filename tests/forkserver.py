@@ -50,6 +50,7 @@ import atexit
 import contextlib
 import faulthandler
 import gc
+import inspect
 import io
 import json
 import locale
@@ -179,15 +180,20 @@ def _become_runner(request: dict, stdin: int, stdout: int, stderr: int) -> dict:
     os.environ.clear()
     os.environ.update(request["env"])
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # run_script's report on a script that hangs
-    import numpy
-    import torch
-
-    numpy.random.seed()  # a new interpreter's generators start from the OS's entropy
-    torch.seed()
+    _reseed()
     subprocess.Popen._execute_child = _execute_child  # its children: warm where they can be
     SERVER["import_env"] = import_env(request["env"])  # the server's, as conftest.server_for matched it
     _set_cmdline([sys.executable, *request["argv"]])
     return request
+
+
+def _reseed() -> None:
+    """numpy's and torch's generators from the OS's entropy, as a new interpreter's start."""
+    import numpy
+    import torch
+
+    numpy.random.seed()
+    torch.seed()
 
 
 def run(request: dict) -> None:
@@ -228,7 +234,7 @@ SERVER: dict = {}  # what the server had at its start: modules, sys.path, warnin
 WARM_PARENTS = ("run.py", "train.py", "tune.py", "benchmarks", "torchrun")
 RANK_ENV_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
 _exec_child = subprocess.Popen._execute_child
-_EXEC_ARGS = list(__import__("inspect").signature(_exec_child).parameters)[1:]
+_EXEC_ARGS = list(inspect.signature(_exec_child).parameters)[1:]
 _kept: list = []  # what a warm child inherited and dropped: kept alive (freeing it would close its descriptors)
 
 
@@ -346,11 +352,7 @@ def _run_as_interpreter(given: list[str]) -> None:
     if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _set_cmdline([sys.executable, *given])
-    import numpy
-    import torch
-
-    numpy.random.seed()
-    torch.seed()
+    _reseed()
     code, interrupted = 0, False
     try:
         run({"argv": argv})
@@ -423,7 +425,9 @@ def _set_cmdline(argv: list[str]) -> None:
         fields = f.read().rsplit(")", 1)[1].split()
     start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: proc(5) fields 48 and 49
     data = b"\0".join(os.fsencode(x) for x in argv)[: end - start - 1]
-    __import__("ctypes").memmove(start, data.ljust(end - start, b"\0"), end - start)
+    import ctypes
+
+    ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
 
 
 # --- the client (pytest) -------------------------------------------------------------------------

@@ -14,10 +14,10 @@ from conftest import GROW_ENV, ROOT, RUN_ENV, forkpython, run_script
 pytestmark = pytest.mark.slow
 
 
-def bench(script, *args):
+def bench(script, *args, env: dict = GROW_ENV):
     """`python SCRIPT ARGS` in benchmarks/, through the fork server (its imports paid once): its stdout.
     Growth on, as a user's runs have it (the suite's other runs turn it off: conftest.RUN_ENV)."""
-    return run_script(ROOT / "benchmarks", script, *args, env=GROW_ENV).stdout
+    return run_script(ROOT / "benchmarks", script, *args, env=env).stdout
 
 
 NUMBER = r"(\d+(?:\.\d+)?)"
@@ -230,8 +230,8 @@ def test_fold_parallel_smoke():
     # 120 images on resnet10t, not 400 on resnet18: the same two runs and table (38-47 s of the suite, now ~31 s).
     # Its workers start cold (KAGTPL_TEST_WARM_CHILDREN=0), as the benchmark times them: forked warm, one
     # worker had trained both 1-epoch folds before the other claimed one (one full run of four)
-    args = ("fold_parallel.py", "--folds", "2", "--epochs", "1", "--images", "120", "--model", "resnet10t")
-    out = run_script(ROOT / "benchmarks", *args, env={**GROW_ENV, "KAGTPL_TEST_WARM_CHILDREN": "0"}).stdout
+    args = ("--folds", "2", "--epochs", "1", "--images", "120", "--model", "resnet10t")
+    out = bench("fold_parallel.py", *args, env={**GROW_ENV, "KAGTPL_TEST_WARM_CHILDREN": "0"})
     seq, par, ratio = figures(
         out, r"sequential \(1 process\):", r"fold-parallel \(2 workers\):", "parallel/sequential:"
     )
