@@ -67,7 +67,7 @@ def test_growth_prices_a_rerun_by_the_timing_its_checkpoints_recorded_or_does_no
         clock.t += 5.0
         plan.end_epoch(epoch)
     plan.prediction.fold_s = 2.0
-    timing = plan.fold_timing()
+    timing = plan.times.fold_timing(plan.prediction.fold_s)
     assert timing == {"fold_s": 10.0, "epochs": 2, "epoch_s": [5.0, 5.0], "predict_fold_s": 2.0}
     rerun = planner_module.TimePlanner(600, 3, 10, clock=Clock(), log=lambda line: None)
     rerun.resumed_fold(None)  # an older checkpoint: nothing recorded, nothing timed

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+
+from conftest import ROOT
 
 
 class Clock:
@@ -463,3 +468,31 @@ def test_ctrl_c_requests_the_stop_even_when_its_line_cannot_be_written(project_m
     handlers[signal.SIGINT](signal.SIGINT, None)
     assert asked == ["SIGINT (Ctrl-C)"]
     assert handlers[signal.SIGINT] is signal.default_int_handler
+
+
+ASSIGNED = re.compile(r"^([^=#]*?)\s[-+*/]?=\s")  # an assignment statement's targets (not ==, not a keyword's =)
+
+
+def planner_writes(template: Path, fields: set[str]) -> list[str]:
+    """Each line of the template's modules and entry scripts (planner.py aside) that assigns one of
+    `fields` on `planner`, `plan` or `run.planner`, as FILE:LINE."""
+    field = re.compile(rf"\b(?:run\.planner|planner|plan)\.(?:{'|'.join(sorted(fields))})\b")
+    writes = []
+    for path in sorted(template.rglob("*.py*")):
+        if path.name == "planner.py" or "__pycache__" in path.parts:
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            left = ASSIGNED.match(line.strip())
+            if left and field.search(left[1]):
+                writes.append(f"{path.relative_to(template)}:{i}")
+    return writes
+
+
+def test_no_module_writes_the_planners_fields(project_modules):
+    """Issue 58: the planner changes only through its own methods (`agreed`, `split_among`,
+    `fold_back`, `grown_fold`, the training loop's hooks), so what changes the plan is found in
+    planner.py. On the template before they were methods this found six writes: DDP's vote, the
+    fold workers' shared cap and their count, growth's flag (twice) and a table's share of the time."""
+    fields = set(vars(project_modules.planner.TimePlanner(60, 3, 5)))
+    assert fields >= {"folds", "epochs", "parallel", "share", "growing", "stop_reason"}
+    assert planner_writes(ROOT / "template", fields) == []

@@ -175,7 +175,7 @@ def train_folds(comp, splits, run: Run) -> list[int]:
     trained = []
     for k, (trn_idx, val_idx) in enumerate(splits):
         if queue is not None:
-            planner.folds = queue.cap(planner.folds)
+            planner.agreed(queue.cap(planner.folds))
         if parallel.agree_plan(planner, machine.device) or k >= planner.folds:
             break
         if queue is not None and not queue.take(k):
@@ -217,7 +217,6 @@ def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[i
     if growth_fold_s(planner) <= 0:
         print("GROW: none (nothing timed: every planned fold was resumed from checkpoints that record no timing)")
         return trained
-    planner.growing = True  # each added fold is checked to fit before it starts: no re-plan inside it
     if queue is not None:  # the folds every worker shares; the views need every fold's OOF: the plan's
         grow_seeds(comp, splits[: queue.cap(planner.folds)], run, queue)
         return trained
@@ -268,7 +267,6 @@ def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
         planner.training_left(), planner.training_time(), growth_fold_s(planner), planner.prediction.fold_s, fits
     )
     print(f"GROW: {'more seeds' if ok else 'none'}: {said}{'; ' + more if ok and more else ''}")
-    planner.growing = ok
     for seed_no in range(2, growth.MAX_SEEDS + 1 if ok else 2):
         for k, (trn_idx, val_idx) in enumerate(splits):
             if queue is not None and not queue.take(k, seed_no):

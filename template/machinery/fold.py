@@ -160,7 +160,8 @@ def finish_fold(model, fold: Fold, out: Path, machine, planner) -> None:
     parallel.check_in_sync(model, machine.device)
     if planner.stop_reason is not None or not parallel.writes():
         return
-    if not storage.mark_complete(out / fold.checkpoint, timing=planner.fold_timing()):
+    timing = planner.times.fold_timing(planner.prediction.fold_s)  # a rerun that resumes the fold prices growth by it
+    if not storage.mark_complete(out / fold.checkpoint, timing=timing):
         print(f"WARNING: fold {fold.index} never produced a finite val loss; no checkpoint written")
     elif fold.seed_no > 1 and (out / fold.oof).exists():
         (out / fold.oof).replace(out / growth.oof_name(fold.index, fold.seed_no))

@@ -86,12 +86,11 @@ def make_planner(args, machine: Machine) -> TimePlanner:
     folds = min(args.folds, args.train_folds or args.folds)  # --train-folds 1: fold 0 only (tune.py's trials)
     # --predict-beside (run.py's): predict.py started beside this train.py and paid its imports there
     fixed = args.predict_reserve if args.predict_reserve >= 0 else None  # --predict-reserve: seconds, not the rule
-    planner = time_planner.make_planner(
-        args.budget, args.start_time, folds, args.epochs, sync, args.predict_beside, fixed
+    worker = parallel.fold_worker()  # the folds left are shared by this many workers
+    sharing = worker[1] if worker else 1
+    return time_planner.make_planner(
+        args.budget, args.start_time, folds, args.epochs, sync, args.predict_beside, fixed, sharing
     )
-    worker = parallel.fold_worker()
-    planner.parallel = worker[1] if worker else 1  # the folds left are shared by this many workers
-    return planner
 
 
 def make_machine(device: torch.device, amp_flag: str, loader: dict, channels_last: bool) -> Machine:

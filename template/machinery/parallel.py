@@ -142,7 +142,8 @@ def agree_plan(planner, device: torch.device) -> bool:
         return planner.stop_reason is not None
     t = on_device([-STOPS.index(planner.stop_reason), planner.folds, planner.epochs], device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    stop, planner.folds, planner.epochs = (int(v) for v in t.tolist())  # the one sync of the vote
+    stop, folds, epochs = (int(v) for v in t.tolist())  # the one sync of the vote
+    planner.agreed(folds, epochs)
     if stop and planner.stop_reason is None:
         planner.request_stop(STOPS[-stop])
     return bool(stop)

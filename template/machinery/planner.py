@@ -34,13 +34,14 @@ FINISH_S = 5.0
 
 
 def make_planner(
-    budget: str, start_time: float, folds: int, epochs: int, sync=None, beside=False, fixed_reserve=None
+    budget: str, start_time: float, folds: int, epochs: int, sync=None, beside=False, fixed_reserve=None, parallel=1
 ) -> TimePlanner:
     """The run's planner: --budget parsed (on Kaggle with none, 9h), SIGTERM handled.
     `sync` is torch.cuda.synchronize on CUDA, so the timed steps are real. `beside`: run.py started
     predict.py beside train.py, so its interpreter start and imports are paid by the time train.py
     ends; the reserve counts only what train.py did after its own imports (the device, the data).
-    On an H100 the whole start had kept 14-27 s of a 60 s budget for a predict.py that took 7-11 s."""
+    On an H100 the whole start had kept 14-27 s of a 60 s budget for a predict.py that took 7-11 s.
+    `parallel`: the fold workers sharing the folds (--parallel folds), 1 otherwise."""
     try:
         seconds = parse_duration(budget)
     except ValueError as e:
@@ -55,6 +56,7 @@ def make_planner(
     planner = TimePlanner(
         seconds, folds, epochs, elapsed_s=elapsed_s, startup_s=startup_s, sync=sync, fixed_reserve=fixed_reserve
     )
+    planner.parallel = parallel
     install_stop_signals(planner.request_stop)
     return planner
 
@@ -97,8 +99,7 @@ class TimePlanner:
         fixed_reserve=None,
     ):
         self.budget, self.folds, self.epochs = budget_s, folds, epochs
-        self.planned_epochs = epochs  # the configured plan: epochs given back never go past it
-        self.planned_folds = folds  # ...nor folds
+        self.planned_folds, self.planned_epochs = folds, epochs  # the configured plan: a give-back stops there
         self.min_epochs = min(min_epochs, epochs)
         self.clock, self.sync, self.log = clock, sync or (lambda: None), log
         self.t0 = clock() - elapsed_s
@@ -111,7 +112,7 @@ class TimePlanner:
         self.share = 1.0  # of the training time left, what this model's plan may use (tables: 1 / models left)
         self.plan_changed = False  # since the last TIME line: the next epoch prints one
         self.rules = Replanner()  # the re-plan rules' memory: in which fold a cut or give-back last happened
-        self.growing = False  # growth.py's folds: no re-plan (each added fold is checked to fit before it starts)
+        self.growing = False  # growth's folds from here on (fold_back, grown_fold): no re-plan
 
     # --- where we stand
     def elapsed(self) -> float:
@@ -134,22 +135,30 @@ class TimePlanner:
     def status_line(self) -> str:
         """The TIME line: after each fold and after an epoch that changed the plan (18 said nothing new)."""
         self.plan_changed = False
-        last = self.times.epoch_s[-1] if self.times.epoch_s else None
-        return time_line(self.elapsed(), self.budget, self.reserve(), self.folds, self.epochs, last)
+        return time_line(self.elapsed(), self.budget, self.reserve(), self.folds, self.epochs, self.times.last_epoch_s)
 
     # --- signals (install_stop_signals: SIGTERM and Ctrl-C end training like the deadline)
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
 
-    # --- growth's changes to the plan (engine.grow)
+    # --- what others change, each by a method (no module writes the planner's fields)
+    def agreed(self, folds: int, epochs: int | None = None) -> None:
+        """Other processes' cut, taken: DDP's vote (parallel.agree_plan) or the fold workers' (FoldQueue.cap)."""
+        self.folds, self.epochs = folds, self.epochs if epochs is None else epochs
+
+    def split_among(self, models: int) -> None:
+        """A table's models train one after another: this one's plan may use 1/models of the time left."""
+        self.share = 1 / models
+
     def fold_back(self, fold: int) -> None:
-        """A fold of the split a cut plan left out, trained now: predict.py ensembles it (the reserve counts it)."""
-        self.folds = fold + 1
+        """A fold of the split a cut plan left out, trained now: predict.py ensembles it (the reserve counts it).
+        Growth's folds (this and grown_fold) never re-plan: each was checked to fit before it started."""
+        self.folds, self.growing = fold + 1, True
 
     @contextlib.contextmanager
     def grown_fold(self, epochs: int):
         """A grown seed's fold trains `epochs` (growth's target, or fewer to fit); the plan's stand after it."""
-        planned, self.epochs = self.epochs, epochs
+        planned, self.epochs, self.growing = self.epochs, epochs, True
         try:
             yield
         finally:
@@ -182,15 +191,10 @@ class TimePlanner:
         if why and not self._replan(max(self.times.estimate(), took / max(1, self.times.epoch)), why):
             self.log(f"TIME PLAN: {why} -> plan kept: folds={self.folds} epochs={self.epochs}")
 
-    def fold_timing(self) -> dict:
-        """This fold's measure, saved in its complete checkpoint: a rerun that resumes the fold
-        prices growth by it (resumed_fold) instead of by nothing."""
-        return {**self.times.fold_timing(), "predict_fold_s": self.prediction.fold_s}
-
     def resumed_fold(self, timing) -> None:
-        """A planned fold skipped as complete (resume): its checkpoint's timing stands for this process's
-        measure. Without one (an older checkpoint) growth waits for a fold this process trains (it had
-        grown with TTA views priced at 0 s and a reserve for 1 checkpoint while predict.py ensembled 4)."""
+        """A planned fold skipped as complete (resume): its checkpoint's timing (Timings.fold_timing) stands
+        for this process's measure. Without one (an older checkpoint) growth waits for a fold this process
+        trains (it had grown with TTA views priced at 0 s and a reserve for 1 checkpoint, predict.py ensembling 4)."""
         if self.times.resumed(timing):
             self.prediction.resumed(float(timing.get("predict_fold_s") or 0))
 
@@ -198,7 +202,7 @@ class TimePlanner:
         """Deadline guard: no epoch starts that would eat into the prediction reserve."""
         if self.stop_reason:
             return False
-        last = self.times.epoch_s[-1] if self.times.epoch_s else None
+        last = self.times.last_epoch_s
         if self.budget and last is not None and epoch_would_overrun(last, self.training_left()):
             self.request_stop("deadline")
             self.log(deadline_line(self.elapsed(), last, self.reserve(), FINISH_S, self.budget))
@@ -219,8 +223,7 @@ class TimePlanner:
 
     def too_small(self, why: str, epoch_s: float | None = None) -> None:
         """Said once: no epoch fits the budget (replanning.Replanner.too_small)."""
-        line = self.rules.too_small(self, why, epoch_s)
-        if line:
+        if line := self.rules.too_small(self, why, epoch_s):
             self.log(line)
 
     def _replan(self, epoch_s: float, why: str, first: bool = False) -> bool:

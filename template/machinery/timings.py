@@ -112,17 +112,22 @@ class Timings:
         self.fold_epochs.append(self.epoch)
         return took
 
+    @property
+    def last_epoch_s(self) -> float | None:
+        return self.epoch_s[-1] if self.epoch_s else None
+
     def estimate(self) -> float:
         return estimate_epoch(self.epoch_s, self.steady_epoch_s)
 
     def progress(self, parallel: int) -> Progress:
         return Progress(self.fold, self.epoch, self.fold_finished, parallel)
 
-    def fold_timing(self) -> dict:
-        """This fold's measure so far, for its checkpoint."""
+    def fold_timing(self, predict_fold_s: float) -> dict:
+        """This fold's measure so far and predict.py's seconds a fold (reserve.py), saved in its complete
+        checkpoint: a rerun that resumes the fold prices growth by it (TimePlanner.resumed_fold), not by nothing."""
         epochs = self.epoch_s[-self.epoch :] if self.epoch else []
         fold_s = self.clock() - self._fold_t0 if self._fold_t0 is not None else 0.0
-        return {"fold_s": fold_s, "epochs": self.epoch, "epoch_s": epochs}
+        return {"fold_s": fold_s, "epochs": self.epoch, "epoch_s": epochs, "predict_fold_s": predict_fold_s}
 
     def resumed(self, timing) -> bool:
         """A resumed fold's recorded measure stands for this process's; False when it has none."""
