@@ -31,6 +31,7 @@ class PredictionReserve:
         self.base_s = 0.0  # predict.py's start, test decoding and end, measured
         self.fold_s = 0.0  # one checkpoint's share of prediction, measured (the largest measure)
         self.extra_models = 0  # grown seeds' whole folds: predict.py ensembles them too
+        self.view_factor = 1.0  # growth's TTA views over the plan's (scale_views): a test pass that much longer
         self.measured = False  # estimated from a measure: the floor is MEASURED_FRACTION
 
     def need_s(self, folds: int) -> float:
@@ -60,7 +61,7 @@ class PredictionReserve:
         share: predict.py's first fold pays the warm-up too (on an H100 it fell 4x at fold 1, and
         predict.py missed its deadline)."""
         per_sample, self.measured = seconds / max(samples, 1), True
-        self.fold_s = max(self.fold_s, self.MARGIN * (model_s + per_sample * test_rows * views))
+        self.fold_s = max(self.fold_s, self.MARGIN * (model_s + per_sample * test_rows * views * self.view_factor))
         self.base_s = self.MARGIN * (self.startup_s + decode_s_per_image * test_rows) + self.END_S
 
     def note_startup(self) -> None:
@@ -77,8 +78,10 @@ class PredictionReserve:
         self.extra_models = models
 
     def scale_views(self, factor: float) -> None:
-        """Growth chose more TTA views: each checkpoint's share grows with them."""
+        """Growth chose more TTA views: each checkpoint's share grows with them, and so does a later
+        measure's (a grown seed's first validation pass, taken at the plan's views)."""
         self.fold_s *= factor
+        self.view_factor *= factor
 
     def resumed(self, fold_s: float) -> None:
         """A resumed fold's saved measure of its checkpoint's share (planner.resumed_fold)."""

@@ -164,7 +164,6 @@ def grow(comp, splits: list, run) -> None:
         print(f"GROW: TTA views stay {', '.join(plan)}: {where}{price}")
     else:
         before = planner.reserve()
-        planner.prediction.scale_views(n / len(plan))
-        comp.test_views = n  # a grown seed's first validation pass measures predict.py's share at n views
+        planner.prediction.scale_views(n / len(plan))  # and every later measure of a fold's share
         print(f"GROW: TTA views {', '.join(names[:n])}: {where}; reserve {fmt_s(before)} -> {fmt_s(planner.reserve())}")
     write(out, names[:n], run.args.signature, losses)
