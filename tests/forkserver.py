@@ -252,8 +252,7 @@ def _execute_child(self, *args) -> None:
         except BaseException as e:  # noqa: BLE001 - what exec's failure would be: a message and 127
             os.write(2, f"forkserver: warm child failed to start: {e!r}\n".encode())
             os._exit(127)
-        argv = [os.fsdecode(x) for x in a["args"][1:]]
-        _run_as_interpreter(argv)
+        _run_as_interpreter([os.fsdecode(x) for x in a["args"][1:]])
     self.pid, self._child_created = pid, True
     self._close_pipe_fds(*fds)
 
@@ -268,14 +267,14 @@ def _warm(a: dict) -> bool:
     folder, name = os.path.split(os.path.abspath(getattr(main, "__file__", None) or "/"))
     parent = "" if _installed(main) else "benchmarks" if os.path.basename(folder) == "benchmarks" else name
     parent = "torchrun" if getattr(main.__spec__, "name", None) == "torch.distributed.run" else parent
-    argv, cwd = _python_argv([os.fsdecode(x) for x in args[1:]]), a["cwd"] and os.fsdecode(a["cwd"])
+    argv, cwd = _python_argv([os.fsdecode(x) for x in args[1:]])[0], a["cwd"] and os.fsdecode(a["cwd"])
     script = bool(argv) and (
         argv[0] == "-m"
         and len(argv) > 1
         or (not argv[0].startswith("-") and os.path.isfile(os.path.join(cwd or ".", argv[0])))
     )
-    env = {os.fsdecode(k): os.fsdecode(v) for k, v in (a["env"] if a["env"] is not None else os.environ).items()}
-    env = {k: v for k, v in env.items() if not k.startswith(RANK_ENV_PREFIXES)}
+    given = a["env"] if a["env"] is not None else os.environ
+    env = {os.fsdecode(k): os.fsdecode(v) for k, v in given.items() if not os.fsdecode(k).startswith(RANK_ENV_PREFIXES)}
     return (
         parent in WARM_PARENTS
         and env.get("KAGTPL_TEST_WARM_CHILDREN", "1") != "0"
@@ -287,9 +286,10 @@ def _warm(a: dict) -> bool:
     )
 
 
-def _python_argv(argv: list[str]) -> list[str]:
-    """`python -u ARGS` (torchrun's ranks) is `python ARGS` with unbuffered streams."""
-    return argv[1:] if argv[:1] == ["-u"] else argv
+def _python_argv(argv: list[str]) -> tuple[list[str], bool]:
+    """(ARGS, unbuffered): `python -u ARGS` (torchrun's ranks) is `python ARGS` with unbuffered streams."""
+    unbuffered = argv[:1] == ["-u"]
+    return (argv[1:] if unbuffered else argv), unbuffered
 
 
 def _become_child(a: dict, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite) -> None:
@@ -333,7 +333,7 @@ def _become_child(a: dict, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwri
 
 def _run_as_interpreter(given: list[str]) -> None:
     """A new interpreter's start, `python ARGV` (-u: unbuffered streams), then its exit: never returns."""
-    argv, unbuffered = _python_argv(given), given[:1] == ["-u"]
+    argv, unbuffered = _python_argv(given)
     gc.freeze()  # what the parent left is never collected: its files' descriptors were closed above
     atexit._clear()
     mine = [n for n, m in sys.modules.items() if n not in SERVER["modules"] and not _installed(m)]
