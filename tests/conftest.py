@@ -258,29 +258,27 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 # The machine, shared by the pytest workers: each slow test holds it shared, and a test marked
-# `alone` (its CPU hogs slow everything on the machine) holds it alone. Two hog tests on the two
+# `alone` (two fold workers on the 2 cores, a CPU hog) holds it alone. Two hog tests on the two
 # workers at once (4 busy loops on 2 cores) stalled one's preflight for 36 s of a 40 s budget.
-# A light test (not `slow`: one process of a few seconds, no generated script) holds only the light
-# lock, shared: its one core is the one an `alone` test leaves (each runs one training process at a
-# time, on OMP_NUM_THREADS=1), unlike a neighbour's run.py with train.py and predict.py at work. So
-# does a slow test marked `onecore`: its processes run one at a time and it times nothing (Copier,
-# git, pip, espeak-ng, ruff, the fork server's own checks; no training under a budget). An
-# `alone` test that slows the machine on purpose (slowed_machine: two busy loops) holds the light
-# lock alone too. A turnstile keeps tests from taking a lock shared while an `alone` test waits.
+# A light test (not `slow`: one process of a few seconds, no generated script) holds nothing: its
+# one core is the one an `alone` test leaves (each runs one training process at a time, on
+# OMP_NUM_THREADS=1), unlike a neighbour's run.py with train.py and predict.py at work. Nor does a
+# slow test marked `onecore`: its processes run one at a time and it times nothing (Copier, git,
+# pip, espeak-ng, ruff, the fork server's own checks; no training under a budget). An `alone` test
+# that slows the machine on purpose (test_budget.slowed_machine) counts them as its load: it runs
+# busy loops on the cores the other workers leave. A turnstile keeps tests from taking the machine
+# shared while an `alone` test waits for it.
 RUN_UID = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
-MACHINE_LOCK, LIGHT_LOCK, TURNSTILE = (
-    Path(f"/tmp/kagtpl-tests-{RUN_UID}.{name}") for name in ("machine", "light", "turnstile")
-)
+MACHINE_LOCK, TURNSTILE = (Path(f"/tmp/kagtpl-tests-{RUN_UID}.{name}") for name in ("machine", "turnstile"))
 
 
-def _locks(item) -> list[tuple[Path, int]]:
-    """The locks a test holds, in the order it takes them: (file, flock mode)."""
+def _lock_mode(item) -> int | None:
+    """How a test holds the machine (flock's mode), or None: not at all."""
     if item.get_closest_marker("alone") is not None:
-        hog = "slowed_machine" in getattr(item, "fixturenames", ())
-        return [(MACHINE_LOCK, fcntl.LOCK_EX)] + ([(LIGHT_LOCK, fcntl.LOCK_EX)] if hog else [])
+        return fcntl.LOCK_EX
     if item.get_closest_marker("slow") is not None and item.get_closest_marker("onecore") is None:
-        return [(MACHINE_LOCK, fcntl.LOCK_SH)]
-    return [(LIGHT_LOCK, fcntl.LOCK_SH)]
+        return fcntl.LOCK_SH
+    return None
 
 
 # The lock is taken around a test's whole protocol, its fixtures' setup and teardown included: as an
@@ -289,19 +287,17 @@ def _locks(item) -> list[tuple[Path, int]]:
 # epoch where 4 were needed.
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    with contextlib.ExitStack() as held, open(TURNSTILE, "a") as turnstile:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)  # alone: held until the machine is ours; shared: passed through
-        try:
-            for path, mode in _locks(item):
-                fcntl.flock(held.enter_context(open(path, "a")), mode)
-        finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+    with contextlib.ExitStack() as held:
+        if (mode := _lock_mode(item)) is not None:
+            with open(TURNSTILE, "a") as turnstile:  # alone: held until the machine is ours; shared: passed through
+                fcntl.flock(turnstile, fcntl.LOCK_EX)
+                fcntl.flock(held.enter_context(open(MACHINE_LOCK, "a")), mode)
         if item.get_closest_marker("slow") is not None:
             # both fork servers (plain, image tasks') started before the test's own clock: a test that
             # times run.py from outside timed the start of the image server too (~10 s of imports) when
             # it was that worker's first image script (a 90 s growth run measured 90.8 s, RUN said 0.89)
             warm_launcher()
-        yield  # the files' close releases the locks
+        yield  # the file's close releases the lock
 
 
 def pytest_sessionfinish(session, exitstatus):

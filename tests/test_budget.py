@@ -17,6 +17,7 @@ from conftest import RUN_ENV, epoch_at_least, render, run_script, start_until
 from kagtpl import demo
 
 pytestmark = pytest.mark.slow
+CORES = len(os.sched_getaffinity(0))
 
 
 def test_run_py_fits_a_plan_of_many_times_the_budget(tmp_path, digits_dir):
@@ -112,9 +113,14 @@ def test_on_kaggle_without_budget_uses_9h(tmp_path, digits_dir):
 
 @pytest.fixture()
 def slowed_machine():
-    """Two busy-looping processes (this machine has 2 cores): everything runs slower than
-    anything the run measured before they started."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    """A CPU-bound process on every core beside the run: everything runs slower than anything the
+    run measured before they started. The other pytest workers are some of them: an `alone` test
+    has the light tests beside it (conftest._lock_mode), one process at a time a worker, so busy loops
+    take only the cores left (on 2 cores under -n auto, one loop and the other worker's light tests;
+    two loops under -n 0). Two loops and the other worker waiting had cost the suite ~75 s of a
+    core idle (2026-11-29)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(1, CORES - workers + 1))]
     yield
     for hog in hogs:
         hog.kill()

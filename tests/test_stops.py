@@ -149,7 +149,9 @@ def test_predict_py_killed_while_it_waits_is_started_again(project, digits_dir, 
     out predict.py's imports), and when that one dies too the run ends 1 saying the fallback
     stayed and why."""
     out = tmp_path / "out"
-    proc = start_run(project, out, "--budget", "40s")
+    # a plan of 3 epochs, as below: the project's 30 were cut to fill the 40 s (12 s more of the suite), and
+    # the restart comes at fold 0 either way, beside the 3 folds x 3 epochs still to train
+    proc = start_run(project, out, "--budget", "40s", "--epochs", "3", "--no-grow")
     seen = read_until(proc, r"^FOLD 0 \(", [])
     os.kill(script_pid(proc.pid, "predict.py"), signal.SIGKILL)
     log = rest(proc, seen)

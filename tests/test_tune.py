@@ -258,11 +258,14 @@ def test_a_journal_lock_left_by_a_killed_search_is_released(project_modules, tmp
     killed = search + "import os\nstorage._backend._lock.acquire()\nos._exit(9)  # as SIGKILL: the lock stays\n"
     assert subprocess.run([sys.executable, "-c", killed], cwd=work, timeout=120).returncode == 9
     assert (work / "output/tune/optuna.journal.lock").is_symlink()
-    opened = search + "print('OPENED', tuning.open_study(search, storage).study_name)\n"
+    # optuna's grace period, 30 s, made 3 s in this process alone (30 s of the suite's idle wait): the
+    # mechanism is the same, and a lock that dangles never has a target to age, so it still hangs
+    grace = "from optuna.storages.journal import _file\n_file.JournalFileSymlinkLock.__init__.__defaults__ = (3,)\n"
+    opened = grace + search + "print('OPENED', tuning.open_study(search, storage).study_name)\n"
     t0 = time.time()
     r = subprocess.run([sys.executable, "-c", opened], cwd=work, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "OPENED comp" in r.stdout, r.stderr[-2000:]
-    assert time.time() - t0 < 90  # optuna's 30 s grace period, then the stale lock is released
+    assert 3 <= time.time() - t0 < 60  # the grace period, then the stale lock is released
 
 
 @pytest.mark.slow
