@@ -260,7 +260,7 @@ def test_a_journal_lock_left_by_a_killed_search_is_released(project_modules, tmp
     assert (work / "output/tune/optuna.journal.lock").is_symlink()
     # optuna's grace period, 30 s, made 3 s in this process alone (30 s of the suite's idle wait): the
     # mechanism is the same, and a lock that dangles never has a target to age, so it still hangs
-    grace = "from optuna.storages.journal import _file\n_file.JournalFileSymlinkLock.__init__.__defaults__ = (3,)\n"
+    grace = "from optuna.storages.journal import JournalFileSymlinkLock as L\nL.__init__.__defaults__ = (3,)\n"
     opened = grace + search + "print('OPENED', tuning.open_study(search, storage).study_name)\n"
     t0 = time.time()
     r = subprocess.run([sys.executable, "-c", opened], cwd=work, capture_output=True, text=True, timeout=120)
