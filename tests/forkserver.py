@@ -274,7 +274,8 @@ def _warm(a: dict) -> bool:
         or (not argv[0].startswith("-") and os.path.isfile(os.path.join(cwd or ".", argv[0])))
     )
     given = a["env"] if a["env"] is not None else os.environ
-    env = {os.fsdecode(k): os.fsdecode(v) for k, v in given.items() if not os.fsdecode(k).startswith(RANK_ENV_PREFIXES)}
+    decoded = ((os.fsdecode(k), os.fsdecode(v)) for k, v in given.items())
+    env = {k: v for k, v in decoded if not k.startswith(RANK_ENV_PREFIXES)}
     return (
         parent in WARM_PARENTS
         and env.get("KAGTPL_TEST_WARM_CHILDREN", "1") != "0"
