@@ -73,6 +73,8 @@ def llm_project(dest: Path, llms: dict, layout: str, model: str, **extra) -> Pat
 # ----------------------------------------------------------------------------- fast: size and memory rules
 
 
+# peft asks transformers a deprecated question, as in adapters.py
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_the_size_rule_counts_a_7b_model_as_transformers_builds_it():
     """params_m (recommend's and the batch rule's figure) against the parameters transformers
     itself creates for Mistral-7B (on the meta device: no memory), and LoRA's count against peft's."""
