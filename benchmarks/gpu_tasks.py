@@ -11,7 +11,8 @@ tests/llmdata.py makes them), and checks its log:
 - the first epoch against a steady one (fold 0's Epoch lines: the first's Time over the median of
   the rest), reported;
 - the share of the budget used (run.py's RUN line) and the folds grown (issue 48's GROW lines, and
-  the boosters' seeds), reported.
+  the boosters' seeds), reported;
+- predict.py's seconds after run.py's `go` against the reserve train.py kept for it, reported.
 
     python benchmarks/gpu_tasks.py WORKDIR [--device cuda] [--budget 2m] [--tasks image,audio]
 
@@ -110,6 +111,14 @@ def budget_used(log: str) -> str:
     return f"{budget_share(log) or '?'}, {grown_folds(log)} grown"
 
 
+def predict_vs_reserve(log: str) -> str:
+    """predict.py's seconds after run.py's `go` (the RUN line) against the reserve train.py planned
+    last (its last `reserve Ns`), e.g. '11.0s of 12s'; '?' for what the log lacks."""
+    took = re.search(r"^RUN: train [\d.]+s, predict ([\d.]+)s", log, re.M)
+    reserves = re.findall(r"reserve ([\d.]+)s", log)
+    return f"{took.group(1) + 's' if took else '?'} of {reserves[-1] + 's' if reserves else '?'}"
+
+
 def check(log: str) -> list[str]:
     """What a task's run.py log lacks: a submission from trained folds, PRECISION, no traceback."""
     problems = []
@@ -145,7 +154,10 @@ def main() -> int:
     gpu = "auto" if args.device == "cuda" else "cpu"
     env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1"}
     failed = []
-    print(f"{'task':14}{'result':8}{'wall':>8}  {'first epoch vs steady':28}{'budget used':18}submission / problems")
+    print(
+        f"{'task':14}{'result':8}{'wall':>8}  {'first epoch vs steady':28}{'budget used':18}{'predict of reserve':20}"
+        "submission / problems"
+    )
     for task in tasks:
         project, flags = write_project(task, args.work, gpu)
         cmd = [sys.executable, "run.py", "--budget", args.budget, "--device", args.device, *flags]
@@ -157,7 +169,8 @@ def main() -> int:
         sub = re.search(r"^SUBMISSION: .* \((\d+ rows, \d+ fold\(s\) ensembled)\)$", log, re.M)
         said = "; ".join(problems) or (sub.group(1) if sub else "")
         result = "FAILED" if problems else "ok"
-        print(f"{task:14}{result:8}{wall:>7.0f}s  {first_vs_steady(log):28}{budget_used(log):18}{said}", flush=True)
+        row = f"{task:14}{result:8}{wall:>7.0f}s  {first_vs_steady(log):28}{budget_used(log):18}"
+        print(f"{row}{predict_vs_reserve(log):20}{said}", flush=True)
         if problems:
             failed.append(task)
     if failed:

@@ -165,6 +165,25 @@ def test_gpu_tasks_checks_each_tasks_log(tmp_path):
     run = "GROW: seed 2 fold 0 DONE: best val loss 0.1\nFOLD 1 lgbm (seed 2): auc=0.9\n"
     run += "RUN: train 60.0s, predict 9.0s, total 69.0s = 0.93 of the 75s budget\n"
     assert gpu_tasks.budget_used(run) == "0.93, 2 grown" and gpu_tasks.budget_used("") == "?, 0 grown"
+    planned = "TIME: elapsed 20s of 75s budget, remaining 55s (reserve 9.0s for predict), plan folds=3 epochs=8\n"
+    deadline = "DEADLINE: elapsed 46s + next epoch ~4.7s + reserve 11s + finish 5.0s > budget 75s: stopping\n"
+    assert gpu_tasks.predict_vs_reserve(planned + deadline + run) == "9.0s of 11s"
+    assert gpu_tasks.predict_vs_reserve(planned) == "? of 9.0s" and gpu_tasks.predict_vs_reserve("") == "? of ?"
+
+
+def test_predict_start_smoke(tmp_path):
+    """predict_start.py on one trained image project, once each way: both hand in a submission (it
+    exits 1 otherwise) and the table has its row."""
+    out = bench("predict_start.py", str(tmp_path), "--tasks", "image", "--repeats", "1", env=RUN_ENV)
+    row = re.search(rf"^image\s+{NUMBER}s\s+{NUMBER}s\s+{NUMBER}$", out, re.M)
+    assert row and min(map(float, row.groups())) > 0, out
+
+
+def test_cuda_start_smoke():
+    """cuda_start.py on CPU (its CUDA steps left out): each step's seconds and the total."""
+    out = bench("cuda_start.py", "--model", "resnet10t", "--device", "cpu", env=RUN_ENV)
+    assert re.search(rf"^import torch={NUMBER}s import timm={NUMBER}s first matmul=.* total={NUMBER}s$", out, re.M), out
+    assert "cuda.init" not in out
 
 
 def test_gpu_tasks_takes_audio_data_made_beforehand(tmp_path):

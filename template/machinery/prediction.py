@@ -73,13 +73,14 @@ class Start:
     classes: list
 
 
-def start(args, required: bool = True) -> Start:
-    """run.py's wait for train.py, the device (a card this torch cannot run: one ERROR line before
-    any reading), the ensemble's checkpoints (storage.ensemble_checkpoints: the fallback's verdict,
+def start(args, required: bool = True, preload: tuple[str, ...] = ()) -> Start:
+    """run.py's wait for train.py (the model's libraries, `preload`, imported while it trains:
+    submission.import_beside), the device (a card this torch cannot run: one ERROR line before any
+    reading), the ensemble's checkpoints (storage.ensemble_checkpoints: the fallback's verdict,
     the folds left out) and stale temp files of killed runs swept. `required=False` (the table,
     whose trees need no checkpoint): with none, the config train.py wrote beside its models. No
     model at all under run.py: this run's fallback stays (hand_in.untrained)."""
-    supervised = submission.wait_for_train(args.after_train, Path(args.out_dir))
+    supervised = submission.wait_for_train(args.after_train, Path(args.out_dir), preload)
     device = gpu.resolve_device(args.device)
     out, data = Path(args.out_dir), Path(args.data_dir)
     try:

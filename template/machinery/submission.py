@@ -7,6 +7,7 @@ replace it.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
@@ -364,12 +365,26 @@ def hand_in_first(path: Path, rows, defaults: dict) -> None:
 ORPHAN_WAIT_S = 120.0  # predict.py after run.py died: how long train.py may take to save and end (SIGTERM)
 
 
-def wait_for_train(after_train: bool, out_dir: Path) -> bool:
+def import_beside(modules: tuple[str, ...]) -> None:
+    """The model's libraries, imported before run.py's `go` (predict.py's `preload`): they are
+    otherwise imported where the first fold's model is built, after it, on the deadline's path.
+    timm alone pulls in torchvision and torch._dynamo (sympy): 5 s on an H200 machine's CPU, of
+    the 10.6-12.9 s predict.py took after `go` in every task there. One that fails to import is
+    left to fail where the model is built, with that task's own message."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # any failure: the import after `go` raises it again, where the task explains it
+            continue
+
+
+def wait_for_train(after_train: bool, out_dir: Path, preload: tuple[str, ...] = ()) -> bool:
     """run.py starts predict.py (`--after-train`) together with train.py: its interpreter and
     imports (torch, timm, transformers, the project: seconds; on an H100 predict.py took 15-23 s
     in all and the budget had kept 14 s for it) are paid while train.py trains, off the deadline's
-    path. Here it waits for run.py's `go` on stdin (train.py has ended: its checkpoints are
-    written), before touching the GPU, which the training holds. When run.py dies instead (its
+    path, and so are the libraries the scripts import only where they build the model (`preload`:
+    import_beside). Here it waits for run.py's `go` on stdin (train.py has ended: its checkpoints
+    are written), before touching the GPU, which the training holds. When run.py dies instead (its
     stdin ends without `go`), train.py gets SIGTERM with it (a parent-death signal) and saves:
     predict.py waits for train.py's lock on the folder, then hands in the checkpoints itself.
     Then, under run.py or not, it holds the folder's lock while it predicts: a folder another
@@ -380,6 +395,7 @@ def wait_for_train(after_train: bool, out_dir: Path) -> bool:
         if out_dir.is_dir():
             locks.lock_output(out_dir, "predict.py")
         return False
+    import_beside(preload)
     ready = planner.process_age()
     t0 = time.time()
     try:
