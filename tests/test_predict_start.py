@@ -5,8 +5,8 @@ these 2 cores), and an audio run's 11 s reserve handed in the fallback: the scri
 smp, torchvision's detectors and transformers where the first fold's model is built, after `go`,
 and timm alone took 5 s to import there. predict.py now imports them before it waits
 (prediction.start's `preload`, train.py's MODEL_LIBRARIES). Here each task's predict.py is started
-cold as run.py starts it (`--after-train`, no `go` sent) under `python -X importtime`: the library
-that its build_model imports must be imported while it still waits.
+cold as run.py starts it (`--after-train`): when it reads stdin for `go`, the library that its
+build_model imports must be imported already, and nothing may have called CUDA.
 """
 
 from __future__ import annotations
@@ -28,12 +28,18 @@ BUILT_WITH = {
     "detection": "torchvision.models.detection",
     "text": "transformers.models.auto.modeling_auto",
 }
-# predict.py as run.py starts it, whose read of `go` on stdin lists the modules imported by then and ends it
+# predict.py as run.py starts it, whose read of `go` on stdin lists the modules imported by then, and any
+# CUDA call made (the preload must not touch the card: train.py holds it until `go`), and ends it
 AT_GO = """
 import os, runpy, sys
+import torch
+cuda = []
+torch.cuda._lazy_init = lambda: cuda.append("_lazy_init")
+torch._C._cuda_getDeviceCount = lambda: cuda.append("_cuda_getDeviceCount") or 0
 class Stdin:
     def readline(self):
         print("IMPORTED BEFORE GO:", " ".join(sorted(sys.modules)), flush=True)
+        print("CUDA BEFORE GO:", cuda, flush=True)
         os._exit(0)
 sys.stdin, sys.argv = Stdin(), ["predict.py", "--after-train", "--device", "cpu"]
 sys.path.insert(0, os.getcwd())
@@ -50,3 +56,4 @@ def test_predict_imports_the_model_library_before_run_pys_go(tmp_path, task):
     line = next((x for x in r.stdout.splitlines() if x.startswith("IMPORTED BEFORE GO:")), None)
     assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-3000:]
     assert BUILT_WITH[task] in line.split(), f"{BUILT_WITH[task]} is imported only after go"
+    assert "CUDA BEFORE GO: []" in r.stdout, r.stdout[-2000:]
