@@ -6,7 +6,7 @@ On the sixth lent card (an H200) predict.py took 10.6-12.9 s after `go` in every
 its model with timm, smp, torchvision's detectors or transformers, and the table's took 1.5 s:
 the scripts import those libraries where they build the model, after `go`, on the deadline's path.
 
-    python benchmarks/predict_start.py [WORKDIR] [--tasks image,segmentation,detection,text,llm,audio]
+    python benchmarks/predict_start.py [WORKDIR] [--tasks image,segmentation,detection,text,llm,audio,tabular]
                                        [--repeats 3] [--device cpu]
 
 Each task's project is gpu_tasks.py's (kagtpl new on data kagtpl writes), trained for one epoch
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "generator"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_tasks  # noqa: E402  (the tasks' data and projects)
 
-TASKS = ("image", "segmentation", "detection", "text", "llm", "audio")
+TASKS = ("image", "segmentation", "detection", "text", "llm", "audio", "tabular")
 # predict.py as run.py starts it; WAITING when it reads stdin for `go`; PRELOAD=0 turns the preload off
 WRAPPER = """
 import os, runpy, sys

@@ -27,6 +27,7 @@ BUILT_WITH = {
     "segmentation": "segmentation_models_pytorch",
     "detection": "torchvision.models.detection",
     "text": "transformers.models.auto.modeling_auto",
+    "tabular": "sklearn.metrics",  # the blend's metric (machinery/metrics.py imports it where it scores)
 }
 # predict.py as run.py starts it, whose read of `go` on stdin lists the modules imported by then, and any
 # CUDA call made (the preload must not touch the card: train.py holds it until `go`), and ends it
@@ -49,7 +50,7 @@ runpy.run_path("predict.py", run_name="__main__")
 
 @pytest.mark.parametrize("task", sorted(BUILT_WITH))
 def test_predict_imports_the_model_library_before_run_pys_go(tmp_path, task):
-    project = render(tmp_path / task, task=task)
+    project = render(tmp_path / task, task=task, **({"problem": "binary"} if task == "tabular" else {}))
     r = subprocess.run(
         [sys.executable, "-c", AT_GO], cwd=project, env=RUN_ENV, capture_output=True, text=True, timeout=300
     )

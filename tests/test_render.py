@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import ROOT, render
+from conftest import ROOT, render, run_script
 from kagtpl.template import hardware
 
 # The top of a project: what the user edits or runs, and one machinery folder (issue 23).
@@ -60,7 +60,8 @@ SEGMENTATION_ONLY = {"machinery/images.py", "machinery/masks.py"}  # and RLE, ti
 TEXT_ONLY = {"machinery/texts.py", "machinery/adapters.py", "machinery/text_sizing.py"}  # tokens; LoRA; the batch rules
 # the trees, their fold files (serve.py's) and predict.py's hill-climbing blend
 TABULAR_ONLY = {"machinery/boosters.py", "machinery/booster_fits.py", "machinery/blend.py", "machinery/trees.py"}
-TABULAR_ONLY |= {"machinery/tree_seeds.py"}
+TABULAR_ONLY |= {"machinery/tree_seeds.py", "machinery/metrics.py"}  # metrics.py: --metric, as texts score
+TEXT_ONLY |= {"machinery/metrics.py"}
 AUDIO_ONLY = {"machinery/images.py", "machinery/audio.py", "machinery/onnx_export.py"}  # + predict.py --export
 TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY, "segmentation": SEGMENTATION_ONLY}
 TASK_FILES["audio"] = AUDIO_ONLY
@@ -276,9 +277,11 @@ def test_the_competition_code_shared_between_tasks_stays_under_20_lines(tmp_path
 # benchmarks/entry_duplication.py): 26.4% / 37.3% when first counted, 24.9% / 29.5% with machinery/prediction.py
 # and runs.py, 24.9% / 23.9% with the fold loop and serve.py's ensemble in prediction.py, 21.0% / 23.9%
 # with the shared flags (engine.parser, add_batch_flags, add_schedule_flags, images.add_folder_flags) and
-# runs.start's profile and recommendation; the goal is 10%. A ratchet: copy-paste between tasks may
+# runs.start's profile and recommendation, 20.0% / 23.7% with the metrics tables and texts share in
+# machinery/metrics.py and the image-like tasks' --pretrained/--weights in images.add_weights_flags; the
+# goal is 10%. A ratchet: copy-paste between tasks may
 # shrink, never grow; each step down lowers these.
-ENTRY_SHARED_CEILING = {"train.py": 0.209, "predict.py": 0.24}
+ENTRY_SHARED_CEILING = {"train.py": 0.2, "predict.py": 0.24}
 
 
 @pytest.mark.slow
@@ -294,3 +297,15 @@ def test_the_entry_scripts_copied_between_tasks_do_not_grow(tmp_path):
         assert same / total <= ENTRY_SHARED_CEILING[script], (script, same, total, per_task)
         # --kinds sorts every shared line into one kind (docs/generated-project.md's table)
         assert sum(by_kind.values()) == same and by_kind["signatures every task implements"] > 0, by_kind
+
+
+# image's tests/ run in test_run.py and text's in test_text.py; these four had no test running them, and
+# segmentation's failed on every render (its build_model config lacked the layout that names the mask mode)
+@pytest.mark.slow
+@pytest.mark.onecore  # a render and one pytest process: nothing trains
+@pytest.mark.parametrize("task", ["tabular", "segmentation", "detection", "audio"])
+def test_each_tasks_own_tests_pass_as_rendered(tmp_path, task):
+    project = render(tmp_path / "comp", task=task, **({"problem": "binary"} if task == "tabular" else {}))
+    proc = run_script(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", check=False, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and " skipped" not in proc.stdout, proc.stdout[-500:]
