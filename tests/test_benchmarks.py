@@ -3,6 +3,7 @@ can rot. They assert no speed (timings here are noisy); docs/performance.md hold
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -256,7 +257,11 @@ def test_fold_parallel_smoke():
     )
     rounding = 0.05 * (1 + par / seq) / seq  # the times print to 0.1 s: 17.6 / 10.0 may be 1.75 unrounded
     assert seq > 0 and par > 0 and ratio == pytest.approx(par / seq, abs=0.01 + rounding), out
-    assert "folds per worker: {'cpu0': 1, 'cpu1': 1}" in out  # each worker trained a fold
+    # every fold trained once, by one of the two workers. Which one is the workers' start-up race: on a
+    # machine where a Python loop ran 3x slower, one worker trained both 0.8 s folds before the other was
+    # ready, with cold workers too (2026-12-01). Both workers training is tests/test_parallel.py's, on 4 folds.
+    trained = ast.literal_eval(re.search(r"folds per worker: (\{.*?\})", out).group(1))
+    assert set(trained) == {"cpu0", "cpu1"} and sum(trained.values()) == 2, out
 
 
 def test_text_padding_smoke():
