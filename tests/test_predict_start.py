@@ -50,7 +50,7 @@ runpy.run_path("predict.py", run_name="__main__")
 
 @pytest.mark.parametrize("task", sorted(BUILT_WITH))
 def test_predict_imports_the_model_library_before_run_pys_go(tmp_path, task):
-    project = render(tmp_path / task, task=task, **({"problem": "binary"} if task == "tabular" else {}))
+    project = render(tmp_path / task, task=task)
     r = subprocess.run(
         [sys.executable, "-c", AT_GO], cwd=project, env=RUN_ENV, capture_output=True, text=True, timeout=300
     )
