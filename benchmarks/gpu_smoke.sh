@@ -26,6 +26,7 @@
 # SMOKE_DEVICE=cpu runs the same steps on CPU, skipping the CUDA-only ones (to check the script);
 # SMOKE_BUDGET sets step 4's budget (default 10m), SMOKE_TUNE_BUDGET step 7's (default 5m), and
 # SMOKE_TUNE_TRIALS / SMOKE_TUNE_EPOCHS its trials (default 4) and epochs per trial (default 3),
+# SMOKE_PARALLEL=0 leaves step 6 (fold workers, DDP) out on CPU,
 # SMOKE_TASKS step 9's tasks (comma-separated, default all) and SMOKE_TASK_BUDGET their budget (2m);
 # SMOKE_IMAGES, SMOKE_SIZE and SMOKE_MODEL the digits project (default 1200 training images of 64 px,
 # resnet18: a card's load; tests/test_benchmarks.py checks the script on CPU with a smaller one).
@@ -118,8 +119,10 @@ fi
 step experiments "$PY" -m machinery.experiments
 
 # 6. more than one GPU (docs/parallel.md): fold workers, and DDP through torchrun (NCCL; gloo on CPU)
+# SMOKE_PARALLEL=0 leaves it out on CPU: tests/test_parallel.py runs both commands there (the suite's
+# smoke of this script did too, 30 s of its 95 s on 2 cores)
 NGPU=0; [ "$DEVICE" = cuda ] && NGPU="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
-if [ "$DEVICE" = cpu ] || [ "$NGPU" -ge 2 ]; then
+if { [ "$DEVICE" = cpu ] && [ "${SMOKE_PARALLEL:-1}" != 0 ]; } || [ "$NGPU" -ge 2 ]; then
     DEVICES=(); [ "$DEVICE" = cpu ] && DEVICES=(--devices cpu,cpu)
     step folds "$PY" train.py --dry-run --device "$DEVICE" --parallel folds "${DEVICES[@]}" --no-pretrained --out-dir out-folds
     step ddp "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 train.py --dry-run --device "$DEVICE" \
@@ -131,7 +134,8 @@ if [ "$DEVICE" = cpu ] || [ "$NGPU" -ge 2 ]; then
         expect ddp-oom "RANK 1: parts=2 calls=\[8, 8, 4, 4, 4, 4\] same_as_one_process=True" item9-ddp-oom-rank1
     fi
 else
-    echo "== folds, ddp, ddp-oom: skipped ($NGPU GPU visible; they need 2)"
+    [ "$DEVICE" = cpu ] && echo "== folds, ddp: skipped (SMOKE_PARALLEL=0)" \
+        || echo "== folds, ddp, ddp-oom: skipped ($NGPU GPU visible; they need 2)"
 fi
 
 # 7. two tune.py workers on one card: each allocator capped at half, the probe sizing each trial in it
