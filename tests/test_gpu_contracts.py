@@ -112,6 +112,14 @@ def in_project(project, code: str) -> subprocess.CompletedProcess:
     return run_script(project, "-c", textwrap.dedent(code), check=False)
 
 
+def in_a_process(test):
+    """A test that runs in_project: slow (a process of the project's code; in a worker with no fork
+    server yet, its start cost 6-7 s, and these four tests took 24-27 s of the fast tier's 219-227 s
+    summed on 2 cores) and onecore (one process at a time, nothing timed)."""
+    return pytest.mark.slow(pytest.mark.onecore(test))
+
+
+@in_a_process
 def test_item2_catboost_and_xgboost_take_their_gpu_parameters(price_table):
     """CatBoost checks its arguments before it opens a device: with callbacks and task_type=GPU it
     raised 'User defined callbacks are not supported for GPU' (the table's train.py crashed). Now
@@ -150,6 +158,7 @@ def test_item2_catboost_and_xgboost_take_their_gpu_parameters(price_table):
     assert "XGB: (300, 2)" in out and out.rstrip().endswith("[]")  # no fallback warning when predicting
 
 
+@in_a_process
 def test_item3_table_regression_output_is_fp32_under_fp16_autocast(price_table):
     """head(x) * y_std + y_mean under fp16 autocast stayed fp16: a target above 65504 was inf."""
     r = in_project(
@@ -430,6 +439,7 @@ def test_item9_without_the_agreement_ddps_collectives_no_longer_match(tmp_path, 
 # ----------------------------------------------------------------------------- item 10
 
 
+@in_a_process
 def test_item10_a_torch_without_torch_outofmemoryerror_still_recovers(project_modules):
     """torch.OutOfMemoryError is new in 2.5; on 2.3 (which pyproject allows) the first real OOM
     raised AttributeError inside the except clause."""
@@ -663,6 +673,7 @@ def test_item4_after_an_oom_the_batch_is_kept_by_the_log_and_the_doctor(project_
     assert r.returncode == 0 and "keep batch 64: set by oom" in r.stdout, r.stdout
 
 
+@in_a_process
 def test_item4_a_small_tables_batch_is_kept_by_the_log_and_the_doctor(price_table, tmp_path):
     """The second H100 run: a 456-row table's MLP took batch 32 (4096 cut to a power of two that
     leaves an epoch 8 steps), and VALIDATION said 'set by user (--batch-size 0 / --accum-steps 1):
