@@ -120,7 +120,7 @@ step experiments "$PY" -m machinery.experiments
 
 # 6. more than one GPU (docs/parallel.md): fold workers, and DDP through torchrun (NCCL; gloo on CPU)
 # SMOKE_PARALLEL=0 leaves it out on CPU: tests/test_parallel.py runs both commands there (the suite's
-# smoke of this script did too, 30 s of its 95 s on 2 cores)
+# smoke of this script did too: 30 s of its 95 s, run alone on 2 cores)
 NGPU=0; [ "$DEVICE" = cuda ] && NGPU="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
 if { [ "$DEVICE" = cpu ] && [ "${SMOKE_PARALLEL:-1}" != 0 ]; } || [ "$NGPU" -ge 2 ]; then
     DEVICES=(); [ "$DEVICE" = cpu ] && DEVICES=(--devices cpu,cpu)

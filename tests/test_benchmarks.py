@@ -112,7 +112,7 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
                 "SMOKE_TUNE_TRIALS": "2",
                 "SMOKE_TUNE_EPOCHS": "1",
                 # step 6 (fold workers and DDP, dry runs): the same two commands are tests/test_parallel.py's
-                # on CPU, and on a card with one GPU the script skips them anyway (30 s of this test's 95 s)
+                # on CPU, and on a card with one GPU the script skips them anyway (30 s of the script's 95 s, run alone)
                 "SMOKE_PARALLEL": "0",
                 # step 9 on the quickest task: the step itself is checked here (16 s, audio's 45 s). Each task's run
                 # under run.py --budget has its own tests; all seven on a card: benchmarks/gpu_tasks.py
