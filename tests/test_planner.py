@@ -18,9 +18,14 @@ class Clock:
         return self.t
 
 
-def make(planner_module, budget, folds=5, epochs=30, **kw):
+def make(planner_module, budget, folds=5, epochs=30, reserve=None, **kw):
+    """A planner on a fake clock, its lines kept; `reserve`: PredictionReserve's keywords (startup_s, fixed_s),
+    as make_planner passes the run's start and --predict-reserve."""
     clock, lines = Clock(), []
-    planner = planner_module.TimePlanner(budget, folds, epochs, clock=clock, log=lines.append, **kw)
+    prediction = planner_module.PredictionReserve(budget, **(reserve or {}))
+    planner = planner_module.TimePlanner(
+        budget, folds, epochs, prediction=prediction, clock=clock, log=lines.append, **kw
+    )
     return planner, clock, lines
 
 
@@ -131,7 +136,7 @@ def test_a_budget_that_leaves_no_time_to_train_names_the_budget_that_does(projec
     plan, fixed = project_modules.planner, 26.0 if reserve == "fixed" else None
 
     def planner_at(budget):
-        planner, clock, lines = make(plan, budget=budget, folds=3, epochs=30, elapsed_s=2.6, fixed_reserve=fixed)
+        planner, clock, lines = make(plan, budget=budget, folds=3, epochs=30, elapsed_s=2.6, reserve={"fixed_s": fixed})
         if reserve == "measured":
             planner.prediction.note_startup()  # predict.py's start (10 s here) in the reserve: 17.5 s
         return planner
@@ -183,7 +188,7 @@ def test_deadline_guard_and_sigterm(project_modules):
 
 def test_reserve_covers_the_measured_prediction_time(project_modules):
     plan = project_modules.planner
-    planner, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
+    planner, _, _ = make(plan, budget=3600, folds=5, epochs=10, reserve={"startup_s": 8.0})
     assert planner.reserve() == pytest.approx(540)  # 15% before anything is measured
     # validation: 2,000 images in 40 s -> 0.02 s/image; test: 10,000 images x 5 folds x 2 TTA views
     planner.prediction.note_inference(40.0, 2000, test_rows=10_000, views=2, decode_s_per_image=0.004, model_s=2.0)
@@ -194,10 +199,10 @@ def test_reserve_covers_the_measured_prediction_time(project_modules):
     assert planner.training_time() == pytest.approx(planner.training_left() + planner.elapsed())
     assert planner.training_time(1) > planner.training_time() > planner.training_time(10)  # a fold's reserve each
     # a prediction measured at seconds keeps 8% of the budget, not 15%: the time between is training's
-    quick, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
+    quick, _, _ = make(plan, budget=3600, folds=5, epochs=10, reserve={"startup_s": 8.0})
     quick.prediction.note_inference(1.0, 2000, test_rows=1000, views=1, decode_s_per_image=0.0, model_s=1.0)
     assert quick.prediction.need_s(quick.folds) < 0.08 * 3600 and quick.reserve() == pytest.approx(0.08 * 3600)
-    trees, _, _ = make(plan, budget=3600, folds=5, epochs=10, startup_s=8.0)
+    trees, _, _ = make(plan, budget=3600, folds=5, epochs=10, reserve={"startup_s": 8.0})
     trees.prediction.note_startup()  # the trees measure no validation pass: their start is the measure
     assert trees.reserve() == pytest.approx(0.08 * 3600)
 

@@ -215,14 +215,14 @@ def test_template_has_no_tasks_migrations_or_extensions():
 # ----------------------------------------------------------------------------- the engine by concern (issue 23)
 
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 450, 60  # issue 58: "no machinery file over 450", no function over ~60
-# issue 58: "the largest class ~150 lines". A ratchet: TimePlanner is 157 (307 when the issue was filed)
-MAX_CLASS_LINES = 160
+# issue 58: "the largest class ~150 lines". TimePlanner is 148 (307 when the issue was filed); the next is 92
+MAX_CLASS_LINES = 150
 
 
 @pytest.mark.parametrize("task", ["image", "tabular", "text", "segmentation", "detection", "audio"])
 def test_machinery_reads_file_by_file(tmp_path, task):
     """Every machinery file of every task says what it holds in its docstring, is at most 450 lines,
-    and has no function over 60 (classes are read method by method) and no class over 160."""
+    and has no function over 60 (classes are read method by method) and no class over 150."""
     import ast
 
     project = render(tmp_path / "p", task=task, **({"problem": "binary"} if task in ("tabular", "text") else {}))

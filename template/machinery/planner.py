@@ -53,9 +53,9 @@ def make_planner(
     # libraries, then machinery)
     startup_s = time.time() - PROCESS_START if beside else process_age()
     elapsed_s = time.time() - start_time
-    planner = TimePlanner(
-        seconds, folds, epochs, elapsed_s=elapsed_s, startup_s=startup_s, sync=sync, fixed_reserve=fixed_reserve
-    )
+    # fixed_reserve: --predict-reserve's seconds instead of the rule
+    prediction = PredictionReserve(seconds, startup_s, fixed_reserve)
+    planner = TimePlanner(seconds, folds, epochs, elapsed_s=elapsed_s, prediction=prediction, sync=sync)
     planner.parallel = parallel
     install_stop_signals(planner.request_stop)
     return planner
@@ -86,26 +86,16 @@ class TimePlanner:
     decision) and `sync` (torch.cuda.synchronize on CUDA, so the timed steps are real)."""
 
     def __init__(
-        self,
-        budget_s,
-        folds,
-        epochs,
-        min_epochs=3,
-        elapsed_s=0.0,
-        startup_s=10.0,
-        clock=time.monotonic,
-        sync=None,
-        log=print,
-        fixed_reserve=None,
+        self, budget_s, folds, epochs, min_epochs=3, elapsed_s=0.0, prediction=None, clock=None, sync=None, log=print
     ):
         self.budget, self.folds, self.epochs = budget_s, folds, epochs
         self.planned_folds, self.planned_epochs = folds, epochs  # the configured plan: a give-back stops there
         self.min_epochs = min(min_epochs, epochs)
-        self.clock, self.sync, self.log = clock, sync or (lambda: None), log
-        self.t0 = clock() - elapsed_s
-        # what predict.py keeps of the budget; fixed_reserve: --predict-reserve's seconds instead of the rule
-        self.prediction = PredictionReserve(budget_s, startup_s, fixed_reserve)
-        self.times = Timings(clock)  # what the run measured, fold by fold (growth reads it too)
+        self.clock, self.sync, self.log = clock or time.monotonic, sync or (lambda: None), log
+        self.t0 = self.clock() - elapsed_s
+        # what predict.py keeps of the budget (reserve.py), made by make_planner from the run's start
+        self.prediction = prediction or PredictionReserve(budget_s)
+        self.times = Timings(self.clock)  # what the run measured, fold by fold (growth reads it too)
         self.stop_reason: str | None = None
         self.planned = False  # the first estimate (after warm-up) has been made
         self.parallel = 1  # fold workers sharing the folds (--parallel folds); DDP ranks share each fold

@@ -24,7 +24,7 @@ class PredictionReserve:
     MARGIN = 1.25  # +25% on the measured prediction estimate
     END_S = 5.0  # predict.py's end, not for folds: run.py's END_S twice + FoldClock.MARGIN_S (3 s)
 
-    def __init__(self, budget_s: float, startup_s: float, fixed_s: float | None = None):
+    def __init__(self, budget_s: float, startup_s: float = 10.0, fixed_s: float | None = None):
         self.budget = budget_s
         self.startup_s = startup_s  # train.py's start before planning: predict.py's too (less its imports beside)
         self.fixed_s = fixed_s  # seconds, instead of the rule (train.py --predict-reserve)
