@@ -180,7 +180,7 @@ def test_gpu_tasks_checks_each_tasks_log(tmp_path):
 def test_predict_start_smoke(tmp_path):
     """predict_start.py on one trained table, once each way: both hand in a submission (it exits 1
     otherwise) and the table has its row. The table, not the image task: the script's steps are the
-    same for each, and its project trains in 30 s against 42 s (standalone, 2 cores); each task's
+    same for each, and the whole script took 30 s against 42 s (run alone, 2 cores); each task's
     preload itself is tests/test_predict_start.py's."""
     out = bench("predict_start.py", str(tmp_path), "--tasks", "tabular", "--repeats", "1", env=RUN_ENV)
     row = re.search(rf"^tabular\s+{NUMBER}s\s+{NUMBER}s\s+{NUMBER}$", out, re.M)
