@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -192,7 +193,7 @@ def test_typo_in_template_fails_with_strict_undefined(tmp_path):
 
 
 def test_rendered_project_is_ruff_clean(tmp_path):
-    ruff = shutil.which("ruff") or str(__import__("pathlib").Path(sys.executable).parent / "ruff")
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
     matrix = (MATRIX[1], MATRIX[-1], TABULAR_MATRIX[0], TABULAR_MATRIX[2], TEXT_MATRIX[2], SEGMENTATION_MATRIX[1])
     detection = {"task": "detection", "gpu": "t4"}  # every task: the Jinja-named scripts are checked nowhere else
     answers = (*matrix, *AUDIO_MATRIX[1:], detection)
@@ -203,6 +204,33 @@ def test_rendered_project_is_ruff_clean(tmp_path):
     fmt = subprocess.run([ruff, "format", "--check", *map(str, projects)], cwd=tmp_path, capture_output=True, text=True)
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
     assert len(set(projects)) == len(answers) and all((p / "train.py").is_file() for p in projects)  # none overwrote
+
+
+def test_memoized_jinja_compiles_render_byte_for_byte(tmp_path, monkeypatch):
+    """conftest.memoize_jinja_compiles: a task rendered with Jinja's own compile and again with the
+    memo, already filled by another task's render, gives the same files, byte for byte."""
+    import copier
+    import jinja2
+
+    memo = jinja2.Environment.compile
+    if not hasattr(memo, "unmemoized"):
+        pytest.skip("KAGTPL_TEST_JINJA_MEMO=0: no memo to check")
+
+    def run(into, memoized, **answers):
+        monkeypatch.setattr(jinja2.Environment, "compile", memo if memoized else memo.unmemoized)
+        data = {"project_name": "comp", "gpu": "cpu", **answers}
+        copier.run_copy(str(ROOT), into, data=data, defaults=True, vcs_ref="HEAD", quiet=True, unsafe=False)
+        files = {p.relative_to(into): p.read_bytes() for p in into.rglob("*") if p.is_file()}
+        # the commit Copier makes of a dirty checkout for each render: its hash holds the second it was made
+        answers = files[Path(".copier-answers.yml")].splitlines(keepends=True)
+        files[Path(".copier-answers.yml")] = b"".join(line for line in answers if not line.startswith(b"_commit: "))
+        return files
+
+    run(tmp_path / "first", True, task="detection")  # the strings every task shares, compiled once
+    for answers in ({"task": "image"}, {"task": "tabular", "problem": "regression"}, {"task": "audio", "gpu": "t4"}):
+        plain = run(tmp_path / answers["task"] / "plain", False, **answers)
+        assert run(tmp_path / answers["task"] / "memo", True, **answers) == plain, answers
+        assert len(plain) > 40
 
 
 def test_template_has_no_tasks_migrations_or_extensions():
