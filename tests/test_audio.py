@@ -23,9 +23,11 @@ from sklearn.metrics import roc_auc_score
 from conftest import ROOT, THREADS, dry_run_into_output, import_project, render, run_script
 from kagtpl.sounds import write_sounds
 
-# Small spectrograms (64 mels, 157 frames a window): the words are plain at that size, and a CPU
-# epoch takes under a second.
-FAST = ["--device", "cpu", "--n-mels", "64", "--hop", "1024", "--workers", "1"]
+# Small spectrograms (32 mels, 157 frames a window): the words are plain at that size, and a CPU
+# epoch takes under a second. The folders test's 2 folds x 12 epochs, one thread each, measured on
+# 2026-12-02 against 64 mels on two sets (the fixture's and seed 3's): test-window AUC 0.883 and
+# 0.880 against 0.810 and 0.781 (the test asks 0.75), training in 67-78 s against 101-111 s
+FAST = ["--device", "cpu", "--n-mels", "32", "--hop", "1024", "--workers", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -424,8 +426,6 @@ def test_kaggle_predict_notebook_predicts_a_hidden_test_on_cpu(tmp_path, sounds,
     on the shipped folds against recordings train.py never saw (the hidden rerun's), under a Jupyter
     kernel in a simulated Kaggle tree: the training prior is handed in first, then the folds' answer."""
     import json
-    import subprocess
-    import sys
 
     import nbformat
     from nbclient import NotebookClient
@@ -436,8 +436,7 @@ def test_kaggle_predict_notebook_predicts_a_hidden_test_on_cpu(tmp_path, sounds,
     project = render(tmp_path / "birds", task="audio", data_dir=str(data), folds=2, competition="birds-comp")
     dry_run_into_output(project, *FAST)
     args = ["--user", "alice", "--predict", "--cpu", "--budget", "5m", "--no-wheels"]
-    r = subprocess.run([sys.executable, "-m", "kagtpl", "kaggle", str(project), *args], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    run_script(project, "-m", "kagtpl", "kaggle", str(project), *args)  # warm, as tests/test_serve.py's serve_notebook
     meta = json.loads((project / "kaggle" / "kernel-metadata.json").read_text())
     assert meta["enable_gpu"] is False and "machine_shape" not in meta
     assert sorted(p.name for p in (project / "kaggle" / "weights").glob("model_fold*.pth")) == [

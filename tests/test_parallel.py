@@ -32,13 +32,12 @@ LOSS_TOLERANCE = 0.35
 
 
 def torchrun(project, *args, timeout=300):
-    return subprocess.run(
-        [*TORCHRUN, "train.py", "--device", "cpu", *args],
-        cwd=project,
-        env=ONE_THREAD,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    """`torchrun --nproc-per-node=2 train.py --device cpu ARGS` in `project`, started as run_script
+    starts a script: torchrun through the fork server and its two ranks its warm children (real
+    processes, each without its 3-5 s of imports; tests/forkserver.py). agree.py's test below starts
+    torchrun cold: it checks gloo's threads at a rank's exit with torch imported as a rank imports it."""
+    return run_script(
+        project, *TORCHRUN[1:], "train.py", "--device", "cpu", *args, timeout=timeout, check=False, env=ONE_THREAD
     )
 
 

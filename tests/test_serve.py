@@ -324,13 +324,9 @@ def serve_notebook(project: Path, data: Path, sent: str, root: Path, monkeypatch
     import nbformat
     from nbclient import NotebookClient
 
-    r = subprocess.run(
-        [sys.executable, "-m", "kagtpl", "kaggle", str(project), "--user", "alice", "--no-wheels", "--serve", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
+    # through the fork server, as the project's scripts: `kagtpl kaggle` reads the checkpoints with torch
+    # (3-4 s of imports in a new interpreter); the CLI's own start is tests/test_kaggle.py's
+    run_script(project, "-m", "kagtpl", "kaggle", str(project), "--user", "alice", "--no-wheels", "--serve", *flags)
     meta = json.loads((project / "kaggle" / "kernel-metadata.json").read_text())
     competition = root / "input" / "competitions" / meta["competition_sources"][0]
     shutil.copytree(data, competition)

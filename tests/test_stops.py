@@ -203,14 +203,7 @@ def test_a_folder_another_train_py_holds_is_written_by_nobody(project, tmp_path)
     """Case 4: a second run.py (or predict.py) on a folder a train.py trains in. Before, its
     train.py was refused but its predict.py wrote submission.csv into the first run's folder."""
     out = tmp_path / "out"
-    first = subprocess.Popen(
-        [sys.executable, "train.py", "--device", "cpu", f"--out-dir={out}"],
-        cwd=project,
-        env=RUN_ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    first = launch(project, ["train.py", "--device", "cpu", f"--out-dir={out}"], RUN_ENV, subprocess.STDOUT)
     try:
         read_until(first, r"^Epoch 1: ", [])  # the first run's fallback is written
         mark = (out / "submission.csv").stat().st_mtime_ns
