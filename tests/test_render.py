@@ -222,8 +222,8 @@ def test_memoized_jinja_compiles_render_byte_for_byte(tmp_path, monkeypatch):
         copier.run_copy(str(ROOT), into, data=data, defaults=True, vcs_ref="HEAD", quiet=True, unsafe=False)
         files = {p.relative_to(into): p.read_bytes() for p in into.rglob("*") if p.is_file()}
         # the commit Copier makes of a dirty checkout for each render: its hash holds the second it was made
-        answers = files[Path(".copier-answers.yml")].splitlines(keepends=True)
-        files[Path(".copier-answers.yml")] = b"".join(line for line in answers if not line.startswith(b"_commit: "))
+        recorded = files[Path(".copier-answers.yml")].splitlines(keepends=True)
+        files[Path(".copier-answers.yml")] = b"".join(line for line in recorded if not line.startswith(b"_commit: "))
         return files
 
     run(tmp_path / "first", True, task="detection")  # the strings every task shares, compiled once
