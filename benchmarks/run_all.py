@@ -25,6 +25,7 @@ SCRIPTS = [
     "detection.py",
     "audio.py",
     "audio_tta.py",
+    "onnx_export.py",
     "tabular_models.py",
     "tune_storage.py",
     "tune_pruners.py",

@@ -207,20 +207,34 @@ def test_mixup_of_three_clips_sums_each_with_two_others(audio_mod):
     assert solved >= n // 2  # most rows are three distinct clips
 
 
-@pytest.mark.slow  # exports a CNN and runs it in ONNX Runtime (9 s)
+@pytest.mark.slow  # exports networks and runs them in ONNX Runtime (9 s)
 def test_onnx_export_matches_torch_on_any_batch_and_falls_back_to_torch(audio_mod, capsys, monkeypatch):
     onnx_export, errors = audio_mod[0].onnx_export, audio_mod[0].errors
     net = torch.nn.Sequential(
         torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 5)
     )
+    used = []  # each exporter tried, in order (the real ones, recorded)
+    real_bytes = onnx_export.onnx_bytes
+    monkeypatch.setattr(onnx_export, "onnx_bytes", lambda n, x, how: used.append(how) or real_bytes(n, x, how))
     ort = onnx_export.onnx_net(net, torch.randn(2, 3, 16, 20), 1, "tiny", required=False)
     assert (
         isinstance(ort, onnx_export.OrtNet)
         and "EXPORT: tiny runs in ONNX Runtime on 1 thread(s)" in capsys.readouterr().out
     )
+    assert used == ["TorchScript"]  # the quick exporter: ~0.5 s a fold, against 6-10 s
     other = torch.randn(5, 3, 16, 20)  # another batch size: the batch is dynamic in the graph
     with torch.no_grad():
         assert torch.allclose(ort(other), net(other), atol=1e-5)
+
+    class Cond(torch.nn.Module):  # control flow on the data, written for torch.export: a trace fixes one branch
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))
+
+    used.clear()
+    cond = onnx_export.onnx_net(Cond(), torch.ones(2, 3), 1, "cond", required=False)
+    assert isinstance(cond, onnx_export.OrtNet) and used == ["TorchScript", "torch.export"], used
+    with torch.no_grad():  # the other branch, which the TorchScript trace would have left out
+        assert torch.equal(cond(-torch.ones(4, 3)), Cond()(-torch.ones(4, 3)))
 
     class Branchy(torch.nn.Module):  # control flow on the data: torch.export cannot trace it
         def forward(self, x):

@@ -271,6 +271,14 @@ def test_fold_parallel_smoke():
     assert set(trained) == {"cpu0", "cpu1"} and sum(trained.values()) == 2, out
 
 
+def test_onnx_export_smoke():
+    out = bench("onnx_export.py", "--models", "resnet10t", "--mels", "32", "--repeats", "1")
+    rows = dict(re.findall(rf"^resnet10t\s+(TorchScript|torch\.export)\s+{NUMBER}\s+[\d.e+-]+$", out, re.M))
+    assert set(rows) == {"TorchScript", "torch.export"}, out
+    ratio = float(re.search(rf"^resnet10t: torch.export / TorchScript seconds: {NUMBER}$", out, re.M)[1])
+    assert ratio == pytest.approx(float(rows["torch.export"]) / float(rows["TorchScript"]), rel=0.1, abs=0.1), out
+
+
 def test_text_padding_smoke():
     out = bench("text_padding.py", "--rows", "32", "--batch", "8")
     fixed, dynamic, ratio = figures(
