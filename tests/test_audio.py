@@ -18,7 +18,6 @@ import pytest
 import soundfile as sf
 import torch
 import yaml
-from sklearn.metrics import roc_auc_score
 
 from conftest import ROOT, THREADS, dry_run_into_output, import_project, render, run_script
 from kagtpl.sounds import write_sounds
@@ -48,6 +47,8 @@ def audio_mod(tmp_path_factory):
 
 def window_auc(submission: Path, solution: Path) -> float:
     """Macro ROC-AUC of a submission against the truth of every window (labels with a positive)."""
+    from sklearn.metrics import roc_auc_score  # here, not at the top: 2 s of every worker's collection
+
     sub, truth = pd.read_csv(submission), pd.read_csv(solution)
     assert list(sub["row_id"]) == list(truth["row_id"])
     cols = [c for c in truth.columns[1:] if 0 < truth[c].sum() < len(truth)]

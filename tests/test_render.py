@@ -3,6 +3,7 @@ rendered project is ruff clean."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -190,6 +191,27 @@ def test_typo_in_template_fails_with_strict_undefined(tmp_path):
     (src / "template" / "typo.txt.jinja").write_text("{{ no_such_answer }}\n")
     with pytest.raises(Exception, match="no_such_answer"):
         copier.run_copy(str(src), tmp_path / "out", data={"project_name": "x"}, defaults=True, quiet=True)
+
+
+def test_the_generators_template_modules_leave_no_jinja_named_bytecode(tmp_path):
+    """`kagtpl recommend` loads the text task's adapters.py and text_sizing.py from their Jinja-named
+    files. With bytecode on (as on a user's machine), Python would cache them as
+    `__pycache__/{% if task == 'text' %}adapters.cpython-311.pyc`, which a copy of that template
+    folder then fails to render (an unclosed `if`), as the typo test's copy did."""
+    import copier
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "template", src / "template", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "copier.yml", src / "copier.yml")
+    shutil.copytree(ROOT / "generator", src / "generator", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from kagtpl.template import adapters, text_sizing; adapters(); text_sizing()"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(src / "generator")}, check=True)
+    cached = [p.name for p in (src / "template" / "machinery" / "__pycache__").iterdir()]
+    assert f"errors.{sys.implementation.cache_tag}.pyc" in cached  # bytecode was written, for the plain modules
+    assert not [name for name in cached if "{%" in name], cached
+    copier.run_copy(str(src), tmp_path / "out", data={"project_name": "x", "task": "text"}, defaults=True, quiet=True)
+    assert (tmp_path / "out" / "machinery" / "adapters.py").is_file()
 
 
 def test_rendered_project_is_ruff_clean(tmp_path):

@@ -141,6 +141,15 @@ def machinery_package() -> ModuleType:
     return package
 
 
+class _SourceWithoutBytecode(importlib.machinery.SourceFileLoader):
+    """A Jinja-named module's loader that writes no bytecode: Python would name its cache after the
+    file's stem, `__pycache__/{% if task == 'text' %}adapters.cpython-311.pyc`, a path Copier renders
+    as a template (an unclosed `if`), and every later `kagtpl new` from that folder would fail."""
+
+    def set_data(self, path, data, *, _mode=0o666) -> None:
+        return None
+
+
 @cache
 def template_module(name: str) -> ModuleType:
     """A torch-free module of the template (hardware.py, planner.py), loaded from its file, so
@@ -155,7 +164,7 @@ def template_module(name: str) -> ModuleType:
     found = sorted(folder.glob(f"*%}}{name}.py{{% endif %}}"))
     if not found:
         raise KagtplError(f"kagtpl's template has no machinery/{name}.py; reinstall kagtpl")
-    loader = importlib.machinery.SourceFileLoader(f"{PACKAGE}.{name}", str(found[0]))  # not named *.py
+    loader = _SourceWithoutBytecode(f"{PACKAGE}.{name}", str(found[0]))  # not named *.py
     spec = importlib.util.spec_from_file_location(loader.name, found[0], loader=loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
