@@ -196,19 +196,21 @@ def warm_launcher(env: dict = RUN_ENV) -> None:
     whose RUN line said 26.6 s measured 38.9 s from outside on a worker's first script)."""
     if FORKSERVER:
         server_for(env)
-        server_for(env, images=True)
+        server_for(env, "images")
 
 
-def server_for(env: dict, images: bool = False) -> forkserver.Server:
+def server_for(env: dict, kind: str | None = None) -> forkserver.Server:
     """This worker's fork server for the variables read at import in `env`, started on first use;
-    images: the one with the image tasks' libraries preloaded (forkserver.IMAGE_PRELOAD)."""
-    key = (forkserver.import_env(env), images)
+    kind: "images" or "text", the one with that task kind's libraries preloaded (forkserver.KINDS).
+    The text one starts on a worker's first text script (warm_launcher leaves it: no timed test runs
+    a text project, and a worker that runs none would pay its 8-10 s of imports for nothing)."""
+    key = (forkserver.import_env(env, kind), kind)
     if key not in _servers:
-        _servers[key] = forkserver.Server(env, images)
+        _servers[key] = forkserver.Server(env, kind)
     return _servers[key]
 
 
-def forkpython(env: dict, folder: Path, images: bool = False) -> dict:
+def forkpython(env: dict, folder: Path, kind: str | None = None) -> dict:
     """`env` for a shell script whose PYTHON starts its scripts through this worker's fork server
     (tests/forkpython.py, an executable written into `folder`); `env` as it is without the server."""
     if not FORKSERVER:
@@ -217,13 +219,16 @@ def forkpython(env: dict, folder: Path, images: bool = False) -> dict:
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{ROOT / "tests" / "forkpython.py"}" "$@"\n')
     python.chmod(0o755)
     key = json.dumps(forkserver.import_env(env))
-    return {**env, "PYTHON": str(python), "KAGTPL_TEST_FORKSERVER_SOCKET": server_for(env, images).path,
+    return {**env, "PYTHON": str(python), "KAGTPL_TEST_FORKSERVER_SOCKET": server_for(env, kind).path,
             "KAGTPL_TEST_FORKSERVER_KEY": key}  # fmt: skip
 
 
-def image_project(folder: Path) -> bool:
-    """An image, segmentation, detection or audio project: its scripts import timm (and albumentations)."""
-    return (Path(folder) / "machinery" / "images.py").is_file()
+def project_kind(folder: Path) -> str | None:
+    """The fork server's kind for a project: "images" for an image, segmentation, detection or audio
+    project (its scripts import timm and albumentations), "text" for a text one (transformers), None
+    for a table's."""
+    machinery = Path(folder) / "machinery"
+    return "images" if (machinery / "images.py").is_file() else "text" if (machinery / "texts.py").is_file() else None
 
 
 def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
@@ -239,7 +244,7 @@ def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
             text=True,
             start_new_session=new_session,
         )
-    return server_for(env, image_project(project)).popen(args, project, env, stderr, new_session)
+    return server_for(env, project_kind(project)).popen(args, project, env, stderr, new_session)
 
 
 # The modules in the order of their longest test (measured: `pytest --junitxml`, the full suite on

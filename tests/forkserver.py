@@ -18,8 +18,11 @@ and its torch and numpy generators reseeded from the OS, as a new interpreter's 
 
 Libraries read some environment variables when imported (OMP_NUM_THREADS sizes the thread pool):
 one server serves one value of those (`import_env`), so a request with other values gets a server
-of its own. Nothing that reads the Hugging Face variables is preloaded: the text project sets
-HF_HUB_OFFLINE before its first import of transformers, and must keep being the first.
+of its own. A task kind's libraries are preloaded only in a server of that kind (KINDS: the image
+tasks' timm and albumentations, the text task's transformers), under the variables its scripts set
+before they import them (the text project's HF_HUB_OFFLINE and its kin, which it must keep setting
+first: test_text.py checks that in a new interpreter); the plain server preloads nothing that reads
+the Hugging Face variables.
 
 Each runner dumps every thread's stack to its stderr on SIGUSR2 (faulthandler): run_script asks for
 that when a script has not ended in its time, so the failure says where it waited.
@@ -92,6 +95,31 @@ PRELOAD = (
 # each of ~200 image scripts in the suite.
 IMAGE_PRELOAD = ("timm", "albumentations")  # not segmentation_models_pytorch: it makes 3 nn.ReLU at import (0.07 s)
 IMAGE_ENV = {"NO_ALBUMENTATIONS_UPDATE": "1"}
+# The text task's libraries, preloaded in a server of their own that serves text projects, under the
+# variables machinery/texts.py sets (os.environ.setdefault) before its first import of transformers:
+# the offline hub, no telemetry or progress bars, the tokenizer's threads off. A text script paid
+# ~5.5 s of these imports (transformers 1.3 s, the BERT model's module and transformers' core 4.0 s:
+# the suite's MiniLM), ~30 scripts a suite. The Llama and Qwen2 modules are the LLM tests' (0.05 s).
+# That the project sets the variables before it imports transformers is test_text.py's cold check.
+TEXT_PRELOAD = (
+    "transformers",
+    "transformers.models.bert.modeling_bert",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.qwen2.modeling_qwen2",
+    "peft",
+)
+TEXT_ENV = {
+    **dict.fromkeys(("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"), "1"),
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+# each kind of server: what it preloads, the variables the kind's scripts set before importing it,
+# and the modules of NEVER_PRELOADED it may hold
+KINDS = {
+    None: ((), {}, ()),
+    "images": (IMAGE_PRELOAD, IMAGE_ENV, ("huggingface_hub", *IMAGE_PRELOAD)),
+    "text": (TEXT_PRELOAD, TEXT_ENV, ("huggingface_hub", "transformers")),
+}
 # modules that read the environment a script may change before it imports them
 NEVER_PRELOADED = ("huggingface_hub", "transformers", "timm", "albumentations", "machinery")
 IMPORT_ENV_PREFIXES = (
@@ -113,25 +141,28 @@ IMPORT_ENV_PREFIXES = (
 )
 
 
-def import_env(env: dict) -> tuple:
-    """The variables a preloaded library may read at import: one server per value of these."""
+def import_env(env: dict, kind: str | None = None) -> tuple:
+    """The variables a preloaded library may read at import: one server per value of these. A
+    kind's server (KINDS) imported its libraries with the variables its scripts set first, where
+    `env` has none of its own (os.environ.setdefault's rule)."""
+    env = {**KINDS[kind][1], **env}
     return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)))
 
 
 # --- the server (python forkserver.py SOCKET) ---------------------------------------------------
 
 
-def serve(path: str, images: bool = False) -> dict:
-    """Answer requests until killed. Returns only in a forked runner, with its request. images: the
-    image tasks' libraries preloaded too (IMAGE_PRELOAD)."""
-    for name in PRELOAD + (IMAGE_PRELOAD if images else ()):
+def serve(path: str, kind: str | None = None) -> dict:
+    """Answer requests until killed. Returns only in a forked runner, with its request. kind: a task
+    kind's libraries preloaded too ("images": IMAGE_PRELOAD, "text": TEXT_PRELOAD)."""
+    preload, _, allowed = KINDS[kind]
+    for name in PRELOAD + preload:
         with contextlib.suppress(ImportError):
             __import__(name)
-    allowed = ("huggingface_hub", *IMAGE_PRELOAD) if images else ()
     early = [m for m in NEVER_PRELOADED if m in sys.modules and m not in allowed]
     if early:
         raise SystemExit(f"forkserver: {early} imported by the preload; scripts must import them first")
-    SERVER.update(modules=set(sys.modules), path=list(sys.path), warnings=list(warnings.filters))
+    SERVER.update(modules=set(sys.modules), path=list(sys.path), warnings=list(warnings.filters), kind=kind)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
@@ -182,7 +213,7 @@ def _become_runner(request: dict, stdin: int, stdout: int, stderr: int) -> dict:
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # run_script's report on a script that hangs
     _reseed()
     subprocess.Popen._execute_child = _execute_child  # its children: warm where they can be
-    SERVER["import_env"] = import_env(request["env"])  # the server's, as conftest.server_for matched it
+    SERVER["import_env"] = import_env(request["env"], SERVER["kind"])  # the server's, as conftest.server_for matched it
     _set_cmdline([sys.executable, *request["argv"]])
     return request
 
@@ -282,7 +313,7 @@ def _warm(a: dict) -> bool:
         and os.fsdecode(args[0]) == sys.executable
         and script
         and (cwd is None or os.path.isdir(cwd))
-        and import_env(env) == SERVER["import_env"]
+        and import_env(env, SERVER["kind"]) == SERVER["import_env"]
         and not any(m not in SERVER["modules"] and _installed(sys.modules.get(m)) for m in NEVER_PRELOADED)
     )
 
@@ -452,10 +483,10 @@ ROOM = "--room=" + "." * 8192  # the server's last argument: room for its runner
 class Server:
     """One server process and its socket; `popen` starts a script through it."""
 
-    def __init__(self, env: dict, images: bool = False):
+    def __init__(self, env: dict, kind: str | None = None):
         self.dir = tempfile.mkdtemp(prefix="kagtpl-fork-")
         self.path = os.path.join(self.dir, "socket")
-        argv, env = ([self.path, "images"], {**env, **IMAGE_ENV}) if images else ([self.path], env)
+        argv, env = [self.path, *([kind] if kind else [])], {**KINDS[kind][1], **env}
         self.process = subprocess.Popen(
             [sys.executable, __file__, *argv, ROOM],
             env=env,
@@ -550,4 +581,4 @@ class Forked:
 
 
 if __name__ == "__main__":
-    run(serve(sys.argv[1], images="images" in sys.argv[2:]))
+    run(serve(sys.argv[1], next((k for k in KINDS if k in sys.argv[2:]), None)))

@@ -120,7 +120,7 @@ def test_gpu_smoke_script_runs_its_cpu_steps(tmp_path):
                 "SMOKE_TASK_BUDGET": "60s",  # a ceiling: the plan fits and ends early (a quarter of it used)
             },
             tmp_path,
-            images=True,
+            "images",
         ),
         capture_output=True,
         text=True,

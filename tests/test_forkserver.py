@@ -33,6 +33,7 @@ print(json.dumps({
     "file": __file__, "env": os.environ.get("PROBE_VALUE"), "draw": float(numpy.random.rand()),
     "hub": "huggingface_hub" in sys.modules, "sid_is_pid": os.getsid(0) == os.getpid(),
     "timm": "timm" in sys.modules, "albumentations_env": os.environ.get("NO_ALBUMENTATIONS_UPDATE"),
+    "transformers": "transformers" in sys.modules, "hf_offline_env": os.environ.get("HF_HUB_OFFLINE"),
 }))
 """
 
@@ -108,18 +109,38 @@ def test_code_given_with_dash_c_runs_as_python_dash_c_runs_it(server, tmp_path):
     assert forked.communicate(timeout=60)[0] == real.stdout == '[["-c", "x"], "", "__main__"]\n'
 
 
-def test_an_image_projects_server_preloads_timm_and_leaves_the_environment_the_requests(probe):
-    """The image tasks' server (conftest.launch picks it for a project with machinery/images.py):
-    timm and albumentations already imported, and the script sees the request's environment, not the
-    NO_ALBUMENTATIONS_UPDATE the server imported albumentations under."""
-    env = {k: v for k, v in RUN_ENV.items() if k != "NO_ALBUMENTATIONS_UPDATE"}
-    images = forkserver.Server(env, images=True)
+# a task's train.py sets its kind's variables (os.environ.setdefault) before importing that kind's libraries,
+# then starts fold workers with its environment: `python child.py` here
+KIND_PARENT = """
+import json, os, subprocess, sys
+for key, value in json.loads(sys.argv[1]).items():
+    os.environ.setdefault(key, value)
+child = subprocess.run([sys.executable, "child.py"], input="go\\n", capture_output=True, text=True)
+print(child.stdout.splitlines()[0])
+"""
+
+
+@pytest.mark.parametrize(("kind", "library"), [("images", "timm"), ("text", "transformers")])
+def test_a_kinds_server_preloads_its_libraries_and_leaves_the_environment_the_requests(probe, parent, kind, library):
+    """A task kind's server (conftest.launch picks it by the project's machinery/): its libraries
+    already imported, the script sees the request's environment, not the variables the server
+    imported them under; and a child of a train.py that set those variables itself, as the task's
+    train.py does before its fold workers start, is forked warm (it was a new interpreter when the
+    comparison left them out: the image tasks' fold workers each paid their imports)."""
+    preload, kind_env, _ = forkserver.KINDS[kind]
+    env = {k: v for k, v in RUN_ENV.items() if k not in kind_env}
+    server = forkserver.Server(env, kind)
+    (parent / "train.py").write_text(KIND_PARENT)
     try:
-        out, _ = images.popen(["probe.py"], probe, env, subprocess.PIPE, False).communicate(timeout=60)
+        out, _ = server.popen(["probe.py"], probe, env, subprocess.PIPE, False).communicate(timeout=60)
+        forked = server.popen(["train.py", json.dumps(kind_env)], parent, env, subprocess.PIPE, False)
+        child, err = forked.communicate(timeout=60)
     finally:
-        images.close()
+        server.close()
     seen = report(out)
-    assert seen["timm"] and seen["hub"] and seen["albumentations_env"] is None, seen
+    assert seen["hub"] and seen[library] and library in preload, seen
+    assert seen["albumentations_env"] is None and seen["hf_offline_env"] is None, seen  # the request's environment
+    assert json.loads(child)["warm"], child + err
 
 
 def test_a_variable_read_at_import_gets_a_server_of_its_own():

@@ -245,6 +245,33 @@ def test_a_missing_model_folder_or_tokenizer_fails_in_seconds_saying_what_to_att
     print(f"missing model folder: exit 1 after {took:.1f}s (interpreter and imports included)")
 
 
+@pytest.mark.slow
+@pytest.mark.onecore  # one new interpreter, nothing trains
+def test_the_scripts_set_the_hub_offline_before_transformers_is_first_imported(text_data, tmp_path):
+    """In a new interpreter with no Hugging Face variable set, as on Kaggle: predict.py's imports
+    (train.py's with them), then the model's library as the scripts load it. The hub read its
+    variables when first imported, so the values it holds say they were set before that. The suite
+    runs text scripts in a fork server that preloads transformers under these values
+    (tests/forkserver.py, KINDS): this is the check that the scripts themselves set them first."""
+    import subprocess
+    import sys
+
+    project = text_project(tmp_path / "p", text_data["authors"], "authors")
+    code = (
+        "import os, predict\n"
+        "from machinery import texts\n"
+        "texts.transformers_module().AutoModelForSequenceClassification\n"
+        "import huggingface_hub.constants as hub\n"
+        "print(hub.HF_HUB_OFFLINE, hub.HF_HUB_DISABLE_TELEMETRY, hub.HF_HUB_DISABLE_PROGRESS_BARS,"
+        " os.environ['TOKENIZERS_PARALLELISM'])\n"
+    )
+    names = ("HF_", "TRANSFORMERS_", "TOKENIZERS_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(names)}
+    r = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", "True", "True", "false"], r.stdout + r.stderr[-2000:]
+
+
 class Payload:
     def __reduce__(self):
         return (os.system, ("echo ran > /dev/null",))
