@@ -251,25 +251,31 @@ def test_the_scripts_set_the_hub_offline_before_transformers_is_first_imported(t
     """In a new interpreter with no Hugging Face variable set, as on Kaggle: predict.py's imports
     (train.py's with them), then the model's library as the scripts load it. The hub read its
     variables when first imported, so the values it holds say they were set before that. The suite
-    runs text scripts in a fork server that preloads transformers under these values
-    (tests/forkserver.py, KINDS): this is the check that the scripts themselves set them first."""
+    runs text scripts in a fork server that preloads transformers under the variables the scripts
+    set (tests/forkserver.py, TEXT_ENV): this checks that they set them first, and that TEXT_ENV is
+    what they set."""
+    import json
     import subprocess
     import sys
 
+    import forkserver
+
     project = text_project(tmp_path / "p", text_data["authors"], "authors")
+    names = ("HF_", "TRANSFORMERS_", "TOKENIZERS_")
     code = (
-        "import os, predict\n"
+        "import json, os, predict\n"
         "from machinery import texts\n"
         "texts.transformers_module().AutoModelForSequenceClassification\n"
         "import huggingface_hub.constants as hub\n"
-        "print(hub.HF_HUB_OFFLINE, hub.HF_HUB_DISABLE_TELEMETRY, hub.HF_HUB_DISABLE_PROGRESS_BARS,"
-        " os.environ['TOKENIZERS_PARALLELISM'])\n"
+        "print(hub.HF_HUB_OFFLINE, hub.HF_HUB_DISABLE_TELEMETRY, hub.HF_HUB_DISABLE_PROGRESS_BARS)\n"
+        f"print(json.dumps({{k: v for k, v in os.environ.items() if k.startswith({names!r})}}))\n"
     )
-    names = ("HF_", "TRANSFORMERS_", "TOKENIZERS_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(names)}
     r = subprocess.run([sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["True", "True", "True", "false"], r.stdout + r.stderr[-2000:]
+    read, given = r.stdout.splitlines()[-2:]
+    assert read.split() == ["True", "True", "True"], r.stdout + r.stderr[-2000:]
+    assert json.loads(given) == forkserver.TEXT_ENV, given
 
 
 class Payload:
