@@ -23,14 +23,10 @@ from _project import import_project, render
 
 def timed_export(onnx_export, net, example, exporter: str) -> tuple[float, float]:
     """One export and its check, as onnx_net makes them: (seconds, largest difference from torch)."""
-    import torch
-
     start = time.perf_counter()
     session = onnx_export.OrtNet(onnx_export.session_for(onnx_export.onnx_bytes(net, example, exporter), 1))
     seconds = time.perf_counter() - start
-    with torch.no_grad():
-        diff = max((net(x) - session(x)).abs().max().item() for x in (example, torch.cat([example, example[:1]])))
-    return seconds, diff
+    return seconds, onnx_export.largest_difference(net, session, example)
 
 
 def main() -> None:
