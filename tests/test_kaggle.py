@@ -135,7 +135,7 @@ ERRORS = [
     ([], None, "--user USERNAME is needed"),
     (["--budget", "soon", "--no-pretrained"], None, "--budget: cannot read budget 'soon'"),
     (["--no-pretrained"], _bad_requirement, "pip download kagtpl-no-such-package-0000 failed"),
-    ([], None, "trains from pretrained resnet10t weights and Kaggle kernels run offline: pass --weights FILE"),
+    ([], None, "trains from pretrained test_resnet weights and Kaggle kernels run offline: pass --weights FILE"),
     (["--serve", "--predict"], None, "--serve and --predict are two kinds of notebook"),
     (["--predict", "--budget", "none"], None, "--predict runs predict.py by a deadline: pass --budget"),
     (["--predict", "--budget", "9h"], None, "--predict ships the trained folds and none in"),

@@ -53,7 +53,7 @@ def test_dry_run_then_predict(project, digits_dir):
     )
     out = project / "output" / "dry-run"
     assert not (project / "output" / "model_fold0.pth").exists()
-    assert re.search(r"^Model: resnet10t \(4\.9M params, small model\)$", log, re.M)
+    assert re.search(r"^Model: test_resnet \(0\.4M params, small model\)$", log, re.M)
     assert "GPU Memory Used: none (CPU run)" in log
     epochs = re.findall(
         r"^Epoch 1: Loss=[\d.]+, ValLoss=([\d.]+), logloss=\1, LR=\S+, Time=[\d.]+s, "
@@ -68,7 +68,7 @@ def test_dry_run_then_predict(project, digits_dir):
     assert records[0]["gpu_used_gb"] is None and records[0]["samples_per_s"] > 0
     ckpt = torch.load(out / "model_fold0.pth", weights_only=True)
     assert ckpt["classes"][:3] == ["zero", "one", "two"] and ckpt["complete"] is True
-    assert ckpt["config"]["model"] == "resnet10t" and ckpt["config"]["dry_run"] is True
+    assert ckpt["config"]["model"] == "test_resnet" and ckpt["config"]["dry_run"] is True
     assert not list((project / "output").rglob("*.tmp")) and not list((project / "output").rglob(".*.tmp"))
 
     # the run's own log, output/train.log: every line of its stdout; kagtpl doctor reads it by
@@ -102,7 +102,7 @@ def test_dry_run_then_predict(project, digits_dir):
     rows = pd.read_csv(out / "experiments.csv", dtype=str)
     assert len(rows) == 1
     row = rows.iloc[0]
-    assert row["git"] == sha.strip() and row["task"] == "image" and row["model"] == "resnet10t"
+    assert row["git"] == sha.strip() and row["task"] == "image" and row["model"] == "test_resnet"
     assert (row["input"], row["batch"], row["folds_done"], row["epochs_done"]) == ("32px", "8x1", "2", "1 1")
     # the dog-breed layout submits probabilities: the competition's metric, last and ranked by, is log loss
     oof = float(re.search(r"^OOF: Acc=[\d.]+, logloss=([\d.]+)", log, re.M).group(1))

@@ -26,6 +26,7 @@ def test_the_recipe_changes_only_a_default_model_trained_from_scratch(project_mo
     assert recipe("efficientnet_b4", False, "", True) == ("efficientnet_b4", None)  # --model given
     assert recipe("resnet18", False, "", False) == ("resnet18", None)
     assert recipe("resnet10t", False, "", False) == ("resnet10t", None)  # the demo's: it trains from scratch
+    assert recipe("test_resnet", False, "", False) == ("test_resnet", None)  # the tests' model
 
 
 @pytest.mark.slow
