@@ -304,6 +304,45 @@ def test_a_row_per_box_run_is_refused_before_any_fold_loads(served_task, tmp_pat
     ), r.stderr[-2000:]
 
 
+ABORTIVE_GATEWAY = """
+import atexit, os
+
+
+class AbortsAtExit:  # its work done, a library's teardown at the process's exit aborts it (Arrow's pool did)
+    def __init__(self, data_paths):
+        pass
+
+    def run(self):
+        atexit.register(os.abort)
+
+
+class Raises:
+    def __init__(self, data_paths):
+        pass
+
+    def run(self):
+        raise RuntimeError("the gateway's own error")
+"""
+
+
+@pytest.mark.onecore  # two short processes, one at a time; nothing trained or timed
+def test_the_stand_in_gateway_process_ends_with_its_work_not_its_libraries_teardown(tmp_path):
+    """The stand-in's gateway process (its own process, unlike the real package's thread) exits by
+    os._exit once its work is done: an abort in a library's teardown at exit (Arrow's, apache/arrow
+    issue 34314, seen once in CI) is no gateway failure; an error of its own still is, as its last line."""
+    (tmp_path / "abortive.py").write_text(ABORTIVE_GATEWAY)
+    env = {**RUN_ENV, "PYTHONPATH": os.pathsep.join([str(STANDIN.parent), str(tmp_path)])}
+
+    def gateway(name: str) -> subprocess.CompletedProcess:
+        args = [sys.executable, "-m", "kaggle_evaluation.core.gateway_process", "abortive", name, "null"]
+        return subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+
+    done = gateway("AbortsAtExit")
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    failed = gateway("Raises")
+    assert failed.returncode == 1 and failed.stderr.strip().splitlines()[-1] == "RuntimeError: the gateway's own error"
+
+
 def test_no_package_is_one_error_line(served, tmp_path):
     empty = tmp_path / "data"
     empty.mkdir()
