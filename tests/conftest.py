@@ -115,9 +115,9 @@ def render(dest: Path, **data) -> Path:
         "project_name": dest.name,
         "task": "image",
         "gpu": "cpu",
-        # the image task: timm's test_resnet (0.4M parameters), 2.1x resnet10t's epochs/s on 32 px digits
+        # the image task: timm's test_resnet (0.4M parameters), 2.3x resnet10t's epochs/s on 32 px digits
         # (0.65 s against 1.5 s an epoch of 160 images, one thread); it learns them from scratch, more slowly
-        # (OOF accuracy 0.43 after 4 epochs, resnet10t 0.77): a test that needs learning names resnet10t.
+        # (OOF accuracy 0.43 after 3 folds x 4 epochs, resnet10t 0.77): a test that needs learning names its model.
         # audio: resnet10t, which learns the digits as resnet18 does from scratch (OOF accuracy 0.983
         # against 0.982) at 1.7-1.9x its images/s; the segmentation and detection encoders stay resnet18
         "model": {"image": "test_resnet", "audio": "resnet10t"}.get(data.get("task", "image"), "resnet18"),
