@@ -119,8 +119,9 @@ def render(dest: Path, **data) -> Path:
         # (0.65 s against 1.5 s an epoch of 160 images, one thread); it learns them from scratch, more slowly
         # (OOF accuracy 0.43 after 3 folds x 4 epochs, resnet10t 0.77): a test that needs learning names its model.
         # audio too: it hears test_audio's words (one thread: OOF AUC 0.956, test windows 0.838, against
-        # resnet10t's 0.997 and 0.884) in 48 s of the folders test against resnet10t's 83-90 s (2026-12-02).
-        # The segmentation and detection encoders stay resnet18
+        # resnet10t's 0.997 and 0.884); the folders test 76.5 s and 87.0 s against 120.2 s and 120.4 s, an
+        # A/B under -n auto (2026-12-02). Segmentation and detection render resnet18 here (test_segmentation's
+        # make_project names test_resnet)
         "model": "test_resnet" if data.get("task", "image") in ("image", "audio") else "resnet18",
         "image_size": 32,
         "folds": 3,
