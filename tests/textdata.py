@@ -153,6 +153,8 @@ def one_layer_minilm() -> Path:
     save_file(kept, aside / "model.safetensors", metadata={"format": "pt"})
     try:
         os.rename(aside, folder)
-    except OSError:  # another worker's copy is there already
+    except OSError:  # another worker's copy is there already; anything else is an error of its own
         shutil.rmtree(aside)
+        if not (folder / "model.safetensors").is_file():
+            raise
     return folder
