@@ -498,8 +498,9 @@ PROJECT_MODULES = (
     "hand_in",
     "compiling",
     "prediction",
+    "run",
 )
-USER_MODULES = ("train", "predict", "tune")  # the project's top-level files; the rest is machinery/
+USER_MODULES = ("train", "predict", "tune", "run")  # the project's top-level files; the rest is machinery/
 
 
 def import_project(proj: Path, names: tuple[str, ...]) -> SimpleNamespace:
@@ -521,6 +522,6 @@ def import_project(proj: Path, names: tuple[str, ...]) -> SimpleNamespace:
 def project_modules(tmp_path_factory, digits_dir):
     """The modules of one rendered image project, imported for in-process checks: m.train, m.predict, m.engine,
     m.gpu, m.errors, m.experiments, m.hardware, m.images, m.logs, m.planner, m.storage, m.submission,
-    m.tuning, m.tune."""
+    m.tuning, m.tune, m.run."""
     proj = render(tmp_path_factory.mktemp("mods") / "proj", data_dir=str(digits_dir))
     return import_project(proj, PROJECT_MODULES)

@@ -179,6 +179,29 @@ def test_predict_py_killed_while_it_waits_is_started_again(project, digits_dir, 
     nothing_left(out2)
 
 
+def test_a_predict_py_started_again_beside_train_has_its_imports_to_pay_again(project_modules, tmp_path):
+    """run.py names a file predict.py touches once its imports are paid (reserve.READY_ENV), and
+    train.py's reserve leaves them out from then on. A predict.py started beside train.py, the
+    first or one started again after the OOM killer took it, finds that file gone: train.py's
+    reserve holds its whole start again until this one says its imports are paid."""
+    run = project_modules.run
+    ready = tmp_path / "predict-ready"
+    ready.touch()  # an earlier predict.py's word
+    waits = [sys.executable, "-c", "import sys; sys.stdin.readline()"]  # as predict.py waits for `go`
+    predict = run.PredictPy(waits, str(ready))
+    try:
+        assert not ready.exists()
+        ready.touch()  # this one said it was ready, then the OOM killer took it
+        predict.proc.kill()
+        predict.proc.wait()
+        predict.keep_beside()
+        assert predict.again and predict.proc.poll() is None
+        assert not ready.exists()
+    finally:
+        predict.proc.kill()
+        predict.proc.wait()
+
+
 @pytest.mark.slow
 def test_predict_py_killed_after_go_is_started_again_on_the_checkpoints(project, digits_dir, tmp_path):
     """Case 3, after `go`: predict.py killed while it predicts is started again (without

@@ -9,6 +9,7 @@ It is machinery: `copier update` may replace it, so keep your own code elsewhere
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 
@@ -16,7 +17,7 @@ from . import hardware
 from .durations import fmt_s, parse_duration, process_age
 from .errors import RunError
 from .replanning import Replanner, deadline_line, epoch_would_overrun, estimate_line, first_fold_overran, time_line
-from .reserve import PredictionReserve
+from .reserve import READY_ENV, PredictionReserve, PredictStart
 from .tasks import TASKS
 from .timings import Timings
 
@@ -38,9 +39,10 @@ def make_planner(
 ) -> TimePlanner:
     """The run's planner: --budget parsed (on Kaggle with none, 9h), SIGTERM handled.
     `sync` is torch.cuda.synchronize on CUDA, so the timed steps are real. `beside`: run.py started
-    predict.py beside train.py, so its interpreter start and imports are paid by the time train.py
-    ends; the reserve counts only what train.py did after its own imports (the device, the data).
-    On an H100 the whole start had kept 14-27 s of a 60 s budget for a predict.py that took 7-11 s.
+    predict.py beside train.py, so its interpreter start and imports are paid while train.py
+    trains: once predict.py says they are (reserve.PredictStart), the reserve counts only what
+    train.py did after its own imports (the device, the data). On an H100 the whole start had kept
+    14-27 s of a 60 s budget for a predict.py that took 7-11 s.
     `parallel`: the fold workers sharing the folds (--parallel folds), 1 otherwise."""
     try:
         seconds = parse_duration(budget)
@@ -50,11 +52,12 @@ def make_planner(
         seconds = parse_duration(KAGGLE_BUDGET)
         print(f"TIME: on Kaggle with no --budget: using {KAGGLE_BUDGET}, the code-competition limit")
     # PROCESS_START is this module's import, near the end of train.py's imports (torch, the task's
-    # libraries, then machinery)
-    startup_s = time.time() - PROCESS_START if beside else process_age()
+    # libraries, then machinery): beside, predict.py's start less its imports, once it says it paid them
+    after_imports = time.time() - PROCESS_START if beside else None
+    start = PredictStart(process_age(), after_imports, os.environ.get(READY_ENV, ""))
     elapsed_s = time.time() - start_time
     # fixed_reserve: --predict-reserve's seconds instead of the rule
-    prediction = PredictionReserve(seconds, startup_s, fixed_reserve)
+    prediction = PredictionReserve(seconds, start, fixed_reserve)
     planner = TimePlanner(seconds, folds, epochs, elapsed_s=elapsed_s, prediction=prediction, sync=sync)
     planner.parallel = parallel
     install_stop_signals(planner.request_stop)

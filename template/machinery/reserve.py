@@ -5,16 +5,58 @@ and kagtpl's generator shows the same fractions in `kagtpl recommend`. The rule 
 max(15% of the budget, 8% once predict.py's time is measured, the measured prediction estimate).
 The measures come from the training loop (a validation pass: note_inference; the trees' start:
 note_startup), growth (a grown seed's checkpoint: add_model; more TTA views: scale_views) and a
-resumed fold's saved timing (resumed). Nothing else writes its numbers.
+resumed fold's saved timing (resumed). Nothing else writes its numbers. Under run.py predict.py's
+start counts its imports until predict.py, started beside train.py, says it has paid them
+(PredictStart).
 It is machinery: `copier update` may replace it, so keep your own code elsewhere.
 """
 
 from __future__ import annotations
 
+import os
+
+# run.py's: the file predict.py (started beside train.py) touches once its imports are paid, named in
+# both children's environment (train.py's fold workers and torchrun's ranks inherit it)
+READY_ENV = "KAGTPL_PREDICT_READY"
+
+
+class PredictStart:
+    """predict.py's start, as the reserve counts it. Alone (train.py run by hand) it is train.py's
+    own start before planning: interpreter, imports, device, data. Under run.py predict.py starts
+    beside train.py and touches `ready_file` once its imports are paid (submission.wait_for_train);
+    from then on only what train.py did after its own imports counts (`beside_s`). Until then the
+    whole start does: at nice 10 on a loaded machine predict.py's imports are paid only when CPU is
+    left over, and in CI (2 cores, another test beside) it was not ready 39 s into a 40 s run
+    whose train.py had kept 7.8 s, and the fallback was handed in beside a trained fold."""
+
+    def __init__(self, startup_s: float, beside_s: float | None = None, ready_file: str = "", log=print):
+        self.startup_s, self.beside_s, self.ready_file, self.log = startup_s, beside_s, ready_file, log
+        self.ready = False  # predict.py said so (its file is there): its imports are paid
+
+    def seconds(self) -> float:
+        """Looked at each time the reserve is priced (a stat a training step): the file's arrival, and
+        its removal (run.py starts a killed predict.py again, whose imports are not paid), each said once."""
+        if self.beside_s is None or not self.ready_file:
+            return self.startup_s
+        ready = os.path.exists(self.ready_file)
+        if ready != self.ready:
+            self.ready = ready
+            if ready:
+                self.log(
+                    f"RESERVE: predict.py is ready beside train.py (its imports paid): its start in the reserve "
+                    f"is {self.beside_s:.1f}s, not {self.startup_s:.1f}s"
+                )
+            else:
+                self.log(
+                    f"RESERVE: predict.py started again beside train.py: its start in the reserve is "
+                    f"{self.startup_s:.1f}s until it is ready"
+                )
+        return self.beside_s if ready else self.startup_s
+
 
 class PredictionReserve:
-    """What predict.py needs: its start, test decoding and end (base_s), and a share for each
-    checkpoint it ensembles (fold_s): the plan's folds as they stand and the grown seeds."""
+    """What predict.py needs: its start (PredictStart), test decoding and end (base_s), and a share
+    for each checkpoint it ensembles (fold_s): the plan's folds as they stand and the grown seeds."""
 
     FRACTION = 0.15  # before anything is measured
     # Once the prediction estimate is measured (the first validation pass, or the trees' start) the
@@ -24,11 +66,12 @@ class PredictionReserve:
     MARGIN = 1.25  # +25% on the measured prediction estimate
     END_S = 5.0  # predict.py's end, not for folds: run.py's END_S twice + FoldClock.MARGIN_S (3 s)
 
-    def __init__(self, budget_s: float, startup_s: float = 10.0, fixed_s: float | None = None):
+    def __init__(self, budget_s: float, start: PredictStart | float = 10.0, fixed_s: float | None = None):
         self.budget = budget_s
-        self.startup_s = startup_s  # train.py's start before planning: predict.py's too (less its imports beside)
+        self.start = start if isinstance(start, PredictStart) else PredictStart(start)
         self.fixed_s = fixed_s  # seconds, instead of the rule (train.py --predict-reserve)
-        self.base_s = 0.0  # predict.py's start, test decoding and end, measured
+        self.base_s = 0.0  # predict.py's test decoding and end, measured (its start: `start`, once measured)
+        self.started = False  # the start counts: a measure came (note_inference, note_startup)
         self.fold_s = 0.0  # one checkpoint's share of prediction, measured (the largest measure)
         self.extra_models = 0  # grown seeds' whole folds: predict.py ensembles them too
         self.view_factor = 1.0  # growth's TTA views over the plan's (scale_views): a test pass that much longer
@@ -36,7 +79,8 @@ class PredictionReserve:
 
     def need_s(self, folds: int) -> float:
         """predict.py's measured need when it ensembles `folds` planned folds and the grown seeds."""
-        return self.base_s + (folds + self.extra_models) * self.fold_s
+        start_s = self.MARGIN * self.start.seconds() if self.started else 0.0
+        return start_s + self.base_s + (folds + self.extra_models) * self.fold_s
 
     def seconds(self, folds: int) -> float:
         """The reserve: --predict-reserve's seconds, else the rule (0 without a budget)."""
@@ -62,12 +106,12 @@ class PredictionReserve:
         predict.py missed its deadline)."""
         per_sample, self.measured = seconds / max(samples, 1), True
         self.fold_s = max(self.fold_s, self.MARGIN * (model_s + per_sample * test_rows * views * self.view_factor))
-        self.base_s = self.MARGIN * (self.startup_s + decode_s_per_image * test_rows) + self.END_S
+        self.base_s, self.started = self.MARGIN * decode_s_per_image * test_rows + self.END_S, True
 
     def note_startup(self) -> None:
         """Models that measure no validation pass (the trees): the reserve still covers predict.py's
         start (what train.py paid before planning), with the usual margin, and its end."""
-        self.base_s, self.measured = max(self.base_s, self.MARGIN * self.startup_s + self.END_S), True
+        self.base_s, self.started, self.measured = max(self.base_s, self.END_S), True, True
 
     def add_model(self) -> None:
         """A grown seed's fold is whole: predict.py ensembles one more."""

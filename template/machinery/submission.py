@@ -378,12 +378,24 @@ def import_beside(modules: tuple[str, ...]) -> None:
             continue
 
 
+def say_ready() -> None:
+    """predict.py's imports are paid: the file run.py named (reserve.READY_ENV) is touched, and
+    train.py's reserve leaves them out from then on (reserve.PredictStart). One that cannot be
+    written leaves the reserve as it was: with the whole start in it."""
+    path = os.environ.get(planner.READY_ENV)
+    if path:
+        try:
+            Path(path).touch()
+        except OSError:
+            return
+
+
 def wait_for_train(after_train: bool, out_dir: Path, preload: tuple[str, ...] = ()) -> bool:
     """run.py starts predict.py (`--after-train`) together with train.py: its interpreter and
     imports (torch, timm, transformers, the project: seconds; on an H100 predict.py took 15-23 s
     in all and the budget had kept 14 s for it) are paid while train.py trains, off the deadline's
     path, and so are the libraries the scripts import only where they build the model (`preload`:
-    import_beside). Here it waits for run.py's `go` on stdin (train.py has ended: its checkpoints
+    import_beside). Then it says it is ready (say_ready), and waits for run.py's `go` on stdin (train.py has ended: its checkpoints
     are written), before touching the GPU, which the training holds. When run.py dies instead (its
     stdin ends without `go`), train.py gets SIGTERM with it (a parent-death signal) and saves:
     predict.py waits for train.py's lock on the folder, then hands in the checkpoints itself.
@@ -396,6 +408,7 @@ def wait_for_train(after_train: bool, out_dir: Path, preload: tuple[str, ...] = 
             locks.lock_output(out_dir, "predict.py")
         return False
     import_beside(preload)
+    say_ready()
     ready = planner.process_age()
     t0 = time.time()
     try:
