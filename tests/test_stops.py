@@ -202,6 +202,25 @@ def test_a_predict_py_started_again_beside_train_has_its_imports_to_pay_again(pr
         predict.proc.wait()
 
 
+def test_the_ready_files_folder_of_a_killed_run_py_is_removed_by_the_next(project_modules, tmp_path, monkeypatch):
+    """run.py's ready file lives in a folder of its own under the temp folder, named with its pid and
+    removed when it exits; a run.py killed outright (SIGKILL, as test_run_py_stopped_alone... does)
+    cannot, so the next run.py removes the folders of pids that no longer run, and no other."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead, live = tmp_path / f"kagtpl-run-{gone.pid}-abc", tmp_path / f"kagtpl-run-{os.getppid()}-def"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "predict-ready").touch()
+    ready = Path(project_modules.run.ready_file())
+    assert not dead.exists() and (live / "predict-ready").exists()
+    assert ready.name == "predict-ready" and not ready.exists()
+    assert ready.parent.parent == tmp_path and ready.parent.name.startswith(f"kagtpl-run-{os.getpid()}-")
+
+
 @pytest.mark.slow
 def test_predict_py_killed_after_go_is_started_again_on_the_checkpoints(project, digits_dir, tmp_path):
     """Case 3, after `go`: predict.py killed while it predicts is started again (without

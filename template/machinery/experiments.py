@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from . import hardware
-from .storage import atomic_write
+from .storage import atomic_write, pid_alive
 
 COLUMNS = [
     "time",
@@ -74,16 +74,6 @@ def git_commit(cwd: Path = hardware.PROJECT) -> str:
     return sha + ("+" if dirty else "")
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
-
-
 def read(path: Path) -> list[dict]:
     """The rows; a run still marked running whose process is gone reads as killed. A table that
     does not read (cut short mid-character, a NUL byte, not text) is moved aside with a WARNING,
@@ -104,7 +94,7 @@ def read(path: Path) -> list[dict]:
         return []
     for r in rows:
         m = RUNNING.fullmatch(r.get("stop") or "")
-        if m and not alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             r["stop"] = "killed (ended without a result)"
     return rows
 
