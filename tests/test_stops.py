@@ -205,7 +205,8 @@ def test_a_predict_py_started_again_beside_train_has_its_imports_to_pay_again(pr
 def test_the_ready_files_folder_of_a_killed_run_py_is_removed_by_the_next(project_modules, tmp_path, monkeypatch):
     """run.py's ready file lives in a folder of its own under the temp folder, named with its pid and
     removed when it exits; a run.py killed outright (SIGKILL, as test_run_py_stopped_alone... does)
-    cannot, so the next run.py removes the folders of pids that no longer run, and no other."""
+    cannot, so the next run.py removes the folders of pids that no longer run, and no other. A temp
+    folder that cannot be written leaves run.py without one: predict.py starts all the same."""
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -219,6 +220,11 @@ def test_the_ready_files_folder_of_a_killed_run_py_is_removed_by_the_next(projec
     assert not dead.exists() and (live / "predict-ready").exists()
     assert ready.name == "predict-ready" and not ready.exists()
     assert ready.parent.parent == tmp_path and ready.parent.name.startswith(f"kagtpl-run-{os.getpid()}-")
+    # a temp folder that cannot be written: no file, and the reserve holds predict.py's whole start
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    assert project_modules.run.ready_file() == ""
+    predict = project_modules.run.PredictPy([sys.executable, "-c", "pass"], "")
+    assert predict.proc.wait(timeout=30) == 0
 
 
 @pytest.mark.slow
