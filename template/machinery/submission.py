@@ -396,9 +396,10 @@ def wait_for_train(after_train: bool, out_dir: Path, preload: tuple[str, ...] = 
     in all and the budget had kept 14 s for it) are paid while train.py trains, off the deadline's
     path, and so are the libraries the scripts import only where they build the model (`preload`:
     import_beside). Then it says it is ready (say_ready) and waits for run.py's `go` on stdin
-    (train.py has ended: its checkpoints are written), before touching the GPU, which the training holds. When run.py dies instead (its
-    stdin ends without `go`), train.py gets SIGTERM with it (a parent-death signal) and saves:
-    predict.py waits for train.py's lock on the folder, then hands in the checkpoints itself.
+    (train.py has ended: its checkpoints are written), before touching the GPU, which the training
+    holds. When run.py dies instead (its stdin ends without `go`), train.py gets SIGTERM with it (a
+    parent-death signal) and saves: predict.py waits for train.py's lock on the folder, then hands
+    in the checkpoints itself.
     Then, under run.py or not, it holds the folder's lock while it predicts: a folder another
     train.py trains in is a RunError, written into by nobody. Returns whether run.py is there to
     stop it at the budget (`FoldClock.hard_stop`)."""
