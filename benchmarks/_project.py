@@ -4,6 +4,9 @@ measures the generated code itself."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +25,19 @@ TABLE_ANSWERS = {
     "multiclass": {"problem": "multiclass", "metric": "logloss", "target": "label", "submission": "probs"},
     "regression": {"problem": "regression", "metric": "rmse", "target": "target", "submission": "label"},
 }
+
+
+def work_dir(prefix: str) -> Path:
+    """A new folder under $TMPDIR for one run of a benchmark (its data, projects, decode caches:
+    150 MB for detection.py), removed when the benchmark exits. KAGTPL_BENCH_KEEP=1 keeps it, to
+    look at a run's logs and files; its path is printed then. A full test suite left ~0.7 GB of
+    these in /tmp each run until 2026-12-02."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.environ.get("KAGTPL_BENCH_KEEP") == "1":
+        print(f"WORK: {work} (kept: KAGTPL_BENCH_KEEP=1)")
+    else:
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
+    return work
 
 
 MODULES = ("train", "engine", "gpu", "hardware", "planner", "probe", "steps", "machine")
@@ -64,7 +80,7 @@ def table_project(work: Path, kind: str, **answers) -> Path:
 def rendered(task: str, extra_modules: tuple = (), **answers):
     """A namespace of a freshly rendered project's modules: .train, .engine, .gpu, .hardware, .planner
     (and .images for an image project), and any `extra_modules` of it (tune, tuning)."""
-    dest = render(Path(tempfile.mkdtemp(prefix=f"kagtpl-bench-{task}-")) / "proj", task, **answers)
+    dest = render(work_dir(f"kagtpl-bench-{task}-") / "proj", task, **answers)
     return import_project(dest, (*MODULES, *EXTRA.get(task, ()), *extra_modules))
 
 

@@ -33,7 +33,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +44,7 @@ from sklearn.linear_model import LogisticRegression
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
-from _project import cpu_project, held_out_auc, import_project, run_budget  # noqa: E402
+from _project import cpu_project, held_out_auc, import_project, run_budget, work_dir  # noqa: E402
 
 from kagtpl import sounds  # noqa: E402
 
@@ -168,7 +167,7 @@ def score(work: Path, style: str, args: argparse.Namespace) -> tuple[Path, list]
 
 def main() -> None:
     args = get_args()
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-audio-bench-"))
+    work = work_dir("kagtpl-audio-bench-")
     projects, table = [], []
     for style in args.styles.split(","):
         project, rows = score(work, style, args)

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
-from _project import held_out_auc, import_project, render
+from _project import held_out_auc, import_project, render, work_dir
 
 from kagtpl import sounds
 
@@ -63,7 +62,7 @@ def seed_row(work: Path, seed: int, args) -> dict[str, float]:
 
 def main() -> None:
     args = get_args()
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-audio-tta-"))
+    work = work_dir("kagtpl-audio-tta-")
     rows = {seed: seed_row(work, seed, args) for seed in args.seeds}
     table = pd.DataFrame(rows).T
     table.loc["mean"] = table.mean()

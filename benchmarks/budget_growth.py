@@ -27,11 +27,10 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
-from _project import cpu_project, run_budget  # first: it puts kagtpl's generator on the path
+from _project import cpu_project, run_budget, work_dir  # first: it puts kagtpl's generator on the path
 from gpu_tasks import budget_share, grown_folds
 
 from kagtpl import demo, table
@@ -125,7 +124,7 @@ def main() -> None:
     p.add_argument("--loaded-budget", default="3m", help="the loaded table's (the issue's 3m)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: rendered with --gpu auto")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-bench-growth-"))
+    work = work_dir("kagtpl-bench-growth-")
     digits = demo.write_digits(work / "digits", n_train=args.images, n_test=200)
     tab = table.write_table(work / "table", "binary")
     tasks, results = args.tasks.split(","), {}

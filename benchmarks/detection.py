@@ -33,7 +33,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +43,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
-from _project import cpu_project, run_budget, shapes_args  # noqa: E402
+from _project import cpu_project, run_budget, shapes_args, work_dir  # noqa: E402
 
 from kagtpl import shapes  # noqa: E402
 
@@ -169,7 +168,7 @@ def one_fold(project: Path, out: Path, ckpt: Path, work: Path) -> Path:
 
 def main() -> None:
     args = shapes_args()
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-det-bench-"))
+    work = work_dir("kagtpl-det-bench-")
     data = shapes.write_boxes(work / "boxes", "wheat", args.train, args.test, args.size)
     solution = solution_boxes(work / "boxes_solution.csv")
     test_ids = list(pd.read_csv(data / "sample_submission.csv", dtype=str)["image_id"])

@@ -14,11 +14,10 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _project import ROOT
+from _project import ROOT, work_dir
 
 sys.path.insert(0, str(ROOT / "generator"))
 from kagtpl import demo  # noqa: E402
@@ -55,7 +54,7 @@ def main() -> None:
     args = p.parse_args()
     import copier
 
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-bench-folds-"))
+    work = work_dir("kagtpl-bench-folds-")
     data = demo.write_digits(work / "data", n_train=args.images, n_test=40)
     project = work / "proj"
     answers = {"project_name": "proj", "task": "image", "gpu": "cpu", "model": args.model, "image_size": 32}

@@ -10,9 +10,10 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from _project import work_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,7 @@ def main() -> None:
     answers = {"task": "image", "gpu": "a10", "model": "efficientnet_b4"}
     kagtpl_times, copier_times = [], []
     for r in range(args.rounds):
-        dest = Path(tempfile.mkdtemp(prefix="kagtpl-bench-gen-"))
+        dest = work_dir("kagtpl-bench-gen-")
         kagtpl_times.append(
             timed(
                 [

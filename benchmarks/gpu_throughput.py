@@ -27,7 +27,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from _project import import_project, render
+from _project import import_project, render, work_dir
 
 from kagtpl import demo, new
 
@@ -176,7 +175,7 @@ def main() -> None:
     )  # fmt: skip
     args = p.parse_args()
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-    work = args.work or Path(tempfile.mkdtemp(prefix="kagtpl-gpu-throughput-"))
+    work = args.work or work_dir("kagtpl-gpu-throughput-")
     data = write_images(work / "data", args.images)
     # rendered for the card it runs on, as `kagtpl new --gpu auto` on that machine would: a project
     # rendered for the CPU warned on the card that its --gpu was not this card

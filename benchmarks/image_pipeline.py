@@ -7,14 +7,12 @@ decoding the JPEGs with PIL every epoch, with the same transforms, batch and wor
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
-from _project import rendered
+from _project import rendered, work_dir
 from PIL import Image
 
 warnings.filterwarnings("ignore")
@@ -52,7 +50,7 @@ def main() -> None:
     args = p.parse_args()
     project = rendered("image", model="resnet18", image_size=args.size)
     train, images, hardware = project.train, project.images, project.hardware
-    tmp = Path(tempfile.mkdtemp(prefix="kagtpl-bench-jpeg-"))
+    tmp = work_dir("kagtpl-bench-jpeg-")
     rng = np.random.default_rng(0)
     paths = []
     for i in range(args.images):  # photo-like: smooth gradients plus noise, JPEG quality 90

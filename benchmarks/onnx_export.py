@@ -13,12 +13,10 @@ its imports too), the largest difference from torch, and the ratio torch.export 
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 import warnings
-from pathlib import Path
 
-from _project import import_project, render
+from _project import import_project, render, work_dir
 
 
 def timed_export(onnx_export, net, example, exporter: str) -> tuple[float, float]:
@@ -36,7 +34,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="exports per model and exporter; the fastest counts")
     args = p.parse_args()
     warnings.simplefilter("ignore")
-    project = render(Path(tempfile.mkdtemp(prefix="kagtpl-bench-onnx-")) / "proj", "audio")
+    project = render(work_dir("kagtpl-bench-onnx-") / "proj", "audio")
     onnx_export = import_project(project, ("onnx_export",)).onnx_export
     import timm
     import torch

@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_tasks  # noqa: E402  (the tasks' data and projects)
+from _project import work_dir  # noqa: E402
 
 TASKS = ("image", "segmentation", "detection", "text", "llm", "audio", "tabular")
 # predict.py as run.py starts it; WAITING when it reads stdin for `go`; PRELOAD=0 turns the preload off
@@ -88,7 +88,7 @@ def main() -> int:
     tasks = [t for t in args.tasks.split(",") if t]
     if sorted(set(tasks) - set(TASKS)):
         sys.exit(f"ERROR: --tasks: choose from {','.join(TASKS)}")
-    work = args.work or Path(tempfile.mkdtemp(prefix="kagtpl-predict-start-"))
+    work = args.work or work_dir("kagtpl-predict-start-")
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     gpu = "auto" if args.device == "cuda" else "cpu"

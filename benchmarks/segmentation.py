@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from sklearn.linear_model import LogisticRegression
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "generator"))
-from _project import cpu_project, run_budget, shapes_args  # noqa: E402
+from _project import cpu_project, run_budget, shapes_args, work_dir  # noqa: E402
 
 from kagtpl import shapes  # noqa: E402
 
@@ -131,7 +130,7 @@ def mean_dice(model, data: Path, ids) -> float:
 
 def main() -> None:
     args = shapes_args()
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-seg-bench-"))
+    work = work_dir("kagtpl-seg-bench-")
     data = shapes.write_shapes(work / "shapes", "png", args.train, args.test, args.size)
     solution = work / "shapes_solution.csv"
     project = cpu_project(work, "seg", "segmentation", data)

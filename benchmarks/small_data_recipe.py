@@ -16,13 +16,12 @@ import argparse
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from _project import ROOT
+from _project import ROOT, work_dir
 from PIL import Image
 
 sys.path.insert(0, str(ROOT / "generator"))
@@ -58,7 +57,7 @@ def main() -> None:
     p.add_argument("--train", type=int, default=600)
     p.add_argument("--budget", default="10m")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-bench-recipe-"))
+    work = work_dir("kagtpl-bench-recipe-")
     data = demo.write_digits(work / "data", n_train=args.train, n_test=297)
     solution = pd.read_csv(work / "data_solution.csv", dtype=str)
     new = subprocess.run(

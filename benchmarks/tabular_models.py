@@ -14,13 +14,11 @@ import argparse
 import re
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from _project import TABLE_ANSWERS as ANSWERS
-from _project import table_project
+from _project import table_project, work_dir
 from sklearn.metrics import log_loss, mean_squared_error, roc_auc_score
 
 MODELS = ("lgbm", "xgb", "cat", "mlp")
@@ -35,7 +33,7 @@ def held_out(kind: str, truth: pd.Series, pred: np.ndarray) -> float:
 
 
 def run_kind(kind: str, folds: int) -> None:
-    work = Path(tempfile.mkdtemp(prefix=f"kagtpl-models-{kind}-"))
+    work = work_dir(f"kagtpl-models-{kind}-")
     project = table_project(work, kind, folds=folds, epochs=50)
     data = work / "data"
     run = subprocess.run(

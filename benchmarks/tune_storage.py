@@ -17,11 +17,10 @@ import argparse
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _project import table_project
+from _project import table_project, work_dir
 
 STRESS = """
 import sys, time, optuna
@@ -95,7 +94,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=16, help="tune.py trials per run")
     p.add_argument("--epochs", type=int, default=10, help="the MLP's epochs in each tune.py trial")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="kagtpl-tune-"))
+    work = work_dir("kagtpl-tune-")
 
     print(f"1. storage stress: 2 processes x {args.stress_trials} trials, {args.steps} reports each")
     print(f"{'storage':<10} {'trials/min':>11} {'done':>6} {'errors':>7}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import importlib
@@ -146,6 +147,19 @@ def render(dest: Path, **data) -> Path:
 # fixture's digits project, in 22 tests) is a copy of the first, made by the same run_copy of the
 # same template state (1.5-2 s a render on these 2 cores). Nothing writes in these.
 _rendered: dict[str, Path] = {}
+
+
+def _remove_rendered(owner: int = os.getpid()) -> None:
+    if os.getpid() != owner:  # a forked child's exit leaves its parent's renders alone
+        return
+    for first in _rendered.values():
+        shutil.rmtree(first.parent, ignore_errors=True)
+    _rendered.clear()
+
+
+# and at exit: a script that renders with this module has no session end (benchmarks/entry_duplication.py,
+# imported by test_render.py as a second `conftest` beside pytest's own: six renders left in /tmp a run)
+atexit.register(_remove_rendered)
 
 
 # Jinja's settings that decide what a source string compiles to (the lexer's, as jinja2.lexer.get_lexer
@@ -359,8 +373,7 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_sessionfinish(session, exitstatus):
     for server in _servers.values():
         server.close()
-    for first in _rendered.values():
-        shutil.rmtree(first.parent, ignore_errors=True)
+    _remove_rendered()
 
 
 def run_script(

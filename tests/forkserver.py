@@ -212,6 +212,7 @@ def _become_runner(request: dict, stdin: int, stdout: int, stderr: int) -> dict:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # TMPDIR read again, as a new interpreter reads it (the server's may have cached /tmp)
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # run_script's report on a script that hangs
     _reseed()
     subprocess.Popen._execute_child = _execute_child  # its children: warm where they can be
@@ -363,6 +364,7 @@ def _become_child(a: dict, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwri
     if a["env"] is not None:
         os.environ.clear()
         os.environ.update({os.fsdecode(k): os.fsdecode(v) for k, v in a["env"].items()})
+        tempfile.tempdir = None
 
 
 def _run_as_interpreter(given: list[str]) -> None:

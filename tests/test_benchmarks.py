@@ -53,10 +53,19 @@ def test_training_loop_smoke():
     assert rates["kagtpl train.py loop"] / bare > 0.3, out  # same work: no order-of-magnitude loss even at this size
 
 
-def test_image_pipeline_smoke():
-    out = bench("image_pipeline.py", "--images", "40", "--jpeg-size", "64", "--size", "32", "--batch", "8")
+def test_image_pipeline_smoke(tmp_path):
+    """...and a benchmark's work folders (its project, images and decode cache here) are gone when it
+    ends, unless KAGTPL_BENCH_KEEP=1 keeps them and says where: a full suite left ~0.7 GB in /tmp."""
+    args = ("image_pipeline.py", "--images", "40", "--jpeg-size", "64", "--size", "32", "--batch", "8")
+    tmp, kept = tmp_path / "tmp", tmp_path / "kept"
+    tmp.mkdir(), kept.mkdir()
+    out = bench(*args, env={**GROW_ENV, "TMPDIR": str(tmp)})
     cache, pil, ratio = figures(out, r"decode cache \(kagtpl\)", "PIL decode every epoch", "ratio:")
     assert cache > 0 and pil > 0 and ratio == pytest.approx(cache / pil, rel=0.05), out
+    assert "WORK:" not in out and list(tmp.iterdir()) == [], out
+    out = bench(*args, env={**GROW_ENV, "TMPDIR": str(kept), "KAGTPL_BENCH_KEEP": "1"})
+    said = re.findall(r"^WORK: (\S+) \(kept: KAGTPL_BENCH_KEEP=1\)$", out, re.M)
+    assert sorted(said) == sorted(str(p) for p in kept.iterdir()) and len(said) == 2, out  # the project, the images
 
 
 def test_generator_latency_smoke():

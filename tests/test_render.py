@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, render, run_script
+from conftest import ROOT, RUN_ENV, render, run_script
 from kagtpl.template import hardware
 
 # The top of a project: what the user edits or runs, and one machinery folder (issue 23).
@@ -346,6 +346,19 @@ def test_the_entry_scripts_copied_between_tasks_do_not_grow(tmp_path):
         assert same / total <= ENTRY_SHARED_CEILING[script], (script, same, total, per_task)
         # --kinds sorts every shared line into one kind (docs/generated-project.md's table)
         assert sum(by_kind.values()) == same and by_kind["signatures every task implements"] > 0, by_kind
+
+
+@pytest.mark.slow
+@pytest.mark.onecore  # one render, nothing trains
+def test_a_script_rendering_with_the_tests_render_leaves_nothing_in_tmp(tmp_path):
+    """conftest.render keeps each set of answers' first render in a temp folder; pytest's session end
+    removes them, and a script that renders with it has none (benchmarks/entry_duplication.py, six
+    renders left in /tmp a run until 2026-12-02): those go at its exit."""
+    tmp, dest = tmp_path / "tmp", tmp_path / "proj"
+    tmp.mkdir()
+    code = f"import conftest; conftest.render(conftest.Path({str(dest)!r}), task='tabular', problem='binary')"
+    run_script(ROOT / "tests", "-c", code, env={**RUN_ENV, "TMPDIR": str(tmp)})
+    assert (dest / "train.py").is_file() and list(tmp.iterdir()) == []
 
 
 # image's tests/ run in test_run.py and text's in test_text.py; these four had no test running them, and
