@@ -33,6 +33,7 @@ from pathlib import Path
 
 RECORD = struct.Struct("<BBHIIIIIIfHHHHHHHH16s")  # struct acct_v3, linux/acct.h: 64 bytes
 AHZ = 100  # the records' clock ticks a second
+AFORK = 0x01  # ac_flag: the process forked and did not exec
 TICKS = os.sysconf("SC_CLK_TCK")
 SCRIPTS = ("train.py", "predict.py", "run.py", "tune.py", "serve.py")
 FOLD_WORKER = re.compile(r"--device=\S+ --start-time=\S+$")  # workers.py: the parent's argv and these two
@@ -103,6 +104,7 @@ def read_records(path: Path) -> list[dict]:
                 "wall": f[9] / AHZ,
                 "cpu": (comp_t(f[10]) + comp_t(f[11])) / AHZ,
                 "comm": f[18].rstrip(b"\0").decode(errors="replace"),
+                "forked": bool(f[0] & AFORK),  # forked and never exec'd: a warm fork, not a new interpreter
             }
         )
     return out
@@ -136,6 +138,8 @@ def kind(rec: dict, parent: dict | None) -> str:
         return "pytest worker (light tests, renders, in-process checks)"
     if how == "-m" and base == "pytest":
         return "pytest (main)"
+    if parent is not None and parent.get("kind") == MONITOR:  # its command line rewritten to `python train.py ...`
+        return FORKED
     if base == "forkserver.py":  # tests/forkserver.py: server -> monitor -> script run, all one image
         if not forked:
             return SERVER
@@ -145,19 +149,22 @@ def kind(rec: dict, parent: dict | None) -> str:
     if how == "-m":
         return {"torch.distributed.run": "torchrun", "ipykernel_launcher": "Jupyter kernel"}.get(base, f"-m {base}")
     if base in SCRIPTS:
+        # a script forked warm by its parent (tests/forkserver.py's warm children) or a new interpreter;
+        # a run recorded before the flag was kept (--from-json) cannot tell them apart
+        how = {True: "warm fork", False: "cold"}.get(rec.get("forked"), "cold or warm fork")
         if "--tune-start=" in cmd:
-            return "tune.py worker (cold)"
+            return f"tune.py worker ({how})"
         if FOLD_WORKER.search(cmd):
-            return f"{base} fold worker (cold)"
+            return f"{base} fold worker ({how})"
         if parent and parent.get("kind") == "torchrun":
-            return f"{base} DDP rank (cold)"
+            return f"{base} DDP rank ({how})"
         if parent and parent.get("kind", "").startswith("run.py"):
-            return f"{base} started by run.py (cold)"
+            return f"{base} started by run.py ({how})"
         if parent and parent.get("kind", "").startswith(FORKED):
             # run.py, forked by the tests' fork server, is the script whose train.py has --start-time
             # (run.py's budget_flag); the benchmarks' scripts start theirs without it
-            return f"{base} started by {'run.py' if parent.get('runs_train') else 'a benchmark'} (cold)"
-        return f"{base} (cold)"
+            return f"{base} started by {'run.py' if parent.get('runs_train') else 'a benchmark'} ({how})"
+        return f"{base} ({how})"
     if "/benchmarks/" in what:
         return "benchmark script (cold)"
     return f"python -c {base[:20]}" if how == "-c" else f"python {base}"

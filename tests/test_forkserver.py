@@ -34,6 +34,7 @@ print(json.dumps({
     "hub": "huggingface_hub" in sys.modules, "sid_is_pid": os.getsid(0) == os.getpid(),
     "timm": "timm" in sys.modules, "albumentations_env": os.environ.get("NO_ALBUMENTATIONS_UPDATE"),
     "transformers": "transformers" in sys.modules, "hf_offline_env": os.environ.get("HF_HUB_OFFLINE"),
+    "tmp": __import__("tempfile").gettempdir(),
 }))
 """
 
@@ -72,7 +73,7 @@ def report(stdout: str) -> dict:
 
 
 def test_a_forked_run_sees_what_python_script_would(server, probe):
-    real, forked = both(server, probe, "a", "b c", env={"PROBE_VALUE": "x"}, new_session=True)
+    real, forked = both(server, probe, "a", "b c", env={"PROBE_VALUE": "x", "TMPDIR": str(probe)}, new_session=True)
     assert real[0] == forked[0] == 0
     assert real[2] == forked[2] == "to stderr\n"
     ours, theirs = report(real[1]), report(forked[1])
@@ -80,6 +81,7 @@ def test_a_forked_run_sees_what_python_script_would(server, probe):
     assert ours == theirs
     assert theirs["argv"] == ["probe.py", "a", "b c"] and theirs["path0"] == str(probe)
     assert theirs["env"] == "x" and theirs["name"] == "__main__" and theirs["sid_is_pid"]
+    assert theirs["tmp"] == str(probe)  # the request's TMPDIR, not the server's /tmp (tempfile caches it)
     assert not theirs["hub"]  # the text project sets HF_HUB_OFFLINE before this is first imported
     assert real[1].splitlines()[1:] == forked[1].splitlines()[1:] == ["atexit ran"]  # a real exit
 

@@ -23,7 +23,11 @@ def test_a_record_is_read_back_with_its_cpu_in_seconds(tmp_path):
     raw = suite_cpu.RECORD.pack(0, 3, 0, 0, 0, 0, 42, 7, 1_800_000_000, 150.0, 0x2019, 5, 0, 0, 0, 0, 0, 0, b"python3")
     (tmp_path / "acct").write_bytes(raw * 2)
     recs = suite_cpu.read_records(tmp_path / "acct")
-    assert recs == [{"pid": 42, "ppid": 7, "start": 1.8e9, "wall": 1.5, "cpu": 2.05, "comm": "python3"}] * 2
+    one = {"pid": 42, "ppid": 7, "start": 1.8e9, "wall": 1.5, "cpu": 2.05, "comm": "python3", "forked": False}
+    assert recs == [one] * 2
+    forked = suite_cpu.RECORD.pack(suite_cpu.AFORK, 3, 0, 0, 0, 0, 43, 7, 1_800_000_000, 1.0, 1, 1, *[0] * 6, b"python")
+    (tmp_path / "acct").write_bytes(forked)
+    assert suite_cpu.read_records(tmp_path / "acct")[0]["forked"]  # forked and never exec'd
 
 
 def test_each_process_gets_the_kind_its_command_line_and_parents_give_it():
@@ -48,8 +52,15 @@ def test_each_process_gets_the_kind_its_command_line_and_parents_give_it():
         (26, 25, "python", SERVER),
         (27, 26, "python", f"{PY} train.py --epochs 1"),  # no --start-time: not run.py's
         (28, 26, "python", f"{PY} predict.py --device cpu"),
+        (29, 12, "python", SERVER),  # a third monitor: its script's command line rewritten (forkserver._set_cmdline)
+        (30, 29, "python", f"{PY} train.py --device cpu"),
     ]
-    records = [{"pid": p, "ppid": pp, "start": t, "wall": 1.0, "cpu": 1.0, "comm": c} for p, pp, c, _ in procs]
+    warm = {13, 14, 15, 16, 22, 25, 26, 27, 29, 30}  # forked, never exec'd (acct's AFORK)
+    records = [
+        {"pid": p, "ppid": pp, "start": t, "wall": 1.0, "cpu": 1.0, "comm": c, "forked": p in warm}
+        for p, pp, c, _ in procs
+    ]
+    next(r for r in records if r["pid"] == 28).pop("forked")  # recorded before the flag was kept: either
     seen = [[p, t + 0.4, cmd] for p, _, _, cmd in procs if cmd is not None]
     seen.append([16, t - 30.0, "an older process with the same pid"])
     suite_cpu.classify(records, seen)
@@ -60,7 +71,7 @@ def test_each_process_gets_the_kind_its_command_line_and_parents_give_it():
         13: "fork server: monitor",
         14: "fork server: script run",
         15: "fork server: script run > DataLoader worker",
-        16: "train.py started by run.py (cold)",
+        16: "train.py started by run.py (warm fork)",
         17: "predict.py started by run.py (cold)",
         18: "train.py fold worker (cold)",
         19: "torchrun",
@@ -71,6 +82,8 @@ def test_each_process_gets_the_kind_its_command_line_and_parents_give_it():
         24: "pytest worker (light tests, renders, in-process checks) > forked, unseen",
         25: "fork server: monitor",
         26: "fork server: script run",
-        27: "train.py started by a benchmark (cold)",
-        28: "predict.py started by a benchmark (cold)",
+        27: "train.py started by a benchmark (warm fork)",
+        28: "predict.py started by a benchmark (cold or warm fork)",
+        29: "fork server: monitor",
+        30: "fork server: script run",
     }
