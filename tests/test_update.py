@@ -90,11 +90,14 @@ class Release:
         git(self.root, "add", "-A")
         git(self.root, "commit", "-q", "-m", f"release {version}")
         git(self.root, "tag", f"v{version}")
+        tmp = dist / f"tmp-{version}"  # an old release's build hook left its bundle's folder in TMPDIR
+        tmp.mkdir(parents=True, exist_ok=True)
         subprocess.run(
             [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(self.root)],
             check=True,
             capture_output=True,
             timeout=300,
+            env={**os.environ, "TMPDIR": str(tmp)},
         )
         return next(dist.glob(f"kagtpl-{version}-*.whl"))
 
