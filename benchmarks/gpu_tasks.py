@@ -152,8 +152,9 @@ def main() -> int:
         sys.exit(f"ERROR: --tasks: unknown {unknown}; choose from {','.join(TASKS)}")
     args.work.mkdir(parents=True, exist_ok=True)
     gpu = "auto" if args.device == "cuda" else "cpu"
-    # the image tasks' and text's libraries read these at import (their scripts set them too); a table's
-    # scripts import neither, and without them its run.py forks warm under the tests' fork server
+    # the image tasks' and text's libraries read these at import (image/segmentation/detection train.py
+    # set the first, texts.py the second; timm is told only here); a table's scripts import neither, and
+    # without them its run.py forks warm under the tests' fork server
     libraries_env = {"NO_ALBUMENTATIONS_UPDATE": "1", "HF_HUB_OFFLINE": "1"}
     failed = []
     print(

@@ -210,15 +210,21 @@ def _become_runner(request: dict, stdin: int, stdout: int, stderr: int) -> dict:
     if request["new_session"]:
         os.setsid()
     os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    tempfile.tempdir = None  # TMPDIR read again, as a new interpreter reads it (the server's may have cached /tmp)
+    _take_environ(request["env"])
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # run_script's report on a script that hangs
     _reseed()
     subprocess.Popen._execute_child = _execute_child  # its children: warm where they can be
     SERVER["import_env"] = import_env(request["env"], SERVER["kind"])  # the server's, as conftest.server_for matched it
     _set_cmdline([sys.executable, *request["argv"]])
     return request
+
+
+def _take_environ(env: dict) -> None:
+    """This process's environment becomes `env`, as a new interpreter's would be: TMPDIR read again
+    at the next temp file (the server's imports cached /tmp in `tempfile`)."""
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None
 
 
 def _reseed() -> None:
@@ -362,9 +368,7 @@ def _become_child(a: dict, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwri
             if callable(signal.getsignal(sig)) and sig not in (signal.SIGKILL, signal.SIGSTOP):
                 signal.signal(sig, signal.SIG_DFL)
     if a["env"] is not None:
-        os.environ.clear()
-        os.environ.update({os.fsdecode(k): os.fsdecode(v) for k, v in a["env"].items()})
-        tempfile.tempdir = None
+        _take_environ({os.fsdecode(k): os.fsdecode(v) for k, v in a["env"].items()})
 
 
 def _run_as_interpreter(given: list[str]) -> None:
