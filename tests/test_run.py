@@ -133,6 +133,23 @@ def test_a_dry_run_after_training_touches_nothing_the_run_made(project, digits_d
     assert "WARNING: dry-run checkpoints" not in pred
 
 
+def test_a_tmpdir_too_long_for_a_socket_still_trains_with_loader_workers(project, tmp_path):
+    """A DataLoader worker hands its batches over through a socket in TMPDIR/pymp-XXXXXXXX (torch's
+    file_descriptor sharing), and Linux's AF_UNIX paths hold 107 bytes: under a TMPDIR of 76 bytes or
+    more the worker's bind failed in a background thread and train.py waited forever for its first
+    batch, SIGTERM too (a pytest tmp_path as TMPDIR did it, and a budget's kill then handed in the
+    fallback). hardware.short_socket_dir moves multiprocessing's folder to /tmp there, as CPython 3.14
+    does itself; TMPDIR stays the run's for everything else."""
+    long = tmp_path / ("t" * max(1, 80 - len(str(tmp_path))))
+    long.mkdir()
+    assert len(str(long)) + len("/pymp-XXXXXXXX/listener-XXXXXXXX") > 107
+    args = ["train.py", "--dry-run", "--device", "cpu", "--workers", "1", "--out-dir", str(tmp_path / "out")]
+    log = run_script(project, *args, env={**RUN_ENV, "TMPDIR": str(long)}, timeout=180).stdout
+    assert "DataLoader: num_workers=1," in log and "FOLD 1 DONE" in log, log[-2000:]
+    assert not list(long.glob("pymp-*"))  # the sockets were bound elsewhere
+    assert (tmp_path / "out" / "model_fold1.pth").is_file()
+
+
 def test_the_json_log_says_who_set_the_batch(project):
     """batch_set_by, the VALIDATION line's key (kagtpl doctor reads it): your --batch-size is
     `user` with or without the probe (it read `rule` where no probe ran), the small-data shrink's
