@@ -57,6 +57,7 @@ import inspect
 import io
 import json
 import locale
+import multiprocessing
 import os
 import runpy
 import select
@@ -225,6 +226,7 @@ def _take_environ(env: dict) -> None:
     os.environ.clear()
     os.environ.update(env)
     tempfile.tempdir = None
+    multiprocessing.current_process()._config.pop("tempdir", None)  # nor multiprocessing's socket folder
 
 
 def _reseed() -> None:

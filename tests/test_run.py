@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -148,6 +149,11 @@ def test_a_tmpdir_too_long_for_a_socket_still_trains_with_loader_workers(project
     assert "DataLoader: num_workers=1," in log and "FOLD 1 DONE" in log, log[-2000:]
     assert not list(long.glob("pymp-*"))  # the sockets were bound elsewhere
     assert (tmp_path / "out" / "model_fold1.pth").is_file()
+    # ...in a folder that goes with the script, through errors.end_now's os._exit too, which skips the
+    # interpreter's exit (train.py's DONE, predict.py's SUBMISSION: each left one in /tmp)
+    code = "from machinery import errors, hardware; print(hardware.short_socket_dir()); errors.end_now()"
+    folder = Path(run_script(project, "-c", code, env={**RUN_ENV, "TMPDIR": str(long)}).stdout.strip())
+    assert folder.name.startswith("pymp-") and folder.parent != long and not folder.exists(), folder
 
 
 def test_the_json_log_says_who_set_the_batch(project):

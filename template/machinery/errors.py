@@ -118,6 +118,17 @@ def main(fn, argv=None) -> None:
     end_now()
 
 
+# What end_now still does before os._exit, which skips atexit and multiprocessing's finalizers: a
+# folder of this process's to remove (hardware.short_socket_dir's in /tmp: every train.py under a long
+# TMPDIR left one). (pid, fn): a forked child inherits the list, and runs only what it registered.
+_AT_END: list = []
+
+
+def at_end_now(fn) -> None:
+    """Have end_now call `fn()` (an OSError it raises is ignored) in this process, not in its forked children."""
+    _AT_END.append((os.getpid(), fn))
+
+
 def end_now(code: int = 0) -> None:
     """Exit with `code` without the interpreter's teardown. Every file is already whole (written
     to a temp file, then os.replace); the teardown (freeing the model, torch's threads, the
@@ -126,9 +137,15 @@ def end_now(code: int = 0) -> None:
     run from finished work); 2.5 s after a one-line flag error with torch, torchvision, sklearn and
     the boosters imported (tests/test_bad_input.py). DataLoader workers still alive get SIGTERM
     first: they hold this process's stdout, and a caller reading it would wait for their own
-    watchdog (5 s) to notice their parent gone."""
+    watchdog (5 s) to notice their parent gone. Then what at_end_now asked for."""
     for child in multiprocessing.active_children():
         child.terminate()
+    for pid, fn in _AT_END:
+        if pid == os.getpid():
+            try:
+                fn()
+            except OSError:
+                pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

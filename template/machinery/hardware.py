@@ -323,11 +323,15 @@ SOCKET_PAST_TMPDIR = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 
 def short_socket_dir() -> str | None:
     """Where TMPDIR is too long for multiprocessing's sockets, its folder of this process (and of the
-    DataLoader workers it forks) in /tmp, /var/tmp or /dev/shm instead, removed at exit as its own is:
-    the folder, or None where TMPDIR fits (or no short folder is writable: the old behaviour)."""
+    DataLoader workers it forks) in /tmp, /var/tmp or /dev/shm instead, removed at exit as its own is
+    (and by errors.end_now, which skips that exit): the folder, or None where TMPDIR fits (or no short
+    folder is writable: the old behaviour)."""
+    import functools
     import multiprocessing.util
     import shutil
     import tempfile
+
+    from . import errors
 
     process = multiprocessing.current_process()
     made = process._config.get("tempdir")  # multiprocessing.util.get_temp_dir's own cache
@@ -338,6 +342,7 @@ def short_socket_dir() -> str | None:
         if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
             folder = tempfile.mkdtemp(prefix="pymp-", dir=short)
             multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+            errors.at_end_now(functools.partial(shutil.rmtree, folder, True))  # os._exit skips the Finalize
             process._config["tempdir"] = folder
             return folder
     return None
