@@ -2,6 +2,7 @@
 
     python benchmarks/entry_duplication.py            # all six tasks rendered; one line per script
     python benchmarks/entry_duplication.py --kinds    # ...and what the shared lines are, by kind
+    python benchmarks/entry_duplication.py --lines    # ...and each shared line, with the tasks that hold it
 
 The template's entry scripts are Jinja-named files (`{% if task == 'image' %}train.py{% endif %}.jinja`),
 which `duplicates` skips: copy-paste between tasks was invisible to the project's own checks. This
@@ -97,27 +98,43 @@ def kinds(lines: dict[str, list[str]], projects: dict[str, Path], script: str) -
     return counts
 
 
-def measure(work: Path, by_kind: bool = False) -> dict[str, tuple]:
-    """Per script: (shared lines, all lines, each task's share, the shared lines by kind or None)."""
+def holders(lines: dict[str, list[str]]) -> list[tuple[int, list[str], str]]:
+    """Each line standing in two or more tasks' scripts: (how many times it is counted, the tasks, the
+    line), the most counted first: where a change would be made more than once."""
+    where = collections.defaultdict(set)
+    for task, mine in lines.items():
+        for line in mine:
+            where[line].add(task)
+    counted = collections.Counter(line for mine in lines.values() for line in mine if len(where[line]) > 1)
+    return sorted(((n, sorted(where[line]), line) for line, n in counted.items()), key=lambda r: (-r[0], r[2]))
+
+
+def measure(work: Path, by_kind: bool = False, by_line: bool = False) -> dict[str, tuple]:
+    """Per script: (shared lines, all lines, each task's share, the shared lines by kind or None,
+    each shared line with its tasks or None)."""
     projects = {task: render(work / task, task=task, **answers) for task, answers in TASKS.items()}
     measured = {}
     for script in SCRIPTS:
         lines = script_lines(projects, script)
-        measured[script] = (*shared(lines), kinds(lines, projects, script) if by_kind else None)
+        by_kind_counts = kinds(lines, projects, script) if by_kind else None
+        measured[script] = (*shared(lines), by_kind_counts, holders(lines) if by_line else None)
     return measured
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kinds", action="store_true", help="also what the shared lines are, by kind")
+    p.add_argument("--lines", action="store_true", help="also each shared line, with the tasks that hold it")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="kagtpl-dup-") as tmp:
-        for script, (same, total, per_task, by_kind) in measure(Path(tmp), args.kinds).items():
+        for script, (same, total, per_task, by_kind, by_line) in measure(Path(tmp), args.kinds, args.lines).items():
             tasks = ", ".join(f"{t} {share:.0%}" for t, share in per_task.items())
             share = same / max(total, 1)
             print(f"{script}: {same} of {total} lines ({share:.1%}) stand in another task's {script} ({tasks})")
             for name, n in (by_kind or collections.Counter()).most_common():
                 print(f"  {n:4d}  {name}")
+            for n, where, line in by_line or []:
+                print(f"  {n}  {','.join(where)}  {line}")
 
 
 if __name__ == "__main__":
