@@ -124,28 +124,28 @@ def test_grown_seeds_that_lose_on_the_oof_rows_are_left_out_of_the_ensemble(proj
 
 
 def test_no_model_at_all_keeps_this_runs_fallback_under_run_py_and_only_then(project_modules, tmp_path):
-    """predict.py found no model. Under run.py (supervised) with the fallback written since its
+    """predict.py found no model. Under run.py (in_run: --after-train) with the fallback written since its
     process started (train.py's, after preflight: a budget or a stop ended train.py before its first
     checkpoint), that file is handed in, exit 0. An earlier run's file, or none, is an error that
     points at the lines above (train.py's, run.py's); by hand, without run.py, the error says to run train.py first."""
     hand_in, errors = project_modules.hand_in, project_modules.errors
     none = errors.NothingTrained("loadable model_fold*.pth", tmp_path)
     assert str(none) == f"no loadable model_fold*.pth in {tmp_path}: run train.py first (nothing was written)"
-    assert hand_in.untrained(none, supervised=False) is none
-    missing = hand_in.untrained(none, supervised=True)
+    assert hand_in.untrained(none, in_run=False) is none
+    missing = hand_in.untrained(none, in_run=True)
     assert type(missing) is errors.RunError and str(missing) == (
         f"no loadable model_fold*.pth in {tmp_path} and no fallback of this run: the lines above say why "
         "(train.py's, run.py's)"
     )
     (tmp_path / "submission.csv").write_text("id,a\n1,0.5\n")  # written now: since this process started
-    kept = hand_in.untrained(none, supervised=True)
+    kept = hand_in.untrained(none, in_run=True)
     assert isinstance(kept, errors.KeptFallback) and str(kept) == (
         f"SUBMISSION: {tmp_path}/submission.csv kept: train.py saved no model in this run, so its fallback is "
         "handed in (the lines above say why: train.py's, run.py's)"
     )
-    assert hand_in.untrained(none, supervised=True, submission="other.csv").__class__ is errors.RunError
+    assert hand_in.untrained(none, in_run=True, submission="other.csv").__class__ is errors.RunError
     os.utime(tmp_path / "submission.csv", (1e9, 1e9))  # an earlier run's file (2001)
-    assert type(hand_in.untrained(none, supervised=True)) is errors.RunError
+    assert type(hand_in.untrained(none, in_run=True)) is errors.RunError
 
 
 @pytest.mark.slow

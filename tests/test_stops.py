@@ -141,6 +141,30 @@ def test_run_py_stopped_alone_leaves_no_orphan_and_hands_in_the_folds(project, d
 
 
 @pytest.mark.slow
+def test_run_py_killed_before_the_first_checkpoint_leaves_the_fallback_without_an_error(project, digits_dir, tmp_path):
+    """Case 2 before any fold: SIGKILL to run.py while train.py reads its data. train.py (SIGTERM with
+    run.py's death) writes its fallback and saves no model; predict.py, on its own (its stdin ended
+    without `go`), keeps that fallback with its one line and exits 0. It said `ERROR: no loadable
+    model_fold*.pth in output: run train.py first (nothing was written)` and exited 1: the fallback
+    stayed, but the line sent you to run train.py, which had run and written it."""
+    out = tmp_path / "out"
+    proc = start_run(project, out, "--budget", "60s")
+    seen = read_until(proc, r"^BATCH: ", [])  # train.py's start lines: its data is read next
+    os.kill(proc.pid, signal.SIGKILL)
+    log = rest(proc, seen)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert "PREDICT: run.py ended before train.py did: waiting for train.py to save" in log, log[-3000:]
+    assert re.search(r"^STOPPED: SIGTERM; exiting 0 so predict.py runs", log, re.M), log[-3000:]
+    assert "ERROR" not in log and "run train.py first" not in log, log[-3000:]
+    kept = f"SUBMISSION: {out}/submission.csv kept: train.py saved no model in this run, so its fallback is handed in"
+    assert log.rstrip().splitlines()[-1].startswith(kept), log[-2000:]
+    sub = assert_valid_submission(project, digits_dir, str(out))
+    probs = sub[sub.columns[1:]].to_numpy()
+    assert (probs == probs[0]).all(), "not the fallback (one prior for every row)"
+    nothing_left(out)
+
+
+@pytest.mark.slow
 def test_predict_py_killed_while_it_waits_is_started_again(project, digits_dir, tmp_path):
     """Case 3: predict.py killed (kill -9, the OOM killer) while it waits for `go`. Before, run.py
     said "predict.py stopped at the budget" and exited 0 with the fallback. Now it is started

@@ -151,13 +151,16 @@ def check(out: Path, submission: str = "submission.csv") -> None:
     )
 
 
-def untrained(error: NothingTrained, supervised: bool, submission: str = "submission.csv") -> Exception:
-    """What predict.py raises when it found no model (`error`). Under run.py (`supervised`: its go
-    came after train.py ended) with this run's fallback in place (the submission written since this
-    process started: train.py writes it after its preflight), that file is handed in: KeptFallback,
-    exit 0, as when no fold finishes before the deadline; the lines above it say why train.py saved none
-    (a budget that left no training time, a stop, an error). Without run.py: run train.py first."""
-    if not supervised:
+def untrained(error: NothingTrained, in_run: bool, submission: str = "submission.csv") -> Exception:
+    """What predict.py raises when it found no model (`error`). Started by run.py beside train.py
+    (`in_run`: --after-train; run.py's go came after train.py ended, or run.py died and predict.py
+    waited for train.py on its own) with this run's fallback in place (the submission written since
+    this process started: train.py writes it after its preflight), that file is handed in:
+    KeptFallback, exit 0, as when no fold finishes before the deadline; the lines above it say why
+    train.py saved none (a budget that left no training time, a stop, an error). On its own, run.py
+    killed, it said `run train.py first (nothing was written)` over the fallback train.py had written.
+    Without run.py: run train.py first."""
+    if not in_run:
         return error
     path = Path(error.out_dir) / submission
     try:

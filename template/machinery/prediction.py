@@ -91,7 +91,7 @@ def start(args, required: bool = True, preload: tuple[str, ...] = ()) -> Start:
         else:
             config, classes = storage.read_config(out)
     except NothingTrained as e:  # under run.py, this run's fallback stays (hand_in.untrained)
-        raise hand_in.untrained(e, supervised, args.submission) from None
+        raise hand_in.untrained(e, args.after_train, args.submission) from None
     return Start(supervised, device, out, data, checkpoints, config, classes)
 
 
