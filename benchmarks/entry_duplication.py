@@ -85,12 +85,18 @@ def kind(line: str, docs: set[str], tasks: set[str]) -> str:
     return "competition code of " + ", ".join(sorted(tasks))
 
 
-def kinds(lines: dict[str, list[str]], projects: dict[str, Path], script: str) -> collections.Counter:
-    """The shared lines of `script` by kind, each counted once in every task's script that holds it."""
+def tasks_holding(lines: dict[str, list[str]]) -> dict[str, set[str]]:
+    """Each line read, and the tasks whose script holds it."""
     where = collections.defaultdict(set)
     for task, mine in lines.items():
         for line in mine:
             where[line].add(task)
+    return where
+
+
+def kinds(lines: dict[str, list[str]], projects: dict[str, Path], script: str) -> collections.Counter:
+    """The shared lines of `script` by kind, each counted once in every task's script that holds it."""
+    where = tasks_holding(lines)
     counts = collections.Counter()
     for task, mine in lines.items():
         docs = docstring_lines(projects[task] / script)
@@ -101,10 +107,7 @@ def kinds(lines: dict[str, list[str]], projects: dict[str, Path], script: str) -
 def holders(lines: dict[str, list[str]]) -> list[tuple[int, list[str], str]]:
     """Each line standing in two or more tasks' scripts: (how many times it is counted, the tasks, the
     line), the most counted first: where a change would be made more than once."""
-    where = collections.defaultdict(set)
-    for task, mine in lines.items():
-        for line in mine:
-            where[line].add(task)
+    where = tasks_holding(lines)
     counted = collections.Counter(line for mine in lines.values() for line in mine if len(where[line]) > 1)
     return sorted(((n, sorted(where[line]), line) for line, n in counted.items()), key=lambda r: (-r[0], r[2]))
 
