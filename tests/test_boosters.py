@@ -185,6 +185,43 @@ def test_folds_are_reused_and_a_rerun_adds_a_model_to_the_blend(tmp_path):
 
 
 @pytest.mark.slow
+def test_files_cut_short_are_left_out_of_the_blend_and_made_again_by_train(tmp_path):
+    """A full disk or a copy stopped midway damaged what train.py wrote. predict.py raised on an
+    empty oof_<model>.csv (pandas' EmptyDataError) and on one cut short (a NaN row the metric
+    refused): the trained trees never reached the submission. Now the member without a readable
+    OOF file is left out of the blend, one fold's damaged test file is skipped, and train.py
+    makes each again: the fold whose file was cut is fitted again, the folds file made anew."""
+    project, data = project_for(tmp_path, "binary")
+    out, rounds = project / "output", ("--booster-rounds", "300")
+    run_script(project, "train.py", "--models", "lgbm,xgb", *rounds)  # trees only: config.json is the config
+    folds_file, made = out / "folds-k3-seed42.csv", (out / "folds-k3-seed42.csv").read_bytes()
+    (out / "oof_xgb.csv").write_bytes(b"")
+    lgbm1 = (out / "test_lgbm_fold1.csv").read_bytes()
+    (out / "test_lgbm_fold1.csv").write_bytes(lgbm1[: len(lgbm1) // 2])
+    folds_file.write_bytes(b"")
+    log = run_script(project, "predict.py").stdout
+    assert "BLEND: xgb left out: oof_xgb.csv does not read back (empty: 0 bytes)" in log, log[-2000:]
+    assert "WARNING: skipping test_lgbm_fold1.csv: it does not read back (cut short" in log
+    assert "BLEND: one model (lgbm)" in log and "PREDICT: lgbm: 2 fold(s)" in log
+    sub = pd.read_csv(out / "submission.csv")
+    folds = [pd.read_csv(out / f"test_lgbm_fold{k}.csv").set_index("row_id") for k in (0, 2)]
+    mean = (folds[0]["p_1"] + folds[1]["p_1"]) / 2  # the two whole folds' mean, nothing else
+    assert np.allclose(sub["target"], mean.loc[sub["row_id"]].to_numpy())
+
+    (out / "config.json").write_text('{"config": {"id_col"')  # trees only: nothing else says the config
+    r = run_script(project, "predict.py", check=False)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("ERROR: output/config.json does not read back (")
+
+    again = run_script(project, "train.py", "--models", "lgbm,xgb", *rounds).stdout
+    assert "FOLDS: folds-k3-seed42.csv does not read back (empty: 0 bytes): made again" in again, again[-3000:]
+    assert folds_file.read_bytes() == made  # the same folds: every OOF file still compares
+    assert again.count("is complete, skipping (resume)") == 5 and "FOLD 1 lgbm: " in again
+    members, _, _ = blend_lines(run_script(project, "predict.py").stdout)
+    assert set(members) == {"lgbm", "xgb"}
+
+
+@pytest.mark.slow
 def test_a_budget_that_runs_out_cuts_the_models_at_the_end_and_still_submits(tmp_path):
     project, data = project_for(tmp_path, "multiclass")
     slow_trees = ["--booster-lr", "0.0005", "--booster-rounds", "100000", "--early-stop", "10000"]

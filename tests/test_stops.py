@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from test_run import assert_valid_submission
 
@@ -448,11 +449,59 @@ def test_files_read_back_answer_bad_content_with_one_line(project_modules, digit
     assert "is a folder" in capsys.readouterr().out and table.is_dir()
 
 
+def test_csvs_and_logs_read_back_cut_short_are_left_out_with_a_line(project_modules, tmp_path, capsys):
+    """Case 8 too: a file this project wrote, cut short or emptied after (a full disk, a copy stopped
+    midway). Half an OOF file parsed, its cut row as NaN (the metric raised at train.py's end after
+    every fold had trained); an empty one raised EmptyDataError; a JSON log whose last record was
+    cut raised in read_records, and the next run's first record was glued onto it."""
+    m = project_modules
+    oof = pd.DataFrame({"id": [f"r{i}" for i in range(40)], "fold": 0, "target": 1, "p": 0.5})
+    path = tmp_path / "oof_fold0.csv"
+    m.storage.write_csv_atomic(m.artifacts.signed(oof, "sig1"), path)
+    whole = path.read_bytes()
+    assert len(m.artifacts.read_signed(path, "sig1")) == 40
+    for damage, why in (
+        (b"", "empty: 0 bytes"),
+        (whole[: len(whole) // 2], "end mid-line"),
+        (b"\xff\xfe\n", "UnicodeDecodeError"),
+    ):
+        path.write_bytes(damage)
+        with pytest.raises(m.errors.Damaged, match=re.escape(why)):
+            m.storage.read_ours(path)
+        assert m.artifacts.read_signed(path, "sig1") is None  # its rows left out, with a line
+        said = capsys.readouterr().out
+        assert said.startswith("OOF: oof_fold0.csv left out: it does not read back ("), said
+        assert "its fold's model is still ensembled" in said
+
+    ids, y = np.array([f"r{i}" for i in range(30)]), np.arange(30) % 2
+    first, name = m.artifacts.fixed_folds(tmp_path, ids, y, 3, 42, True)
+    folds = tmp_path / name
+    made = folds.read_bytes()
+    folds.write_bytes(made[: len(made) // 3])
+    again, _ = m.artifacts.fixed_folds(tmp_path, ids, y, 3, 42, True)
+    assert "FOLDS: folds-k3-seed42.csv does not read back (cut short" in capsys.readouterr().out
+    assert folds.read_bytes() == made  # the same folds again: every OOF file made with them still compares
+    assert [v.tolist() for pair in first for v in pair] == [v.tolist() for pair in again for v in pair]
+
+    (tmp_path / "config.json").write_text('{"config": {"id_col": "id"}, "cla')
+    with pytest.raises(m.errors.Damaged, match="config.json does not read back"):
+        m.storage.read_config(tmp_path)
+
+    log_path = tmp_path / "train_log.jsonl"
+    earlier = m.logs.JsonLog(log_path, "run1", False)
+    earlier.write(fold=0, epoch=1)
+    with open(log_path, "a") as f:
+        f.write('{"run": "run1", "fold": 0, "ep')  # its last record cut short
+    log = m.logs.JsonLog(log_path, "run2", False)
+    log.write(fold=0, epoch=1)
+    log.write(fold=0, epoch=2)
+    assert [r["epoch"] for r in m.logs.read_records(log_path, "run2")] == [1, 2]  # the first not glued to the cut line
+    assert "WARNING: " in capsys.readouterr().out and len(m.logs.read_records(log_path, "run1")) == 1
+
+
 def test_serving_never_raises_on_a_batch_without_ids_and_answers_an_empty_one(project_modules):
     """Case 13: a batch without its id column (or None) was "answered with the fallback", which
     then raised into the gateway; a legal empty batch was counted as a failure."""
-    import pandas as pd
-
     serving = project_modules.serving
     defaults = {"id_col": "id", "values": {"p": 0.5}, "columns": ["id", "p"], "signature": "s"}
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from . import growth, hand_in, logs, parallel, serving, storage, submission
-from .errors import DataError
+from .errors import Damaged, DataError
 
 # The flags that decide what a run's artifacts mean: which rows, which target, which features,
 # which folds. Training settings (model, LR, epochs) are not among them: the blend mixes models.
@@ -121,8 +121,8 @@ def fixed_folds(out: Path, ids, y, k: int, seed: int, stratify: bool) -> tuple[l
 
     path = Path(out) / f"folds-k{k}-seed{seed}.csv"
     ids = np.asarray(ids).astype(str)
-    if path.is_file():
-        saved = storage.read_ours(path)
+    saved = read_folds(path)
+    if saved is not None:
         fold_of = dict(zip(saved["id"], saved["fold"], strict=True))
         if len(saved) != len(ids) or not all(i in fold_of for i in ids):
             raise DataError(f"{path}: made for another train.csv (its ids differ); move it away to make new folds")
@@ -136,6 +136,18 @@ def fixed_folds(out: Path, ids, y, k: int, seed: int, stratify: bool) -> tuple[l
         storage.write_csv_atomic(pd.DataFrame({"id": ids, "fold": folds}), path)
         print(f"FOLDS: {path.name} written ({k} folds, seed {seed}); later runs and models reuse it")
     return [(np.flatnonzero(folds != f), np.flatnonzero(folds == f)) for f in range(k)], path.name
+
+
+def read_folds(path: Path) -> pd.DataFrame | None:
+    """The folds file, or None to make it (again): one that does not read back is made anew, the
+    same folds (the same splitter, seed and rows), with a FOLDS line."""
+    if not path.is_file():
+        return None
+    try:
+        return storage.read_ours(path)
+    except Damaged as e:
+        print(f"FOLDS: {path.name} does not read back ({e.why}): made again from the same seed")
+        return None
 
 
 def copy_oof(out: Path, source: str, name: str) -> None:
@@ -163,10 +175,15 @@ def signed_oof(out: Path, signature: str) -> pd.DataFrame | None:
 
 def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
     """An OOF file of this run signature; one of another (or none: written before 0.6.0) is left
-    out with an OOF: line saying why. None when it is missing or left out."""
+    out with an OOF: line saying why, as is one that does not read back (storage.check_whole): its
+    fold's model still counts, scored without its rows. None when it is missing or left out."""
     if not path.exists():
         return None
-    frame = storage.read_ours(path)
+    try:
+        frame = storage.read_ours(path)
+    except Damaged as e:
+        print(f"OOF: {path.name} left out: it does not read back ({e.why}); its fold's model is still ensembled")
+        return None
     found = signature_of(frame)
     if found != signature:
         print(

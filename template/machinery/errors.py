@@ -33,6 +33,18 @@ class NothingTrained(RunError):
         super().__init__(f"no {what} in {out_dir}: run train.py first (nothing was written)")
 
 
+class Damaged(RunError):
+    """A file this project wrote that does not read back: empty, cut short or not what it holds.
+    Every write is atomic (a temp file, then os.replace), so something else damaged it: a full
+    disk, a copy or a download stopped midway. A reader that can do without the file (an OOF set,
+    a blend member, one fold's test predictions) leaves it out with a line that names it and
+    `why`; elsewhere this is the script's one ERROR line."""
+
+    def __init__(self, path, why: str):
+        self.path, self.why = path, why
+        super().__init__(f"{path} does not read back ({why})")
+
+
 class KeptFallback(Exception):
     """predict.py's end when the run's own evidence says its checkpoints are worse than train.py's
     fallback (or there is none validated): its line on stdout, exit 0, the fallback handed in."""

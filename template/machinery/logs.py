@@ -188,6 +188,18 @@ def log_to(path: Path) -> None:
         setattr(sys, name, Tee(stream, file))
 
 
+def end_line(path: Path) -> None:
+    """A newline after the file's last line when it has none (an earlier run's last record cut short
+    by a full disk): this run's first record starts a line of its own, not the cut one's end."""
+    with open(path, "rb+") as f:
+        size = f.seek(0, 2)  # from the end: the file's size
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) != b"\n":
+            f.write(b"\n")  # at the end, where the read left it
+
+
 class JsonLog:
     """One JSON object per line in out_dir/train_log.jsonl, for agents and plots. Reruns append,
     so every record carries its run: `run` (start time and pid, e.g. "20261122-0712-4242") and
@@ -195,6 +207,8 @@ class JsonLog:
 
     def __init__(self, path: Path | None, run: str, dry_run: bool):
         self.path, self.records, self.run, self.dry_run = path, [], run, dry_run  # path None: memory only
+        if path is not None and Path(path).is_file():
+            end_line(path)
 
     def write(self, **record) -> None:
         record = {"run": self.run, "dry_run": self.dry_run, **record}
@@ -206,11 +220,23 @@ class JsonLog:
 
 
 def read_records(path: Path, run: str) -> list[dict]:
-    """One run's records back from the JSON log (what --parallel folds' workers wrote)."""
+    """One run's records back from the JSON log (what --parallel folds' workers wrote). A line that
+    is not JSON (cut short by a full disk: an earlier run's, most likely) is skipped with a WARNING:
+    the records draw the report and fill the experiments row, the models never read them."""
     if not Path(path).exists():
         return []
-    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return [r for r in records if r.get("run") == run]
+    records, torn = [], 0
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            torn += 1
+            continue
+        if isinstance(record, dict) and record.get("run") == run:
+            records.append(record)
+    if torn:
+        print(f"WARNING: {path}: {torn} line(s) not JSON (cut short?) skipped")
+    return records
 
 
 def write_report(records: list[dict], path: Path, title: str) -> None:

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import DataError, KeptFallback, NothingTrained, RunError
+from .errors import Damaged, DataError, KeptFallback, NothingTrained, RunError
 
 # A temporary file's name carries its writer's pid (".model_fold0.pth.4242.k3j_x9a1.tmp"), so a
 # later run can tell a killed run's leftovers from a live writer's file.
@@ -170,10 +170,28 @@ def read_ours(path: Path, **kwargs):
     """A CSV this project wrote (folds, OOF and test predictions): its first column, the id, and
     the columns that carry run signatures as text ("00200", "NA" and "null" are ids; a signature
     of hex digits such as 3226e4661147, about 1 in 250, read as a number was `inf`), and only
-    empty cells missing."""
+    empty cells missing.
+    A file that is empty, cut short or does not parse is errors.Damaged (check_whole)."""
     import pandas as pd
 
-    return pd.read_csv(path, dtype=TEXT_COLUMNS, keep_default_na=False, na_values=[""], **kwargs)
+    check_whole(path)
+    try:
+        return pd.read_csv(path, dtype=TEXT_COLUMNS, keep_default_na=False, na_values=[""], **kwargs)
+    except ValueError as e:  # pandas' ParserError and EmptyDataError, and UnicodeDecodeError, are ValueErrors
+        raise Damaged(path, f"{type(e).__name__}: {str(e).splitlines()[0][:100]}") from None
+
+
+def check_whole(path: Path) -> None:
+    """errors.Damaged unless `path` holds something and ends with a newline, as each text file this
+    project writes does (to_csv ends every row with one): a file cut at a byte ends mid-line. Half
+    an OOF file parsed, its cut last row as missing values (a NaN the metric raised on), or a row short."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            raise Damaged(path, "empty: 0 bytes")
+        f.seek(size - 1)
+        if f.read(1) != b"\n":
+            raise Damaged(path, f"cut short: its {size} bytes end mid-line")
 
 
 def write_csv_atomic(df, path: Path) -> None:
@@ -195,8 +213,11 @@ def read_config(out_dir: Path) -> tuple[dict, list]:
     path = Path(out_dir) / "config.json"
     if not path.is_file():
         raise NothingTrained("model_fold*.pth and no config.json", out_dir)
-    saved = json.loads(path.read_text())
-    return saved["config"], saved["classes"]
+    try:
+        saved = json.loads(path.read_text())
+        return dict(saved["config"]), list(saved["classes"])
+    except (ValueError, KeyError, TypeError) as e:  # cut short, not JSON, not train.py's
+        raise Damaged(path, f"{type(e).__name__}; python train.py writes it again as it starts") from None
 
 
 def save_checkpoint(path: Path, model, config: dict, classes: list, **meta) -> None:
