@@ -270,6 +270,33 @@ def test_a_journal_lock_left_by_a_killed_search_is_released(project_modules, tmp
     assert 3 <= time.time() - t0 < 60  # the grace period, then the stale lock is released
 
 
+def test_a_journal_record_cut_mid_write_is_removed_and_the_study_goes_on(project_modules, tmp_path):
+    """optuna reads past a journal's last record cut short (a full disk, a kill mid-write), but its
+    next append glued a record onto it: a line that never parsed again, and every later tune.py
+    died on it (JSONDecodeError in fail_stale_trials) instead of resuming."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    tuning, path = project_modules.tuning, tmp_path / "optuna.journal"
+
+    def storage():
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+
+    study = optuna.create_study(study_name="s", storage=storage())
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    whole = path.read_bytes()
+    assert tuning.mend_journal(path) == 0 and path.read_bytes() == whole  # a whole journal is left as it is
+    path.write_bytes(whole[:-30])  # the last record (trial 1's end) cut mid-write
+    assert tuning.mend_journal(path) == len(whole.splitlines(keepends=True)[-1]) - 30
+    assert path.read_bytes().endswith(b"\n") and whole.startswith(path.read_bytes())
+    again = optuna.load_study(study_name="s", storage=storage())
+    again.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)  # appends after the whole records
+    states = [t.state.name for t in optuna.load_study(study_name="s", storage=storage()).trials]
+    assert states == ["COMPLETE", "RUNNING", "COMPLETE"]  # trial 1's end was the record cut: stale, as after a kill
+    path.write_bytes(b'{"op_code":0,"worker_id"')  # nothing whole at all: an empty journal, a new study
+    assert tuning.mend_journal(path) == 24 and path.read_bytes() == b""
+
+
 @pytest.mark.slow
 def test_a_killed_search_resumes_its_study(tmp_path):
     project = tabular_project(tmp_path)
@@ -281,6 +308,8 @@ def test_a_killed_search_resumes_its_study(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)  # no goodbye: trial 2 is left RUNNING in the journal
     proc.wait()
     assert load_study(project, "comp").trials[-1].state.name == "RUNNING"
+    with open(project / "output/tune/optuna.journal", "ab") as f:  # ...and a record cut mid-write (a full disk)
+        f.write(b'{"op_code":6,"worker_id":"w","trial_id":2,"state":1,"valu')
     try:
         out = run_script(project, *cmd, timeout=240).stdout
     except AssertionError as e:  # it hung once in CI (a 600 s timeout): the trials' logs say where the search was
@@ -289,6 +318,7 @@ def test_a_killed_search_resumes_its_study(tmp_path):
         }
         raise AssertionError(f"{e}\n{json.dumps(logs, indent=1)}") from None
     assert re.search(r"^TUNE RESUME: 3 trial\(s\) already in the study; stale RUNNING -> FAILED: \[2\]", out, re.M), out
+    assert "optuna.journal: its last record was cut short (57 bytes: a kill or a full disk mid-write): removed" in out
     study = load_study(project, "comp")
     finished = [t.number for t in study.trials if t.state.name == "COMPLETE"]
     assert len(finished) == 6 and finished[:2] == [0, 1] and min(finished[2:]) == 3, out  # numbering goes on

@@ -103,7 +103,13 @@ def open_storage(search: Search):
     if not search.storage_url:
         search.folder.mkdir(parents=True, exist_ok=True)
         # absolute: optuna's lock symlinks to the journal; a relative target dangled, a killed holder's lock lived on
-        return optuna.storages.JournalStorage(JournalFileBackend(str((search.folder / "optuna.journal").resolve())))
+        path = (search.folder / "optuna.journal").resolve()
+        if cut := mend_journal(path):
+            print(
+                f"WARNING: {path}: its last record was cut short ({cut} bytes: a kill or a full disk mid-write): "
+                "removed; the study resumes from the records before it"
+            )
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     if "://" not in search.storage_url:
         raise RunError(
             f"--storage {search.storage_url!r}: give an optuna RDB URL (sqlite:///tune.db for one process, "
@@ -116,6 +122,32 @@ def open_storage(search: Search):
         raise RunError(
             f"--storage {redact(search.storage_url)}: cannot open it ({type(e).__name__}: {first})"
         ) from None
+
+
+def mend_journal(path: Path) -> int:
+    """The bytes cut from the journal's end: its last record, when a full disk or a kill cut it
+    mid-write (no newline after it). optuna reads past such a tail, but its next append glued a
+    record onto it, a line that never parsed again: every later tune.py died on it (JSONDecodeError)
+    instead of resuming. Done under optuna's own lock, which its appends take: a record being
+    written is never taken for a cut one."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    if not path.is_file():
+        return 0
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, 2)  # from the end: the file's size
+            f.seek(max(0, size - 65536))  # a record is a few hundred bytes: its start is in the last 64 KiB
+            tail = f.read()
+            if not tail or tail.endswith(b"\n"):
+                return 0
+            keep = size - len(tail) + tail.rfind(b"\n") + 1  # after the last whole record (0: there is none)
+            f.truncate(keep)
+            return size - keep
+    finally:
+        lock.release()
 
 
 def hyperband_brackets(steps: int) -> int:
