@@ -506,6 +506,7 @@ PROJECT_MODULES = (
     "workers",
     "profiles",
     "tuning_report",
+    "study_storage",
     "tta_views",
     "serving",
     "hand_in",

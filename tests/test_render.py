@@ -48,6 +48,7 @@ MACHINERY = {
     "steps.py",
     "storage.py",
     "serving.py",
+    "study_storage.py",
     "submission.py",
     "tuning.py",
     "tuning_report.py",

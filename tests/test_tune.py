@@ -251,7 +251,7 @@ def test_a_journal_lock_left_by_a_killed_search_is_released(project_modules, tmp
         "from machinery import tuning\n"
         "search = tuning.Search(Path('output'), 'comp', '', 4, None, 0.0, 1, 3, 'maximize', 'auc', 'none', 42, 1, 0,"
         " [])\n"
-        "storage = tuning.open_storage(search)\n"
+        "storage = tuning.open_storage(search.storage_url, search.folder)\n"
     )
     work = tmp_path / "work"
     (work / "machinery").mkdir(parents=True)
@@ -277,7 +277,7 @@ def test_a_journal_record_cut_mid_write_is_removed_and_the_study_goes_on(project
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
-    tuning, path = project_modules.tuning, tmp_path / "optuna.journal"
+    store, path = project_modules.study_storage, tmp_path / "optuna.journal"
 
     def storage():
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
@@ -285,16 +285,16 @@ def test_a_journal_record_cut_mid_write_is_removed_and_the_study_goes_on(project
     study = optuna.create_study(study_name="s", storage=storage())
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
     whole = path.read_bytes()
-    assert tuning.mend_journal(path) == 0 and path.read_bytes() == whole  # a whole journal is left as it is
+    assert store.mend_journal(path) == 0 and path.read_bytes() == whole  # a whole journal is left as it is
     path.write_bytes(whole[:-30])  # the last record (trial 1's end) cut mid-write
-    assert tuning.mend_journal(path) == len(whole.splitlines(keepends=True)[-1]) - 30
+    assert store.mend_journal(path) == len(whole.splitlines(keepends=True)[-1]) - 30
     assert path.read_bytes().endswith(b"\n") and whole.startswith(path.read_bytes())
     again = optuna.load_study(study_name="s", storage=storage())
     again.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)  # appends after the whole records
     states = [t.state.name for t in optuna.load_study(study_name="s", storage=storage()).trials]
     assert states == ["COMPLETE", "RUNNING", "COMPLETE"]  # trial 1's end was the record cut: stale, as after a kill
     path.write_bytes(b'{"op_code":0,"worker_id"')  # nothing whole at all: an empty journal, a new study
-    assert tuning.mend_journal(path) == 24 and path.read_bytes() == b""
+    assert store.mend_journal(path) == 24 and path.read_bytes() == b""
 
 
 @pytest.mark.slow

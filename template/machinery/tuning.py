@@ -1,8 +1,8 @@
 """Hyper-parameter search with optuna inside the time budget: the machinery behind tune.py.
 
 tune.py holds the search space, a function you edit. This module runs it:
-- the study and its storage: a journal file in output/tune/ by default, safe for several
-  processes; --storage takes an optuna RDB URL (PostgreSQL or MySQL for several machines);
+- the study, in its storage (study_storage.py): a journal file in output/tune/ by default, safe
+  for several processes; --storage takes an optuna RDB URL (PostgreSQL or MySQL for several machines);
 - the pruner: PatientPruner(HyperbandPruner(min_resource=3, reduction_factor=3), patience=4),
   or a MedianPruner when the search is too small for Hyperband's brackets (the rule is printed);
 - the trials: each is train.py's own main() on the first --tune-folds folds, in this process,
@@ -23,7 +23,6 @@ import gc
 import json
 import math
 import os
-import re
 import signal
 import socket
 import statistics
@@ -38,6 +37,7 @@ from . import engine, storage, workers
 from . import planner as time_planner
 from .errors import RunError
 from .gpu import free_gpu_memory
+from .study_storage import describe_storage, open_storage
 from .tuning_report import report, write_best
 
 HYPERBAND = {"min_resource": 3, "reduction_factor": 3}  # the field notes' pruner, epochs as the resource
@@ -84,70 +84,6 @@ class Search:
 
 
 # ----------------------------------------------------------------------------- storage, pruner, study
-
-
-def redact(url: str) -> str:
-    """An RDB URL as printed: its password hidden."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
-
-
-def describe_storage(search: Search) -> str:
-    return redact(search.storage_url) if search.storage_url else f"journal file {search.folder / 'optuna.journal'}"
-
-
-def open_storage(search: Search):
-    """The journal file (processes append under a file lock: SQLite said "database is locked"), or an RDB URL."""
-    import optuna
-    from optuna.storages.journal import JournalFileBackend
-
-    if not search.storage_url:
-        search.folder.mkdir(parents=True, exist_ok=True)
-        # absolute: optuna's lock symlinks to the journal; a relative target dangled, a killed holder's lock lived on
-        path = (search.folder / "optuna.journal").resolve()
-        if cut := mend_journal(path):
-            print(
-                f"WARNING: {path}: its last record was cut short ({cut} bytes: a kill or a full disk mid-write): "
-                "removed; the study resumes from the records before it"
-            )
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    if "://" not in search.storage_url:
-        raise RunError(
-            f"--storage {search.storage_url!r}: give an optuna RDB URL (sqlite:///tune.db for one process, "
-            "postgresql://user:pass@host/db for several machines), or leave it out for the journal file"
-        )
-    try:
-        return optuna.storages.RDBStorage(search.storage_url)
-    except Exception as e:  # sqlalchemy's: server down, driver missing, bad URL; one line, not a traceback
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise RunError(
-            f"--storage {redact(search.storage_url)}: cannot open it ({type(e).__name__}: {first})"
-        ) from None
-
-
-def mend_journal(path: Path) -> int:
-    """The bytes cut from the journal's end: its last record, when a full disk or a kill cut it
-    mid-write (no newline after it). optuna reads past such a tail, but its next append glued a
-    record onto it, a line that never parsed again: every later tune.py died on it (JSONDecodeError)
-    instead of resuming. Done under optuna's own lock, which its appends take: a record being
-    written is never taken for a cut one."""
-    from optuna.storages.journal import JournalFileSymlinkLock
-
-    if not path.is_file():
-        return 0
-    lock = JournalFileSymlinkLock(str(path))
-    lock.acquire()
-    try:
-        with open(path, "rb+") as f:
-            size = f.seek(0, 2)  # from the end: the file's size
-            f.seek(max(0, size - 65536))  # a record is a few hundred bytes: its start is in the last 64 KiB
-            tail = f.read()
-            if not tail or tail.endswith(b"\n"):
-                return 0
-            keep = size - len(tail) + tail.rfind(b"\n") + 1  # after the last whole record (0: there is none)
-            f.truncate(keep)
-            return size - keep
-    finally:
-        lock.release()
 
 
 def hyperband_brackets(steps: int) -> int:
@@ -432,14 +368,14 @@ def main(search: Search, space, train_main, workers_why: str) -> int:
         raise RunError("tune.py needs optuna: pip install optuna (Kaggle's images have it)") from None
     worker = workers.this_tune_worker()
     if worker:
-        work(open_study(search, open_storage(search), worker[0]), search, space, train_main)
+        work(open_study(search, open_storage(search.storage_url, search.folder), worker[0]), search, space, train_main)
         return 0
-    storage_obj = open_storage(search)
+    storage_obj = open_storage(search.storage_url, search.folder)
     study = open_study(search, storage_obj)  # made once here: K workers creating it at once would race
     stale = fail_stale_trials(study, storage_obj)
     budget = time_planner.fmt_s(search.budget_s) if search.budget_s else "none"
     print(
-        f"TUNE START: study={search.study_name} storage={describe_storage(search)} direction={search.direction} "
+        f"TUNE START: study={search.study_name} storage={describe_storage(search.storage_url, search.folder)} direction={search.direction} "
         f"metric={search.metric} trials={search.trials} budget={budget} workers={search.workers} "
         f"folds/trial={search.folds} epochs/fold={search.epochs}"
     )
