@@ -239,6 +239,32 @@ def test_two_workers_share_one_journal_without_lock_errors(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_worker_killed_mid_trial_counts_its_trial_out_and_the_other_finishes_the_search(tmp_path):
+    """The OOM killer takes one of two workers mid-trial: its trial stayed RUNNING, counted toward
+    --trials for good (the other worker stopped one trial short), and the summary said RUNNING.
+    Now the other worker fails it before its next trial and runs the trials to --trials."""
+    project = tabular_project(tmp_path)
+    cmd = ["tune.py", "--trials", "4", "--workers", "2", "--device", "cpu", "--study", "k"]
+    cmd += ["--epochs", "60", "--patience", "60", "--pruner", "none"]
+    proc, seen = start_until(project, cmd, "PRUNER: ")
+    running, t_end = [], time.time() + 120
+    while len({t.user_attrs.get("pid") for t in running}) < 2:  # each worker in its first trial
+        assert time.time() < t_end and proc.poll() is None, "".join(seen)
+        time.sleep(0.2)
+        running = [t for t in load_study(project, "k").trials if t.state.name == "RUNNING" and "pid" in t.user_attrs]
+    victim = running[0]
+    os.kill(victim.user_attrs["pid"], signal.SIGKILL)
+    rest, _ = proc.communicate(timeout=300)
+    log = "".join(seen) + rest
+    assert proc.returncode == 0 and "WARNING: tune workers exited [" in log and "-9" in log, log[-3000:]
+    assert f"TUNE STALE: trial(s) [{victim.number}] RUNNING -> FAILED: their tune.py was killed" in log, log[-3000:]
+    study = load_study(project, "k")
+    states = sorted(t.state.name for t in study.trials)
+    assert states == ["COMPLETE"] * 4 + ["FAIL"], (states, log[-3000:])  # --trials 4 finished, the killed one out
+    assert study.trials[victim.number].user_attrs["error"] == "its tune.py was killed"
+
+
+@pytest.mark.slow
 def test_a_journal_lock_left_by_a_killed_search_is_released(project_modules, tmp_path):
     """A resumed search hung in CI (240 s, in create_study's journal append): the killed tune.py
     had held optuna's journal lock, a symlink to the journal, made with the relative path

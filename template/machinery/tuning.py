@@ -152,17 +152,25 @@ def open_study(search: Search, storage_obj, worker: int = 0):
 
 def fail_stale_trials(study, storage_obj) -> list[int]:
     """Trials left RUNNING by a killed tune.py on this machine (their pid is gone) become FAILED,
-    so the study counts them out; other machines' running trials are left alone."""
+    so the study counts them out; other machines' running trials are left alone. Each worker
+    looks before its next trial (one killed by the OOM killer left its trial RUNNING, counted
+    toward --trials for good); two that find the same trial: the first fails it."""
     import optuna
 
     host, stale = socket.gethostname(), []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         pid = t.user_attrs.get("pid")
         if t.user_attrs.get("host") == host and pid and pid != os.getpid() and not storage.pid_alive(pid):
-            storage_obj.set_trial_user_attr(t._trial_id, "error", "its tune.py was killed")
-            storage_obj.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
-            stale.append(t.number)
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                storage_obj.set_trial_user_attr(t._trial_id, "error", "its tune.py was killed")
+                storage_obj.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+                stale.append(t.number)
     return stale
+
+
+def said_stale(stale: list[int]) -> None:
+    if stale:
+        print(f"TUNE STALE: trial(s) {stale} RUNNING -> FAILED: their tune.py was killed (its pid is gone)", flush=True)
 
 
 # ----------------------------------------------------------------------------- one trial
@@ -345,6 +353,7 @@ def work(study, search: Search, space, train_main) -> int:
     failures = in_a_row = 0
     while True:
         signal.signal(signal.SIGTERM, on_sigterm)  # each trial's planner takes SIGTERM; it is ours between them
+        said_stale(fail_stale_trials(study, study._storage))  # a worker killed mid-trial: its trial counts out
         if reason := why_stop(study, search, stop, failures, in_a_row):
             print(f"TUNE STOP: {reason}", flush=True)
             break
@@ -374,8 +383,9 @@ def main(search: Search, space, train_main, workers_why: str) -> int:
     study = open_study(search, storage_obj)  # made once here: K workers creating it at once would race
     stale = fail_stale_trials(study, storage_obj)
     budget = time_planner.fmt_s(search.budget_s) if search.budget_s else "none"
+    where = describe_storage(search.storage_url, search.folder)
     print(
-        f"TUNE START: study={search.study_name} storage={describe_storage(search.storage_url, search.folder)} direction={search.direction} "
+        f"TUNE START: study={search.study_name} storage={where} direction={search.direction} "
         f"metric={search.metric} trials={search.trials} budget={budget} workers={search.workers} "
         f"folds/trial={search.folds} epochs/fold={search.epochs}"
     )
@@ -392,4 +402,5 @@ def main(search: Search, space, train_main, workers_why: str) -> int:
         codes = workers.run_tune_workers(search.workers, search.gpus, search.start)
         if any(codes):
             print(f"WARNING: tune workers exited {codes}; their finished trials are in the study")
+        said_stale(fail_stale_trials(study, storage_obj))  # the last worker's: none left to see it
     return report(study, search)  # the study reads the storage anew: the workers' trials are in it
