@@ -57,13 +57,18 @@ def disk_full(path: Path) -> str:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs: a killed one its parent has not reaped yet (a zombie,
+    state Z in /proc) does not; a tune worker's check in that moment counted its trial running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, another user's
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS), or gone meanwhile: as kill said
+        return True
 
 
 def sweep_stale_tmp(out_dir: Path) -> None:
