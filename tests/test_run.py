@@ -139,7 +139,7 @@ def test_a_tmpdir_too_long_for_a_socket_still_trains_with_loader_workers(project
     file_descriptor sharing), and Linux's AF_UNIX paths hold 107 bytes: under a TMPDIR of 76 bytes or
     more the worker's bind failed in a background thread and train.py waited forever for its first
     batch, SIGTERM too (a pytest tmp_path as TMPDIR did it, and a budget's kill then handed in the
-    fallback). hardware.short_socket_dir moves multiprocessing's folder to /tmp there, as CPython 3.14
+    fallback). loader_sockets.socket_dir makes multiprocessing's folder in /tmp there, as CPython 3.14
     does itself; TMPDIR stays the run's for everything else."""
     long = tmp_path / ("t" * max(1, 80 - len(str(tmp_path))))
     long.mkdir()
@@ -151,9 +151,39 @@ def test_a_tmpdir_too_long_for_a_socket_still_trains_with_loader_workers(project
     assert (tmp_path / "out" / "model_fold1.pth").is_file()
     # ...in a folder that goes with the script, through errors.end_now's os._exit too, which skips the
     # interpreter's exit (train.py's DONE, predict.py's SUBMISSION: each left one in /tmp)
-    code = "from machinery import errors, hardware; print(hardware.short_socket_dir()); errors.end_now()"
+    code = "from machinery import errors, loader_sockets; print(loader_sockets.socket_dir()); errors.end_now()"
     folder = Path(run_script(project, "-c", code, env={**RUN_ENV, "TMPDIR": str(long)}).stdout.strip())
     assert folder.name.startswith("pymp-") and folder.parent != long and not folder.exists(), folder
+
+
+def test_loader_workers_share_one_socket_folder_and_a_killed_script_s_is_removed_by_the_next(project, tmp_path):
+    """Each DataLoader worker made its own multiprocessing folder (TMPDIR/pymp-XXXXXXXX) and removed
+    it at its exit, which a SIGKILL skips: a killed train.py with 2 workers left 2, ~10 a suite, 80 a
+    day in /tmp. Now train.py makes one before its workers fork, named for its pid, and the next
+    script that makes one (under run.py, predict.py) removes the folder of a process that is gone."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="kt", dir="/tmp"))  # short: a socket's path fits under it
+    try:
+        env, out = {**RUN_ENV, "TMPDIR": str(tmp)}, str(tmp_path / "out")
+        cmd = ["train.py", *CPU, "--workers", "2", "--epochs", "4", "--out-dir", out]
+        fold1 = False
+
+        def in_fold1(line: str) -> bool:  # fold 0 saved, then an epoch of fold 1: its workers are running
+            nonlocal fold1
+            fold1 = fold1 or line.startswith("FOLD 1 (")
+            return fold1 and line.startswith("Epoch ")
+
+        proc, seen = start_until(project, cmd, in_fold1, env=env)
+        made = sorted(p.name for p in tmp.glob("pymp-*"))
+        assert made and all(n.startswith(f"pymp-k{proc.pid}-") for n in made) and len(made) == 1, (made, seen)
+        os.kill(proc.pid, signal.SIGKILL)  # no exit runs: the folder stays
+        proc.communicate(timeout=60)
+        assert sorted(p.name for p in tmp.glob("pymp-*")) == made
+        pred = run_script(project, "predict.py", *CPU, "--workers", "1", "--out-dir", out, env=env).stdout
+        assert "SUBMISSION:" in pred and not list(tmp.glob("pymp-*"))  # the killed one's swept, its own removed
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_the_json_log_says_who_set_the_batch(project):

@@ -499,6 +499,22 @@ def test_csvs_and_logs_read_back_cut_short_are_left_out_with_a_line(project_modu
     assert "WARNING: " in capsys.readouterr().out and len(m.logs.read_records(log_path, "run1")) == 1
 
 
+def test_the_socket_folders_of_gone_processes_are_swept_and_no_other(project_modules, tmp_path):
+    """loader_sockets.sweep removes the folders it names for a pid (pymp-k<pid>-XXXXXXXX) whose
+    process is gone, and nothing else: multiprocessing's own (pymp-XXXXXXXX, random letters and
+    digits but never a "-": pymp-k1234567 is one), a live process's, another program's."""
+    import importlib
+
+    sockets = importlib.import_module("machinery.loader_sockets")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    names = [f"pymp-k{gone.pid}-abcdefgh", f"pymp-k{os.getpid()}-abcdefgh", "pymp-k1234567", "pymp-x1y2z3w4", "kept"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    assert sockets.sweep(str(tmp_path)) == [f"pymp-k{gone.pid}-abcdefgh"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+
+
 def test_serving_never_raises_on_a_batch_without_ids_and_answers_an_empty_one(project_modules):
     """Case 13: a batch without its id column (or None) was "answered with the fallback", which
     then raised into the gateway; a legal empty batch was counted as a failure."""

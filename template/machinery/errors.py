@@ -131,8 +131,8 @@ def main(fn, argv=None) -> None:
 
 
 # What end_now still does before os._exit, which skips atexit and multiprocessing's finalizers: a
-# folder of this process's to remove (hardware.short_socket_dir's in /tmp: every train.py under a long
-# TMPDIR left one). (pid, fn): a forked child inherits the list, and runs only what it registered.
+# folder of this process's to remove (loader_sockets.socket_dir's: every train.py and predict.py with
+# loader workers left one). (pid, fn): a forked child inherits the list, and runs only what it registered.
 _AT_END: list = []
 
 

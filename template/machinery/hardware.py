@@ -306,46 +306,11 @@ def loader_settings(cpus: int, on_cuda: bool) -> dict:
 def flag_loader(workers: int, on_cuda: bool) -> dict:
     """loader_settings for a script's --workers flag: -1 = the rule (usable CPUs less one), else that many."""
     settings = loader_settings(usable_cpus() if workers < 0 else workers + 1, on_cuda)
-    if settings["num_workers"]:
-        short_socket_dir()
+    if settings["num_workers"]:  # one folder for its workers' sockets, made before they fork
+        from .loader_sockets import socket_dir
+
+        socket_dir()
     return settings
-
-
-# A Linux AF_UNIX socket's path holds 107 bytes (sun_path, less its NUL). multiprocessing binds its
-# sockets at TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 bytes past TMPDIR), and each DataLoader worker
-# binds one to hand its batches' tensors over (torch's file_descriptor sharing). With a TMPDIR over 75
-# bytes the bind failed in the worker's feeder thread, the worker lived on, and train.py waited for a
-# batch that never came, through SIGTERM too, until a budget's kill handed in the fallback (a pytest
-# tmp_path as TMPDIR: 76 bytes). CPython 3.14 falls back to a short folder itself; this does it before.
-SOCKET_PATH_MAX = 107
-SOCKET_PAST_TMPDIR = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
-
-
-def short_socket_dir() -> str | None:
-    """Where TMPDIR is too long for multiprocessing's sockets, its folder of this process (and of the
-    DataLoader workers it forks) in /tmp, /var/tmp or /dev/shm instead, removed at exit as its own is
-    (and by errors.end_now, which skips that exit): the folder, or None where TMPDIR fits (or no short
-    folder is writable: the old behaviour)."""
-    import functools
-    import multiprocessing.util
-    import shutil
-    import tempfile
-
-    from . import errors
-
-    process = multiprocessing.current_process()
-    made = process._config.get("tempdir")  # multiprocessing.util.get_temp_dir's own cache
-    base = os.path.dirname(made) if made else tempfile.gettempdir()
-    if len(os.fsencode(base)) + SOCKET_PAST_TMPDIR <= SOCKET_PATH_MAX:
-        return None
-    for short in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
-            folder = tempfile.mkdtemp(prefix="pymp-", dir=short)
-            multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
-            errors.at_end_now(functools.partial(shutil.rmtree, folder, True))  # os._exit skips the Finalize
-            process._config["tempdir"] = folder
-            return folder
-    return None
 
 
 @dataclass(frozen=True)
