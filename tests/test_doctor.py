@@ -204,6 +204,24 @@ def test_no_log_given_reads_the_projects_own_or_says_where_it_looked(tmp_path):
     assert "DECISION: < 50%: double the batch: batch 64 -> 128" in r.stdout
 
 
+def test_a_json_log_with_a_record_cut_short_is_read_past_it_with_a_warning(tmp_path):
+    """A run cut off by a full disk leaves its last record half written; the next run's records
+    start on a line of their own (logs.JsonLog). The doctor refused the whole log at that line."""
+    records = [{"run": "a", "fold": 0, "epoch": 1, "batch_size": 64, "gpu_pct": 41.0}]
+    text = "".join(json.dumps(r) + "\n" for r in records) + '{"run": "a", "fold": 0, "ep\n'
+    records = [{"run": "b", "fold": 0, "epoch": e, "batch_size": 64, "gpu_pct": 42.0} for e in (1, 2)]
+    text += "".join(json.dumps(r) + "\n" for r in records)
+    log = tmp_path / "train_log.jsonl"
+    log.write_text(text)
+    r = doctor(log, "--model", "resnet18")
+    assert "MEMORY: 2 epoch lines, first 42.0%, last 42.0%" in r.stdout, r.stderr  # the last run's, b's
+    assert "WARNING: 1 line(s) of the JSON log are not JSON (a record cut short by a full disk or a kill)" in r.stdout
+    assert "DECISION: < 50%: double the batch: batch 64 -> 128" in r.stdout
+    log.write_text("not json\n{also not\n")
+    r = doctor(log)
+    assert r.returncode == 1 and r.stdout == "" and "line 1 of the JSON log is not JSON" in r.stderr
+
+
 def test_a_060_log_without_set_by_reads_the_reason_from_its_batch_line(tmp_path):
     """0.6.0's VALIDATION line has no `set by`: on two real H100 logs of that version the doctor
     said ACTION NEEDED and asked to grow a small-data batch x16. The BATCH line gives the reason."""

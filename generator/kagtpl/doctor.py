@@ -56,6 +56,7 @@ class Log:
     cpu_run: bool = False  # "GPU Memory Used: none (CPU run)"
     set_by: str | None = None  # why the batch is what it is (the VALIDATION line's key), when the log says
     set_why: str = ""
+    skipped: int = 0  # the JSON log's lines that are not JSON: a record cut short (a full disk, a kill)
 
 
 def parse(text: str) -> Log:
@@ -102,14 +103,20 @@ def parse(text: str) -> Log:
 
 def parse_records(text: str) -> Log:
     """The JSON log (train_log.jsonl): the last run's epoch records. It holds no RESOURCES or
-    Model line, so the GPU, the model and the loader are unknown (--model names the model)."""
-    records = []
+    Model line, so the GPU, the model and the loader are unknown (--model names the model). A
+    line that is not JSON (a record cut short: the next run's records start on a line of their
+    own) is skipped, and a WARNING says so; a file with no JSON line at all is an error."""
+    records, bad = [], []
     for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise KagtplError(f"line {n} of the JSON log is not JSON ({e.msg})") from None
+        try:
+            record = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError as e:
+            bad.append(f"line {n} of the JSON log is not JSON ({e.msg})")
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    if bad and not records:  # not a JSON log at all
+        raise KagtplError(bad[0])
     last = records[-1].get("run") if records else None
     epochs = [r for r in records if r.get("run") == last and "epoch" in r]
     if not epochs:
@@ -117,7 +124,7 @@ def parse_records(text: str) -> Log:
     log = Log(batch=epochs[-1].get("batch_size"), epochs=[r for r in epochs if r.get("gpu_pct") is not None])
     log.set_by = epochs[-1].get("batch_set_by")
     log.set_why = "the JSON log's batch_set_by" if log.set_by else ""
-    log.cpu_run = not log.epochs
+    log.cpu_run, log.skipped = not log.epochs, len(bad)
     return log
 
 
@@ -187,6 +194,7 @@ def diagnose(log: Log, model: str | None = None) -> Report:
         new_batch = hw.round_batch(log.batch * decision.factor)
         action += f": batch {log.batch} -> {new_batch}"
     warnings = [w for a, b in zip(points, points[1:], strict=False) if (w := profiles().memory_drop_warning(a, b))]
+    warnings += skipped_lines(log)
     return Report(
         name,
         cls,
@@ -220,9 +228,16 @@ def cpu_report(log: Log, name: str | None, cls: str) -> Report:
         None,
         False,
         [],
-        [],
+        skipped_lines(log),
         "ok",
     )
+
+
+def skipped_lines(log: Log) -> list[str]:
+    if not log.skipped:
+        return []
+    cut = "a record cut short by a full disk or a kill"
+    return [f"{log.skipped} line(s) of the JSON log are not JSON ({cut}): skipped"]
 
 
 def trend(log: Log, points: list[float]) -> str:
