@@ -58,6 +58,20 @@ def test_params_auto_leaves_out_a_search_of_another_signature(project_modules, t
     assert train.get_args([*argv, "--params", "auto"]).lr != 0.0042
     assert "no run signature (an older kagtpl)" in capsys.readouterr().out
     assert train.get_args([*argv, "--params", str(best)]).lr == 0.0042
+    # emptied, cut short or not tune.py's: auto leaves it out and the run trains (it stopped run.py before
+    # train.py's preflight, and no submission at all was handed in); a file you name still stops the run
+    whole = json.dumps({"params": {"lr": 0.0042}, "signature": mine})
+    for text, why in (("", "cannot read it as tune.py's JSON"), (whole[:20], "cannot read it"), ("[1]", "cannot")):
+        best.write_text(text)
+        args = train.get_args([*argv, "--params", "auto"])
+        assert args.lr != 0.0042 and args.params == ""
+        said = capsys.readouterr().out
+        assert f"PARAMS: {best} left out: {why}" in said and "this run trains with its flags" in said, said
+    best.write_text(json.dumps({"params": {"nope": 1}, "signature": mine}))
+    assert train.get_args([*argv, "--params", "auto"]).params == ""
+    assert f"PARAMS: {best} left out: 'nope' is not a flag of" in capsys.readouterr().out
+    with pytest.raises(project_modules.errors.RunError, match="'nope' is not a flag of"):
+        train.get_args([*argv, "--params", str(best)])
     best.unlink()
     assert train.get_args([*argv, "--params", "auto"]).params == ""  # none yet: nothing to say
 

@@ -157,8 +157,16 @@ def parse_args(p, argv=None):
     if args.params:  # read from the run's own --out-dir (auto), before a dry run's folder is chosen
         path = params_file(args)
         if path is not None:
-            p.set_defaults(**read_params(path, p))
-            args = p.parse_args(argv)
+            try:
+                p.set_defaults(**read_params(path, p))
+            except RunError as e:  # a file you named stops the run; one found by auto never does
+                if args.params != "auto":
+                    raise
+                why = str(e).removeprefix(f"--params {path}: ")
+                print(f"PARAMS: {path} left out: {why}; this run trains with its flags")
+                path = None
+            else:
+                args = p.parse_args(argv)
         args.params = "" if path is None else str(path)
     if getattr(args, "dry_run", False) and args.out_dir == p.get_default("out_dir"):
         # a folder of its own: README's order (dry run, train, dry run again) overwrote a trained run's folds
