@@ -158,6 +158,18 @@ def test_short_run_learns_and_a_rerun_reuses_the_cached_tokens(text_data, tmp_pa
     again = run_script(project, "train.py", "--device", "cpu", "--lr", "2e-4").stdout
     assert "TOKENS: train 240 texts from the cache" in again and "is complete, skipping (resume)" in again
     assert "SUBMISSION:" in run_script(project, "predict.py").stdout
+    # a full disk cut what predict.py reads back: the test tokens' cache (np.load's EOFError and
+    # BadZipFile were tracebacks) and the saved tokenizer (an ERROR): the folds' submission, the same
+    out = project / "output"
+    made, saved = (out / "submission.csv").read_bytes(), out / "tokenizer" / "tokenizer.json"
+    next(out.glob("cache/tokens-test-*.npz")).write_bytes(b"")
+    whole = saved.read_bytes()
+    saved.write_bytes(whole[: len(whole) // 2])
+    log = run_script(project, "predict.py").stdout
+    assert "is unreadable; tokenising again" in log and "the model folder's tokenizer instead" in log, log[-2000:]
+    assert (out / "submission.csv").read_bytes() == made
+    run_script(project, "train.py", "--device", "cpu", "--lr", "2e-4")  # its resume writes the tokenizer again
+    assert saved.read_bytes() == whole
 
 
 @pytest.mark.slow
