@@ -265,10 +265,11 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(project_modules, tmp
 ENDS_NOW = """
 import atexit
 from torch.utils.data import DataLoader
-from machinery import errors
+from machinery import errors, loader_sockets
 
 def main(argv):
     global loader  # alive to the end, as train.py's last fold's loaders are
+    loader_sockets.socket_dir()  # as hardware.flag_loader makes it: the workers' folder, removed by end_now
     loader = DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True)
     next(iter(loader))
     atexit.register(print, "TEARDOWN")
