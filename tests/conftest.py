@@ -507,6 +507,7 @@ PROJECT_MODULES = (
     "profiles",
     "tuning_report",
     "study_storage",
+    "readback",
     "tta_views",
     "serving",
     "hand_in",

@@ -42,6 +42,7 @@ MACHINERY = {
     "planner.py",
     "replanning.py",
     "probe.py",
+    "readback.py",
     "profiles.py",
     "report.py",
     "reserve.py",

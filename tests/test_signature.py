@@ -129,7 +129,7 @@ def test_a_signature_that_reads_as_a_number_stays_text(project_modules, tmp_path
         assert list(kept["id"]) == ["007", "NA"] and kept["signature"].iloc[0] == signature
     # the boosters' OOF files carry it in their "run" column
     pd.DataFrame({"id": ["a"], "run": ["3226e4661147"]}).to_csv(tmp_path / "oof_lgbm_fold0.csv", index=False)
-    assert project_modules.storage.read_ours(tmp_path / "oof_lgbm_fold0.csv")["run"].iloc[0] == "3226e4661147"
+    assert project_modules.readback.read_ours(tmp_path / "oof_lgbm_fold0.csv")["run"].iloc[0] == "3226e4661147"
 
 
 @pytest.fixture(scope="module")

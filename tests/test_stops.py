@@ -467,7 +467,7 @@ def test_csvs_and_logs_read_back_cut_short_are_left_out_with_a_line(project_modu
     ):
         path.write_bytes(damage)
         with pytest.raises(m.errors.Damaged, match=re.escape(why)):
-            m.storage.read_ours(path)
+            m.readback.read_ours(path)
         assert m.artifacts.read_signed(path, "sig1") is None  # its rows left out, with a line
         said = capsys.readouterr().out
         assert said.startswith("OOF: oof_fold0.csv left out: it does not read back ("), said

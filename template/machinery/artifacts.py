@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import growth, hand_in, logs, parallel, serving, storage, submission
-from .errors import Damaged, DataError
+from . import growth, hand_in, logs, parallel, readback, serving, storage, submission
+from .errors import DataError
 
 # The flags that decide what a run's artifacts mean: which rows, which target, which features,
 # which folds. Training settings (model, LR, epochs) are not among them: the blend mixes models.
@@ -121,7 +121,8 @@ def fixed_folds(out: Path, ids, y, k: int, seed: int, stratify: bool) -> tuple[l
 
     path = Path(out) / f"folds-k{k}-seed{seed}.csv"
     ids = np.asarray(ids).astype(str)
-    saved = read_folds(path)
+    # one that does not read back is made anew: the same folds (the same splitter, seed and rows)
+    saved = readback.read_if_whole(path, "FOLDS: {name} does not read back ({why}): made again from the same seed")
     if saved is not None:
         fold_of = dict(zip(saved["id"], saved["fold"], strict=True))
         if len(saved) != len(ids) or not all(i in fold_of for i in ids):
@@ -138,22 +139,10 @@ def fixed_folds(out: Path, ids, y, k: int, seed: int, stratify: bool) -> tuple[l
     return [(np.flatnonzero(folds != f), np.flatnonzero(folds == f)) for f in range(k)], path.name
 
 
-def read_folds(path: Path) -> pd.DataFrame | None:
-    """The folds file, or None to make it (again): one that does not read back is made anew, the
-    same folds (the same splitter, seed and rows), with a FOLDS line."""
-    if not path.is_file():
-        return None
-    try:
-        return storage.read_ours(path)
-    except Damaged as e:
-        print(f"FOLDS: {path.name} does not read back ({e.why}): made again from the same seed")
-        return None
-
-
 def copy_oof(out: Path, source: str, name: str) -> None:
     """A model's OOF file under the blend's name (oof_<model>.csv), when the run wrote one."""
     if (Path(out) / source).is_file() and parallel.writes() and not parallel.fold_worker():
-        storage.write_csv_atomic(storage.read_ours(Path(out) / source), Path(out) / name)
+        storage.write_csv_atomic(readback.read_ours(Path(out) / source), Path(out) / name)
 
 
 def write_oof(comp, fold, y: np.ndarray, pred: np.ndarray, path: Path, args) -> None:
@@ -175,14 +164,11 @@ def signed_oof(out: Path, signature: str) -> pd.DataFrame | None:
 
 def read_signed(path: Path, signature: str) -> pd.DataFrame | None:
     """An OOF file of this run signature; one of another (or none: written before 0.6.0) is left
-    out with an OOF: line saying why, as is one that does not read back (storage.check_whole): its
+    out with an OOF: line saying why, as is one that does not read back (readback.check_whole): its
     fold's model still counts, scored without its rows. None when it is missing or left out."""
-    if not path.exists():
-        return None
-    try:
-        frame = storage.read_ours(path)
-    except Damaged as e:
-        print(f"OOF: {path.name} left out: it does not read back ({e.why}); its fold's model is still ensembled")
+    said = "OOF: {name} left out: it does not read back ({why}); its fold's model is still ensembled"
+    frame = readback.read_if_whole(path, said)
+    if frame is None:
         return None
     found = signature_of(frame)
     if found != signature:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import hardware, profiles
 from .planner import fmt_s
+from .readback import last_byte
 
 
 def resource_lines(cpus: int, batch: int, gpu_name: str, amp_on: bool, total_gb: float, loader: dict) -> list[str]:
@@ -191,13 +192,9 @@ def log_to(path: Path) -> None:
 def end_line(path: Path) -> None:
     """A newline after the file's last line when it has none (an earlier run's last record cut short
     by a full disk): this run's first record starts a line of its own, not the cut one's end."""
-    with open(path, "rb+") as f:
-        size = f.seek(0, 2)  # from the end: the file's size
-        if size == 0:
-            return
-        f.seek(size - 1)
-        if f.read(1) != b"\n":
-            f.write(b"\n")  # at the end, where the read left it
+    if last_byte(path) not in (b"", b"\n"):
+        with open(path, "ab") as f:
+            f.write(b"\n")
 
 
 class JsonLog:

@@ -168,37 +168,6 @@ def as_numbers(column):
     return values
 
 
-TEXT_COLUMNS = {0: str, "signature": str, "run": str}  # ids and run signatures: never numbers
-
-
-def read_ours(path: Path, **kwargs):
-    """A CSV this project wrote (folds, OOF and test predictions): its first column, the id, and
-    the columns that carry run signatures as text ("00200", "NA" and "null" are ids; a signature
-    of hex digits such as 3226e4661147, about 1 in 250, read as a number was `inf`), and only
-    empty cells missing.
-    A file that is empty, cut short or does not parse is errors.Damaged (check_whole)."""
-    import pandas as pd
-
-    check_whole(path)
-    try:
-        return pd.read_csv(path, dtype=TEXT_COLUMNS, keep_default_na=False, na_values=[""], **kwargs)
-    except ValueError as e:  # pandas' ParserError and EmptyDataError, and UnicodeDecodeError, are ValueErrors
-        raise Damaged(path, f"{type(e).__name__}: {str(e).splitlines()[0][:100]}") from None
-
-
-def check_whole(path: Path) -> None:
-    """errors.Damaged unless `path` holds something and ends with a newline, as each text file this
-    project writes does (to_csv ends every row with one): a file cut at a byte ends mid-line. Half
-    an OOF file parsed, its cut last row as missing values (a NaN the metric raised on), or a row short."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size == 0:
-            raise Damaged(path, "empty: 0 bytes")
-        f.seek(size - 1)
-        if f.read(1) != b"\n":
-            raise Damaged(path, f"cut short: its {size} bytes end mid-line")
-
-
 def write_csv_atomic(df, path: Path) -> None:
     atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
 
