@@ -580,6 +580,12 @@ def test_the_fallback_submission_is_the_training_prior_and_passes_the_check(
     submission.write_fallback(path, sample, np.asarray(y), config, classes)
     assert path.read_text() == fallback and "moved to" in capsys.readouterr().out
     assert (tmp_path / "submission.earlier.csv").read_text() == "an earlier run's file\n"
+    # one written since the run's start is this run's (a train.py run.py started again): replaced where
+    # it is; moved, it took the place of the earlier run's file
+    path.write_text("this run's first fallback\n")
+    submission.write_fallback(path, sample, np.asarray(y), config, classes, since=path.stat().st_mtime)
+    assert path.read_text() == fallback and "moved to" not in capsys.readouterr().out
+    assert (tmp_path / "submission.earlier.csv").read_text() == "an earlier run's file\n"
     submission.keep(path, sample)  # predict.py with no fold in time keeps it
     with pytest.raises(project_modules.errors.RunError, match="other ids"):
         submission.keep(path, sample.assign(id=["x", "z"]))

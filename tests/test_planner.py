@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -496,6 +498,32 @@ def test_ctrl_c_requests_the_stop_even_when_its_line_cannot_be_written(project_m
     handlers[signal.SIGINT](signal.SIGINT, None)
     assert asked == ["SIGINT (Ctrl-C)"]
     assert handlers[signal.SIGINT] is signal.default_int_handler
+
+
+EARLY_STOP = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as run.py starts train.py
+os.kill(os.getpid(), signal.SIGTERM)  # a container's stop while train.py imports
+from machinery import planner
+planner.keep_early_stops()  # runflags.begin's first step: the held stop arrives, and is kept
+kept = list(planner.EARLY_STOPS)
+os.kill(os.getpid(), signal.SIGTERM)  # a second one, before the planner exists: kept, not fatal
+asked = []
+planner.install_stop_signals(asked.append)  # the planner: the kept stop is asked for
+print(kept, asked, signal.pthread_sigmask(signal.SIG_BLOCK, set()))
+"""
+
+
+def test_a_sigterm_held_while_train_py_imports_is_kept_for_the_planner(project_modules):
+    """run.py starts train.py with SIGTERM blocked: a stop during its imports waits (it killed
+    train.py before its fallback was written), `keep_early_stops` (train.py's first step) keeps it
+    and lifts the hold, and the planner asks for the stop once it exists. In a process of its own:
+    real signals and a real mask."""
+    proj = Path(project_modules.planner.__file__).parents[1]
+    r = subprocess.run([sys.executable, "-c", EARLY_STOP, str(proj)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "['SIGTERM'] ['SIGTERM'] set()", r.stdout
 
 
 ASSIGNED = re.compile(r"^([^=#]*?)\s[-+*/]?=\s")  # an assignment statement's targets (not ==, not a keyword's =)

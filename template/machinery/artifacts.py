@@ -301,6 +301,7 @@ def fallback_submission(args, sample, y: np.ndarray, classes: list, config: dict
     before a good one (serving.write_defaults)."""
     if parallel.writes() and not parallel.fold_worker():
         out = Path(args.out_dir)
-        sub = submission.write_fallback(out / "submission.csv", sample, y, config or vars(args), classes)
+        path, since = out / "submission.csv", args.start_time  # one written since is this run's (started again)
+        sub = submission.write_fallback(path, sample, y, config or vars(args), classes, since)
         if sub is not None:
             serving.write_defaults(out, sub, args.signature)

@@ -64,11 +64,30 @@ def make_planner(
     return planner
 
 
+EARLY_STOPS: list[str] = []  # a SIGTERM that came before the planner existed (keep_early_stops): handed to it
+
+
+def keep_early_stops() -> None:
+    """A run's first step (runflags.begin): a SIGTERM from here until the planner exists is kept
+    for it, not fatal, so the run still reaches its preflight's fallback submission and then ends
+    like any stop. run.py starts train.py with SIGTERM blocked: one sent while train.py imports
+    (its first 3-4 s; a container's stop, or run.py's death) waited, and arrives here. Not when a
+    caller took SIGTERM (tune.py, between its trials)."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: EARLY_STOPS.append("SIGTERM"))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def install_stop_signals(request_stop) -> None:
-    """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0. Ctrl-C
-    (SIGINT) too, once: the run saves and says so instead of a 40-line traceback; a second
-    Ctrl-C interrupts at once (errors.main turns it into one line)."""
+    """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0; one that
+    came before (keep_early_stops) is asked now. Ctrl-C (SIGINT) too, once: the run saves and
+    says so instead of a 40-line traceback; a second Ctrl-C interrupts at once (errors.main turns
+    it into one line)."""
     signal.signal(signal.SIGTERM, lambda *_: request_stop("SIGTERM"))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a script that skipped keep_early_stops
+    if EARLY_STOPS:
+        request_stop(EARLY_STOPS.pop())
+        EARLY_STOPS.clear()
 
     def on_sigint(*_) -> None:
         # the stop first: it must not depend on the line below, a write to a pipe that may be full or gone

@@ -306,7 +306,9 @@ def speed_settings(args, device: torch.device) -> None:
 def begin(args, ranges: dict | None = None) -> torch.device:
     """A run's first step: the flags checked (FLAG_RANGES plus the task's `ranges`), --dry-run's
     small plan, the output folder (locked against a second train.py, stale temp files of killed
-    runs swept), the seed, the device."""
+    runs swept), the seed, the device. A SIGTERM from here on is kept for the planner
+    (time_planner.keep_early_stops): the run writes its fallback, then stops."""
+    time_planner.keep_early_stops()
     check_flags(args, {**FLAG_RANGES, **(ranges or {})})
     args.signature = artifacts.run_signature(args)  # carried by every artifact of this run
     try:

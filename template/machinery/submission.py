@@ -92,13 +92,15 @@ def prior_prediction(y: np.ndarray, n_classes: int) -> np.ndarray:
     return y.reshape(len(y), -1).astype(np.float64).mean(axis=0)
 
 
-def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list):
+def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list, since: float = float("inf")):
     """The submission that exists from preflight on, so that a run stopped anywhere still hands
     one in: every row the training prior (class frequencies, the majority class, or the mean).
-    A submission already at `path` is an earlier run's (perhaps a dry run's, or one made from
-    other data): it is moved to `submission.earlier.csv` with a line, so that the file this run
-    hands in is always this run's own; predict.py replaces the fallback. Returns it (None when
-    there is none)."""
+    A submission already at `path` written before `since` (the run's start: --start-time) is an
+    earlier run's (perhaps a dry run's, or one made from other data): it is moved to
+    `submission.earlier.csv` with a line, so that the file this run hands in is always this run's
+    own; one written since is this run's (a train.py run.py started again), replaced where it is:
+    moved, it would have taken the place of the earlier run's. predict.py replaces the fallback.
+    Returns it (None when there is none)."""
     if config.get("submission") in ("rle", "boxes"):  # segmentation, detection: an empty mask, no box
         sub, kind = sample.copy(), config["submission"]
         sub[sample.columns[-1]] = ""
@@ -114,7 +116,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     except ValueError as e:  # a competition edited past what fill() knows: training goes on without one
         print(f"WARNING: no fallback submission ({e}); predict.py writes the first")
         return None
-    if path.is_file():
+    if path.is_file() and path.stat().st_mtime < since:
         earlier = path.with_name(f"{path.stem}.earlier{path.suffix}")
         os.replace(path, earlier)
         print(f"SUBMISSION: the earlier run's {path.name} moved to {earlier} (this run hands in its own)")
