@@ -348,19 +348,30 @@ def train_on_workers(comp, run: Run, run_id: str) -> tuple[list[int], list[str]]
     out, devices = Path(args.out_dir), parallel.devices_for(args.devices, machine.device)
     start = time.time() - planner.elapsed()  # one deadline for every worker
     result = workers.run_fold_workers(devices, planner.folds, run_id, out, start, planner)
+    claimed, lost = set(result["claims"]), lost_folds(result, planner)
+    if lost and not planner.stop_reason and (not planner.budget or planner.training_left() > 0):
+        # a worker killed by another (the OOM killer, a GPU fault): its fold trained again, once
+        print(f"PARALLEL: {'; '.join(lost)}: the workers start again once for it (complete folds skipped, no growth)")
+        result = workers.run_fold_workers(devices, result["cap"], run_id, out, start, planner, again=True)
+        claimed, lost = claimed | set(result["claims"]), lost_folds(result, planner)
     config = artifacts.checkpoint_config(args, machine, run.batching)
     done = {
         k
         for k in range(result["cap"])
         if storage.fold_is_done(out / f"model_fold{k}.pth", config, artifacts.run_keys(comp))
     }
-    forwarded = planner.stop_reason == "SIGTERM"  # a worker that exited on the forwarded signal saved its fold
-    lost = [
+    return sorted(done | claimed), lost
+
+
+def lost_folds(result: dict, planner) -> list[str]:
+    """A line for each fold worker that died (not of the SIGTERM this train.py forwarded: a worker
+    that exited on it saved its fold)."""
+    forwarded = planner.stop_reason == "SIGTERM"
+    return [
         f"fold worker {tag} exited {code}, fold(s) {folds or 'none'} lost"
         for tag, code, folds in result["failed"]
         if not (forwarded and code == -signal.SIGTERM)
     ]
-    return sorted(done | set(result["claims"])), lost
 
 
 def experiment_row(comp, run: Run, run_id: str) -> dict:

@@ -148,10 +148,13 @@ def cpu_threads(k: int) -> str:
     return str(max(1, hardware.machine_cpus() // k))
 
 
-def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, start_time: float, planner) -> dict:
+def run_fold_workers(
+    devices: list[str], folds: int, run_id: str, out: Path, start_time: float, planner, again: bool = False
+) -> dict:
     """Start one train.py per device, relay their lines with a [gpuN] / [cpuN] prefix, forward
     SIGTERM, wait. Returns {"claims": {fold: pid}, "failed": [(tag, exit code, folds lost)],
-    "cap": the plan's fold count as the workers left it}."""
+    "cap": the plan's fold count as the workers left it}. `again`: the round after a worker died,
+    for its fold: complete folds are skipped (resume), and no worker grows."""
     queue = FoldQueue(out / ".folds")
     queue.reset(folds)
     n = len(devices)
@@ -166,6 +169,7 @@ def run_fold_workers(devices: list[str], folds: int, run_id: str, out: Path, sta
             flag, tag = "cuda", f"gpu{name.split(':')[1]}"
         # the same command line, with the worker's device and the run's start (one deadline for all)
         cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--device={flag}", f"--start-time={start_time}"]
+        cmd += ["--no-grow"] if again else []
         workers.append((cmd, env, tag))
     procs = run_tagged(workers, lambda: planner.stop_reason == "SIGTERM", announce="PARALLEL")
     claims = queue.claims()
