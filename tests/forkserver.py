@@ -38,7 +38,8 @@ real child (waitpid, its exit code, parent-death signals, its process group). Th
 train.py (its fold workers), tune.py (its trial workers), torchrun (its ranks, `python -u train.py`)
 and the benchmarks (their run.py), and only where the child's variables read at import are the
 runner's (a fake GPU's PYTHONPATH is not; torchrun's TORCHELASTIC_* are read by no library at import)
-and no module the server left out (NEVER_PRELOADED) was imported since; any other child is a new
+and no module the server left out (NEVER_PRELOADED) was imported since, nor an OpenMP pool of more
+than one thread started (_openmp_pool: GNU OpenMP is not fork-safe); any other child is a new
 interpreter as before. run.py's children alone were a quarter of the suite's CPU, each paying 3-5 s
 of imports. tests/test_budget.py starts its run.py as `python run.py` on purpose: a budget that holds
 with every interpreter's real start.
@@ -326,7 +327,18 @@ def _warm(a: dict) -> bool:
         and (cwd is None or os.path.isdir(cwd))
         and import_env(env, SERVER["kind"]) == SERVER["import_env"]
         and not any(m not in SERVER["modules"] and _installed(sys.modules.get(m)) for m in NEVER_PRELOADED)
+        and not _openmp_pool()
     )
+
+
+def _openmp_pool() -> bool:
+    """Whether this process may hold an OpenMP thread pool: torch runs more than one thread and the
+    process has threads beside its main one. GNU OpenMP is not fork-safe: a child forked after the
+    parent's parallel region waits forever in its own first one for the parent's threads (seen:
+    benchmarks/audio.py's predict.py after its in-process MFCC baseline, under `pytest -n 0`, where
+    torch has 2 threads; under -n auto each worker's scripts have 1). Such a child is a new interpreter."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.get_num_threads() > 1 and len(os.listdir("/proc/self/task")) > 1
 
 
 def _python_argv(argv: list[str]) -> tuple[list[str], bool]:

@@ -217,3 +217,35 @@ def test_a_warm_childs_traceback_and_exit_code_are_python_child_pys(server, pare
     assert ours["code"] == theirs["code"] == 1
     assert ours["err"].splitlines()[-1] == theirs["err"].splitlines()[-1] == "ValueError: from the child"
     assert ours["err"].replace(sys.executable, "") == theirs["err"].replace(sys.executable, ""), theirs["err"]
+
+
+OMP_PARENT = """
+import json, subprocess, sys, torch
+torch.ones(1 << 21).cos_()  # a parallel region of torch's threads: OpenMP's pool now lives in this process
+child = subprocess.run([sys.executable, "child.py"], capture_output=True, text=True, timeout=60)
+print(json.dumps({"code": child.returncode, "out": child.stdout}))
+"""
+OMP_CHILD = """
+import sys
+warm = "torch" in sys.modules
+import torch
+torch.ones(1 << 21).cos_()  # its own first parallel region: forked warm, it waited for the parent's threads
+print(warm, torch.get_num_threads())
+"""
+
+
+def test_a_parent_with_an_openmp_pool_starts_its_children_as_new_interpreters(tmp_path):
+    """A run.py that ran torch on 2 threads before it starts a child: the child is a new interpreter
+    (forked warm, its first parallel region waited forever for threads only the parent has; seen as a
+    hung predict.py under `pytest -n 0`), and it runs its own parallel region."""
+    (tmp_path / "run.py").write_text(OMP_PARENT)
+    (tmp_path / "child.py").write_text(OMP_CHILD)
+    two = forkserver.Server({**RUN_ENV, "OMP_NUM_THREADS": "2"})
+    try:
+        proc = two.popen(["run.py"], tmp_path, {**RUN_ENV, "OMP_NUM_THREADS": "2"}, subprocess.PIPE, False)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        two.close()
+    assert proc.returncode == 0, err[-2000:]
+    child = json.loads(out.splitlines()[0])
+    assert child["code"] == 0 and child["out"].split() == ["False", "2"], child
