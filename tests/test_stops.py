@@ -490,6 +490,18 @@ def test_files_read_back_answer_bad_content_with_one_line(project_modules, digit
     said = capsys.readouterr().out
     assert "does not read" in said and (tmp_path / "experiments.unreadable.csv").read_bytes().startswith(b"time")
     assert [r["run"] for r in m.experiments.read(table)] == ["r1"]
+    # a table cut short mid-row: that row's last field read (a CV of 0.98665 cut to 0.98) is not
+    # trusted; the row is kept, ranked last, and says why
+    scored = {**row, "metric": "AUC", "higher_is_better": "True"}
+    m.experiments.append(table, {**scored, "run": "r2", "cv": "0.97"})
+    m.experiments.append(table, {**scored, "run": "r3", "cv": "0.98665"})
+    text = table.read_text()
+    table.write_text(text[: text.rindex("0.98665") + 4])
+    read = m.experiments.ranked([r for r in m.experiments.read(table) if r["metric"] == "AUC"])
+    assert [(r["run"], r["cv"], r["stop"]) for r in read] == [
+        ("r2", "0.97", "done"),
+        ("r3", "", "cut short (line 4 of the table ends early)"),
+    ]
     table.unlink()
     table.mkdir()
     m.experiments.append(table, row)

@@ -215,7 +215,13 @@ def test_changed_answer_rerenders_the_derived_values(tmp_path, env, releases):
     v1, v2 = releases
     site, environ = env
     project = new_project(tmp_path, env, v1)
+    # on the same template with the same answers nothing changes, and the command says so (not "Updated")
+    r = kagtpl(environ, project, "update", "--to", "1.0.0", "--data", "gpu=t4")
+    said = f"Nothing to update: {project} is on template v1.0.0 already, with the same answers"
+    assert r.stdout.splitlines() == [said]
+    assert not git(project, "status", "--porcelain")
     r = kagtpl(environ, project, "update", "--to", "1.0.0", "--data", "gpu=a100-80")
+    assert f"Updated {project}: its changed answers rendered again on template v1.0.0" in r.stdout
     assert "No conflicts" in r.stdout
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["gpu"] == "a100-80"
     assert 'GPU_PROFILE = "a100-80"' in (project / "train.py").read_text()

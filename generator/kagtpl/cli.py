@@ -554,13 +554,15 @@ def update_cmd(
 ) -> None:
     """Merge a newer template into an existing project, keeping your edits; exit 1 on conflicts."""
     old, new, conflicts = update.update_project(update.UpdateRequest(path, to, update.parse_data(data or [])))
-    print(f"Updated {path.resolve()} from template {old} to {new}")
+    did_change = bool(conflicts) or update.changed(path.resolve())
+    print(update.outcome_line(path.resolve(), old, new, did_change))
     if conflicts:
         raise KagtplError(
             f"the update left conflicts in {', '.join(conflicts)}: resolve the <<<<<<< / >>>>>>> blocks (and *.rej), "
             "then commit; or undo it all with git reset --hard && git clean -fd"
         )
-    print("No conflicts. Review with git diff, then commit.")
+    if did_change:
+        print("No conflicts. Review with git diff, then commit.")
 
 
 @app.command("check")

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kagtpl.errors import KagtplError
-from kagtpl.template import hardware, profiles
+from kagtpl.template import hardware, profiles, template_module
 
 RESOURCES = re.compile(r"RESOURCES: (\d+) CPU cores, batch=(\d+), GPU=(.+?), Mixed Precision=(ON|OFF)")
 TOTAL = re.compile(r"^GPU Memory: ([\d.]+) GB")
@@ -106,15 +106,8 @@ def parse_records(text: str) -> Log:
     Model line, so the GPU, the model and the loader are unknown (--model names the model). A
     line that is not JSON (a record cut short: the next run's records start on a line of their
     own) is skipped, and a WARNING says so; a file with no JSON line at all is an error."""
-    records, bad = [], []
-    for n, line in enumerate(text.splitlines(), 1):
-        try:
-            record = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError as e:
-            bad.append(f"line {n} of the JSON log is not JSON ({e.msg})")
-            continue
-        if isinstance(record, dict):
-            records.append(record)
+    records, torn = template_module("logs").json_lines(text)  # the project's own reader
+    bad = [f"line {n} of the JSON log is not JSON ({why})" for n, why in torn]
     if bad and not records:  # not a JSON log at all
         raise KagtplError(bad[0])
     last = records[-1].get("run") if records else None
@@ -312,8 +305,6 @@ def run(path: Path | None, model: str | None, as_json: bool, plot: Path | None) 
 
 
 def draw(log: Log, path: Path) -> None:
-    from kagtpl.template import template_module
-
     if not log.epochs:
         raise KagtplError("the log has no Epoch lines to plot")
     try:

@@ -123,6 +123,7 @@ SHARED_MODULES = (
     "adapters",
     "tasks",
     "text_sizing",
+    "logs",
 )
 PACKAGE = "kagtpl_template_machinery"
 

@@ -132,6 +132,21 @@ def update_project(req: UpdateRequest) -> tuple[str, str, list[str]]:
     return old, new, conflicts(path) + restore_removed(path, edited)
 
 
+def changed(path: Path) -> bool:
+    """Whether the update changed any file of the project (its git status is not clean)."""
+    return bool(git(path, "status", "--porcelain", "--untracked-files=normal").strip())
+
+
+def outcome_line(path: Path, old: str, new: str, did_change: bool) -> str:
+    """What the update did, said truthfully: a project already on the newest template, whose answers
+    did not change either, is left as it was (`kagtpl update` used to say "Updated ... from X to X")."""
+    if not did_change:
+        return f"Nothing to update: {path} is on template {new} already, with the same answers"
+    if old == new:
+        return f"Updated {path}: its changed answers rendered again on template {new} (the template did not change)"
+    return f"Updated {path} from template {old} to {new}"
+
+
 def edited_files(path: Path, answers: dict, src: str) -> dict[str, bytes]:
     """The project's files that its template version rendered and the user has edited since:
     {relative path: the user's content}. Copier deletes a file the new template no longer has

@@ -10,7 +10,8 @@ time and why the run stopped. This is the results table Kagglers keep by hand.
 
 A run's row is written when its training starts (`stop`: running (pid N)) and rewritten when it
 ends: a run that failed says why (`failed: ...`, `interrupted`), one killed in between (SIGKILL,
-out of memory) reads back as `killed (ended without a result)`. The table project's blend has a
+out of memory) reads back as `killed (ended without a result)`, one cut short mid-row (a copy
+stopped) as `cut short (line N ...)` with no CV. The table project's blend has a
 row of its own (model `blend`, its members and weights), written by predict.py. Pure Python
 (csv), no torch. It is machinery: `copier update` may replace it.
 """
@@ -86,7 +87,8 @@ def read(path: Path) -> list[dict]:
         return []
     try:
         with open(path, newline="", encoding="utf-8") as f:
-            rows = [r for r in csv.DictReader(f) if isinstance(r, dict)]
+            reader = csv.DictReader(f)
+            rows = [cut_short(r, reader.line_num) for r in reader if isinstance(r, dict)]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         aside = path.with_name(f"{path.stem}.unreadable{path.suffix}")
         os.replace(path, aside)
@@ -97,6 +99,17 @@ def read(path: Path) -> list[dict]:
         if m and not pid_alive(int(m.group(1))):
             r["stop"] = "killed (ended without a result)"
     return rows
+
+
+def cut_short(row: dict, line: int) -> dict:
+    """A row with fewer fields than the header was cut short (the table copied or a disk filled
+    after it was written). Its last field read may be a number cut mid-way (a CV of 0.98665 read as
+    0.98), so it is emptied with the missing ones; the row is kept, ranked last, and says so."""
+    present = [k for k, v in row.items() if v is not None and k is not None]
+    if len(present) == len(row):
+        return row
+    cut = {k: ("" if v is None or k == present[-1] else v) for k, v in row.items() if k is not None}
+    return {**cut, "stop": f"cut short (line {line} of the table ends early)"}
 
 
 def run_id() -> str:

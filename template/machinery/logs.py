@@ -222,18 +222,26 @@ def read_records(path: Path, run: str) -> list[dict]:
     the records draw the report and fill the experiments row, the models never read them."""
     if not Path(path).exists():
         return []
-    records, torn = [], 0
-    for line in Path(path).read_text(errors="replace").splitlines():
+    records, torn = json_lines(Path(path).read_text(errors="replace"))
+    if torn:
+        print(f"WARNING: {path}: {len(torn)} line(s) not JSON (cut short?) skipped")
+    return [r for r in records if r.get("run") == run]
+
+
+def json_lines(text: str) -> tuple[list[dict], list[tuple[int, str]]]:
+    """The JSON log's records (each line one JSON object), and each line that is not JSON as (its
+    number, why): a record cut short by a kill or a full disk, the next run's starting on a line of
+    its own. `kagtpl doctor` reads a log with this too (the generator loads this module)."""
+    records, torn = [], []
+    for n, line in enumerate(text.splitlines(), 1):
         try:
             record = json.loads(line) if line.strip() else None
-        except ValueError:
-            torn += 1
+        except ValueError as e:
+            torn.append((n, getattr(e, "msg", str(e))))
             continue
-        if isinstance(record, dict) and record.get("run") == run:
+        if isinstance(record, dict):
             records.append(record)
-    if torn:
-        print(f"WARNING: {path}: {torn} line(s) not JSON (cut short?) skipped")
-    return records
+    return records, torn
 
 
 def write_report(records: list[dict], path: Path, title: str) -> None:
