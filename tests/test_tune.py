@@ -134,10 +134,11 @@ def test_a_search_whose_trials_keep_failing_stops(project_modules, tmp_path, cap
         search = tuning.Search(
             tmp_path / f"out{completed}", "s", "", 30, None, time.time(), 1, 4, "maximize", "Acc", "none", 0, 1, 0, []
         )
-        study = optuna.create_study(direction="maximize")
+        storage = optuna.storages.InMemoryStorage()
+        study = optuna.create_study(storage=storage, direction="maximize")
         for value in range(completed):
             study.add_trial(optuna.trial.create_trial(value=value, state=optuna.trial.TrialState.COMPLETE))
-        assert tuning.work(study, search, lambda trial: {"lr": 1e-3}, broken_train) == stops_after
+        assert tuning.work(study, storage, search, lambda trial: {"lr": 1e-3}, broken_train) == stops_after
         out = capsys.readouterr().out
         assert out.count("state=FAIL") == stops_after and "TUNE STOP: " in out, out
         assert ("in a row" in out) == (completed > 0), out

@@ -343,8 +343,9 @@ def why_stop(study, search: Search, stop: dict, failures: int, in_a_row: int) ->
     return None
 
 
-def work(study, search: Search, space, train_main) -> int:
-    """One process's trials, until why_stop says no more. Returns how many failed."""
+def work(study, storage_obj, search: Search, space, train_main) -> int:
+    """One process's trials, until why_stop says no more. Returns how many failed. `storage_obj`:
+    the study's storage (open_storage), where a killed worker's trial is counted out."""
     stop = {}
 
     def on_sigterm(*_):
@@ -353,7 +354,7 @@ def work(study, search: Search, space, train_main) -> int:
     failures = in_a_row = 0
     while True:
         signal.signal(signal.SIGTERM, on_sigterm)  # each trial's planner takes SIGTERM; it is ours between them
-        said_stale(fail_stale_trials(study, study._storage))  # a worker killed mid-trial: its trial counts out
+        said_stale(fail_stale_trials(study, storage_obj))  # a worker killed mid-trial: its trial counts out
         if reason := why_stop(study, search, stop, failures, in_a_row):
             print(f"TUNE STOP: {reason}", flush=True)
             break
@@ -375,11 +376,10 @@ def main(search: Search, space, train_main, workers_why: str) -> int:
         import optuna  # noqa: F401
     except ImportError:
         raise RunError("tune.py needs optuna: pip install optuna (Kaggle's images have it)") from None
-    worker = workers.this_tune_worker()
+    worker, storage_obj = workers.this_tune_worker(), open_storage(search.storage_url, search.folder)
     if worker:
-        work(open_study(search, open_storage(search.storage_url, search.folder), worker[0]), search, space, train_main)
+        work(open_study(search, storage_obj, worker[0]), storage_obj, search, space, train_main)
         return 0
-    storage_obj = open_storage(search.storage_url, search.folder)
     study = open_study(search, storage_obj)  # made once here: K workers creating it at once would race
     stale = fail_stale_trials(study, storage_obj)
     budget = time_planner.fmt_s(search.budget_s) if search.budget_s else "none"
@@ -397,7 +397,7 @@ def main(search: Search, space, train_main, workers_why: str) -> int:
             + (f"; stale RUNNING -> FAILED: {stale}" if stale else "")
         )
     if search.workers == 1:
-        work(study, search, space, train_main)
+        work(study, storage_obj, search, space, train_main)
     else:
         codes = workers.run_tune_workers(search.workers, search.gpus, search.start)
         if any(codes):
