@@ -86,7 +86,11 @@ def test_dry_run_then_predict(project, digits_dir):
     png = (out / "train_report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
-    pred = run_script(project, "predict.py", *CPU, "--out-dir", "output/dry-run").stdout
+    # the last line says what to run next, and it predicts from the dry run's folder (it said plain
+    # `python predict.py` once: the trained run's folder, where a dry run has written nothing)
+    done = re.fullmatch(r"DONE: 2 folds in [\d.]+s; next: python (predict\.py --out-dir output/dry-run)", lines[-1])
+    assert done, lines[-1]
+    pred = run_script(project, *done.group(1).split(), *CPU).stdout
     assert "ENSEMBLE: 2 checkpoint(s), folds [0, 1]" in pred
     assert "SUBMISSION: " in pred
     assert_valid_submission(project, digits_dir, "output/dry-run")

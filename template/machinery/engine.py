@@ -419,5 +419,6 @@ def finish(comp, run: Run, trained: list[int], row: dict) -> dict:
     )
     if planner.stop_reason:
         print(logs.stopped_line(planner.stop_reason))
-    print(f"DONE: {len(trained)} folds in {planner.elapsed():.1f}s; next: python predict.py")
+    there = f" --out-dir {out}" if args.dry_run else ""  # a dry run's own folder, not predict.py's default
+    print(f"DONE: {len(trained)} folds in {planner.elapsed():.1f}s; next: python predict.py{there}")
     return scores
