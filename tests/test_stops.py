@@ -502,6 +502,10 @@ def test_files_read_back_answer_bad_content_with_one_line(project_modules, digit
         ("r2", "0.97", "done"),
         ("r3", "", "cut short (line 4 of the table ends early)"),
     ]
+    longer = [line + ",x,y" if "0.98665" in line else line for line in text.splitlines()]
+    table.write_text("\n".join(longer) + "\n")  # more fields than the header: read, not cut short
+    read = {r["run"]: (r["cv"], r["stop"]) for r in m.experiments.read(table) if r["metric"] == "AUC"}
+    assert read == {"r2": ("0.97", "done"), "r3": ("0.98665", "done")}
     table.unlink()
     table.mkdir()
     m.experiments.append(table, row)

@@ -105,10 +105,11 @@ def cut_short(row: dict, line: int) -> dict:
     """A row with fewer fields than the header was cut short (the table copied or a disk filled
     after it was written). Its last field read may be a number cut mid-way (a CV of 0.98665 read as
     0.98), so it is emptied with the missing ones; the row is kept, ranked last, and says so."""
-    present = [k for k, v in row.items() if v is not None and k is not None]
-    if len(present) == len(row):
+    fields = {k: v for k, v in row.items() if k is not None}  # None: a longer row's extra fields
+    present = [k for k, v in fields.items() if v is not None]
+    if len(present) == len(fields):
         return row
-    cut = {k: ("" if v is None or k == present[-1] else v) for k, v in row.items() if k is not None}
+    cut = {k: ("" if v is None or k == present[-1] else v) for k, v in fields.items()}  # a line has a field
     return {**cut, "stop": f"cut short (line {line} of the table ends early)"}
 
 
