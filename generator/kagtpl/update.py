@@ -49,6 +49,12 @@ def read_answers(path: Path) -> dict:
     return answers
 
 
+def changed(path: Path) -> bool:
+    """Whether the project has uncommitted changes (its git status is not clean): refused before
+    an update, and after one, whether it changed any file."""
+    return bool(git(path, "status", "--porcelain", "--untracked-files=normal").strip())
+
+
 def check_clean_repo(path: Path) -> None:
     try:
         top = git(path, "rev-parse", "--show-toplevel").strip()
@@ -57,7 +63,7 @@ def check_clean_repo(path: Path) -> None:
             f"{path} is not a git repository: run `git init && git add -A && git commit -m start` there first, "
             "so an update can be merged and undone"
         ) from None
-    if git(path, "status", "--porcelain", "--untracked-files=normal").strip():
+    if changed(path):
         raise KagtplError(f"{top} has uncommitted changes: commit or stash them (git stash), then run kagtpl update")
 
 
@@ -130,11 +136,6 @@ def update_project(req: UpdateRequest) -> tuple[str, str, list[str]]:
         raise KagtplError(f"copier update failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
     new = str(read_answers(path).get("_commit"))
     return old, new, conflicts(path) + restore_removed(path, edited)
-
-
-def changed(path: Path) -> bool:
-    """Whether the update changed any file of the project (its git status is not clean)."""
-    return bool(git(path, "status", "--porcelain", "--untracked-files=normal").strip())
 
 
 def outcome_line(path: Path, old: str, new: str, did_change: bool) -> str:
