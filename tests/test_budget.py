@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -93,6 +94,13 @@ def test_on_kaggle_without_budget_uses_9h(tmp_path, digits_dir):
     assert "TIME: on Kaggle with no --budget: using 9h, the code-competition limit" in r.stdout
     assert re.search(r"^TIME: elapsed \S+ of 540.0 min budget", r.stdout, re.M)
     assert os.path.exists(tmp_path / "working" / "model_fold0.pth")
+    # the last line's command reads the folders this run used, not Kaggle's defaults: run as written,
+    # it hands in (it said plain `python predict.py`: /kaggle/input/<slug>, which is not there)
+    done = re.fullmatch(r"DONE: 2 folds in [\d.]+s; next: python (predict\.py .*)", r.stdout.splitlines()[-1])
+    working = str(tmp_path / "working")
+    assert done and shlex.split(done.group(1))[1:] == ["--data-dir", str(digits_dir), "--out-dir", working]
+    run_script(project, *shlex.split(done.group(1)), "--device", "cpu", env=env)
+    assert_valid_submission(project, digits_dir, working)
 
 
 @pytest.fixture()

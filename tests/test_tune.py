@@ -156,7 +156,8 @@ def test_tabular_search_prunes_a_bad_region_records_a_failure_and_run_py_trains_
         '{"lr": trial.suggest_categorical("lr", [3e-3, 1e-7]), '
         '"hidden": trial.suggest_categorical("hidden", ["256,128", "256,128", "x"])}',
     )
-    out = run_script(project, "tune.py", "--trials", "10", "--device", "cpu", "--budget", "10m").stdout
+    # --folds 4: a flag of the run signature, which run.py's --params auto must share with the search
+    out = run_script(project, "tune.py", "--trials", "10", "--device", "cpu", "--budget", "10m", "--folds=4").stdout
     trials = trials_of(out)
     assert sum(state != "FAIL" for _, state, _, _ in trials) == 10, out  # failed trials do not count
     states = {state for _, state, _, _ in trials}
@@ -176,12 +177,16 @@ def test_tabular_search_prunes_a_bad_region_records_a_failure_and_run_py_trains_
     assert sorted(t.state.name for t in study.trials) == sorted(s for _, s, _, _ in trials)
     assert not list((project / "output/tune").glob("trial_*/*.pth"))  # trials' checkpoints freed
 
-    # run.py picks the best parameters up; the checkpoint's config says they were used
-    run = run_script(project, "run.py", "--device", "cpu", "--epochs", "2", "--models", "mlp").stdout
+    # run.py picks the best parameters up, run as the last line says (it said plain `python run.py`,
+    # whose 5 folds are another run signature: PARAMS: ... left out); the checkpoint's config says so
+    line = r"^DONE: output/best_params.json; next: (.+)  \(or python (run\.py .*), which reads it\)$"
+    done = re.search(line, out, re.M)
+    assert done and done.group(1) == "python train.py --params output/best_params.json --folds 4", out[-2000:]
+    run = run_script(project, *done.group(2).split(), "--device", "cpu", "--epochs", "2", "--models", "mlp").stdout
     assert "RUN: train.py --params" in run and f"trial {best['trial']}" in run, run
     config = json.loads((project / "output/config.json").read_text())
     config = config.get("config", config)
-    assert (config["lr"], config["hidden"]) == (3e-3, "256,128")
+    assert (config["lr"], config["hidden"], config["folds"]) == (3e-3, "256,128", 4)
     assert (project / "output/submission.csv").exists()
 
 

@@ -78,6 +78,7 @@ from .runflags import (
     check_folds,
     parse_args,
     parser,
+    predict_command,
 )
 from .steps import TensorBatches, predict
 
@@ -419,6 +420,5 @@ def finish(comp, run: Run, trained: list[int], row: dict) -> dict:
     )
     if planner.stop_reason:
         print(logs.stopped_line(planner.stop_reason))
-    there = f" --out-dir {out}" if args.dry_run else ""  # a dry run's own folder, not predict.py's default
-    print(f"DONE: {len(trained)} folds in {planner.elapsed():.1f}s; next: python predict.py{there}")
+    print(f"DONE: {len(trained)} folds in {planner.elapsed():.1f}s; next: {predict_command(args)}")
     return scores

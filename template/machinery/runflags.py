@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -171,7 +172,25 @@ def parse_args(p, argv=None):
     if getattr(args, "dry_run", False) and args.out_dir == p.get_default("out_dir"):
         # a folder of its own: README's order (dry run, train, dry run again) overwrote a trained run's folds
         args.out_dir = hardware.dry_run_dir(args.out_dir)
+    args.folder_flags = given_flags(args, p, ("data_dir", "out_dir"))  # predict.py's: the DRY RUN and DONE lines
+    args.signature_flags = given_flags(args, p, ("data_dir", *artifacts.SIGNATURE_FLAGS))  # tune.py's DONE line
     return args
+
+
+def given_flags(args, p, names) -> list[str]:
+    """The flags among `names` this run was given where they are not the defaults (the same in
+    predict.py, run.py and tune.py), as a command line repeats them: ["--data-dir", "/tmp/d", ...]."""
+    flags = []
+    for name in names:
+        if hasattr(args, name) and str(getattr(args, name)) != str(p.get_default(name)):
+            flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return flags
+
+
+def predict_command(args) -> str:
+    """The predict.py command that reads this run, to run as written from where train.py was started
+    (its path when that was another folder), the run's own folders named: the DRY RUN and DONE lines'."""
+    return shlex.join(["python", hardware.in_project("predict.py"), *args.folder_flags])
 
 
 def params_file(args) -> Path | None:
@@ -341,6 +360,6 @@ def begin(args, ranges: dict | None = None) -> torch.device:
     speed_settings(args, device)  # on the device this process trains on (a DDP rank's own card)
     if args.dry_run and not worker:
         where = "its own folder (a trained run's files are never touched)" if out.name == "dry-run" else "--out-dir"
-        print(f"DRY RUN: everything goes to {out}, {where}; python predict.py --out-dir {out} predicts with it")
+        print(f"DRY RUN: everything goes to {out}, {where}; {predict_command(args)} predicts with it")
     seed_everything(args.seed)
     return device

@@ -67,6 +67,7 @@ class Search:
     workers: int
     gpus: int  # GPUs the workers spread over (0: the trials train on the CPU)
     train_argv: list[str]  # the train.py flags every trial gets
+    next_flags: tuple[str, ...] = ()  # what train.py and run.py repeat to use best_params.json (the DONE line)
 
     @property
     def folder(self) -> Path:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import statistics
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import storage
+from . import hardware, storage
 
 if TYPE_CHECKING:
     from .tuning import Search
@@ -112,5 +113,9 @@ def report(study, search: Search) -> int:
     print(
         f"TUNE BEST: trial={best.number} {search.metric}={value:.5f} params={json.dumps(best.params, sort_keys=True)}{kind}"
     )
-    print(f"DONE: {path}; next: python train.py --params {path}  (or python run.py, which reads it)")
+    # the data, signature and output flags the trials ran with: run.py reads best_params.json only from its
+    # --out-dir and only when its run signature is the search's (other data or folds: PARAMS: ... left out)
+    train = shlex.join(["python", hardware.in_project("train.py"), "--params", str(path), *search.next_flags])
+    run = shlex.join(["python", hardware.in_project("run.py"), *search.next_flags])
+    print(f"DONE: {path}; next: {train}  (or {run}, which reads it)")
     return 0
