@@ -3,6 +3,7 @@ one red line on stderr, exit code 1, and nothing written: those cases are in tes
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -170,3 +171,13 @@ def test_new_says_updates_need_git_outside_a_repository(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
     r = kagtpl("new", "comp", "--task", "image", "--gpu", "t4", cwd=tmp_path / "repo")
     assert r.returncode == 0 and "git init" not in r.stdout, r.stdout  # already inside one: no note
+    # a folder with a space: the commands printed run as written (`cd /tmp/my comps/comp` did not)
+    r = kagtpl("new", "comp", "--task", "image", "--gpu", "t4", "--dest", str(tmp_path / "my comps"), cwd=tmp_path)
+    command = r.stdout.split("merge into a git repository: ")[-1].strip()
+    assert command.startswith(f"cd '{tmp_path / 'my comps' / 'comp'}' && git init"), r.stdout
+    git = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t.invalid", "GIT_COMMITTER_NAME": "t"}
+    env = {**os.environ, **git, "GIT_COMMITTER_EMAIL": "t@t.invalid", "GIT_CONFIG_GLOBAL": os.devnull}
+    subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, check=True, capture_output=True)
+    made = tmp_path / "my comps" / "comp"
+    log = subprocess.run(["git", "log", "--format=%s"], cwd=made, capture_output=True, text=True)
+    assert log.stdout.strip() == "kagtpl new", log.stderr

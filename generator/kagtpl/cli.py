@@ -3,6 +3,7 @@ becomes one red line on stderr and exit code 1."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 from functools import wraps
 from pathlib import Path
@@ -299,10 +300,11 @@ def new_cmd(
     )
     target = new.new_project(answers)
     print("\n".join(summary.lines(update.read_answers(target))))
-    print(f"Created {target}\nNext: cd {target} && python train.py --dry-run && python train.py && python predict.py")
+    cd = f"cd {shlex.quote(str(target))}"  # a folder with a space or a quote: the commands still run as written
+    print(f"Created {target}\nNext: {cd} && python train.py --dry-run && python train.py && python predict.py")
     if not new.in_git(target):
         print(
-            f"Updates (kagtpl check / kagtpl update) merge into a git repository: cd {target} && git init && "
+            f"Updates (kagtpl check / kagtpl update) merge into a git repository: {cd} && git init && "
             "git add -A && git commit -m 'kagtpl new'"
         )
 
