@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,20 @@ def test_the_package_has_the_metadata_kaggle_needs(project, tmp_path):
     assert lines[1].strip() == f"kaggle datasets create -p {out / 'code'} --dir-mode zip"  # machinery/ is a folder
     assert lines[-1].strip() == f"kaggle kernels push -p {out}"
     assert not list(project.glob(".kaggle.*"))  # the staging folder is gone
+
+
+def test_the_commands_printed_run_as_written_where_the_folder_holds_a_space(tmp_path, digits_dir):
+    """`kaggle datasets create -p /home/a/my work/proj/kaggle/code` handed the CLI two arguments:
+    every printed command quotes its folder for the shell."""
+    project = render(tmp_path / "my work" / "digits-proj", data_dir=str(digits_dir), competition="digits-comp")
+    weights = tmp_path / "resnet18.safetensors"
+    weights.write_bytes(b"weights")
+    r = kagtpl("kaggle", str(project), "--user", "alice", "--weights", str(weights), "--no-wheels", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    commands = [shlex.split(line) for line in r.stdout.splitlines() if line.strip().startswith("kaggle ")]
+    out = project / "kaggle"
+    assert [c[c.index("-p") + 1] for c in commands] == [str(out / "code"), str(out / "weights"), str(out)], r.stdout
+    assert all(Path(c[c.index("-p") + 1]).is_dir() for c in commands)
 
 
 def test_a_segmentation_project_ships_its_encoder_weights_and_the_smp_wheel(tmp_path):

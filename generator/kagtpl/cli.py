@@ -3,7 +3,6 @@ becomes one red line on stderr and exit code 1."""
 
 from __future__ import annotations
 
-import shlex
 import sys
 from functools import wraps
 from pathlib import Path
@@ -20,6 +19,7 @@ from kagtpl import (
     gpus,
     kaggle,
     new,
+    paths,
     recommend,
     shapes,
     sounds,
@@ -300,7 +300,7 @@ def new_cmd(
     )
     target = new.new_project(answers)
     print("\n".join(summary.lines(update.read_answers(target))))
-    cd = f"cd {shlex.quote(str(target))}"  # a folder with a space or a quote: the commands still run as written
+    cd = f"cd {paths.shell(target)}"  # a folder with a space or a quote: the commands still run as written
     print(f"Created {target}\nNext: {cd} && python train.py --dry-run && python train.py && python predict.py")
     if not new.in_git(target):
         print(

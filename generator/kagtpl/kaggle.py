@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kagtpl import paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import tasks
 
@@ -327,7 +328,7 @@ def write_code(pkg: Package, out: Path, user: str) -> None:
     if best.is_file():  # tune.py's result: on Kaggle it lands in /kaggle/working, where run.py looks for it
         shutil.copy2(best, code / best.name)
     dataset_metadata(code, user, pkg.slugs["code"])
-    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'code'} --dir-mode zip")
+    pkg.commands.append(f"kaggle datasets create -p {paths.shell(pkg.project / 'kaggle' / 'code')} --dir-mode zip")
 
 
 def write_wheels(pkg: Package, out: Path, user: str, download: bool) -> None:
@@ -343,7 +344,7 @@ def write_wheels(pkg: Package, out: Path, user: str, download: bool) -> None:
         last = (r.stderr.strip().splitlines() or ["no message"])[-1]
         raise KagtplError(f"pip download {' '.join(pkg.missing)} failed: {last} (--no-wheels skips the wheels)")
     dataset_metadata(wheels, user, pkg.slugs["wheels"])
-    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'wheels'}")
+    pkg.commands.append(f"kaggle datasets create -p {paths.shell(pkg.project / 'kaggle' / 'wheels')}")
 
 
 def weights_dataset(pkg: Package, out: Path, user: str, files: list[Path], folders: dict[str, Path]) -> None:
@@ -355,7 +356,7 @@ def weights_dataset(pkg: Package, out: Path, user: str, files: list[Path], folde
     for name, folder in folders.items():
         shutil.copytree(folder, weights / name)
     dataset_metadata(weights, user, pkg.slugs["weights"])
-    pkg.commands.append(f"kaggle datasets create -p {pkg.project / 'kaggle' / 'weights'} --dir-mode zip")
+    pkg.commands.append(f"kaggle datasets create -p {paths.shell(pkg.project / 'kaggle' / 'weights')} --dir-mode zip")
 
 
 def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
@@ -632,5 +633,5 @@ def build(req: KaggleRequest) -> Package:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    pkg.commands.append(f"kaggle kernels push -p {pkg.project / 'kaggle'}")
+    pkg.commands.append(f"kaggle kernels push -p {paths.shell(pkg.project / 'kaggle')}")
     return pkg

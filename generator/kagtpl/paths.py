@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -70,3 +71,9 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def shell(path: Path) -> str:
+    """`path` as a printed command names it: quoted for the shell where it holds a space or a quote,
+    so the command runs as written."""
+    return shlex.quote(str(path))
