@@ -4,6 +4,7 @@ kagtpl) written in the dog-breed-identification layout, then render -> train -> 
 from __future__ import annotations
 
 import hashlib
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,7 @@ def score(submission: Path, solution: Path) -> dict:
 
 
 def run_step(cmd: list[str], cwd: Path) -> None:
-    print(f"$ {' '.join(cmd)}", flush=True)
+    print(f"$ {shlex.join(cmd)}", flush=True)  # as a shell reads it, a venv's path with a space too
     if subprocess.run(cmd, cwd=cwd).returncode != 0:
         raise KagtplError(f"demo step failed: {' '.join(cmd)} (in {cwd})")
 
