@@ -154,6 +154,7 @@ ERRORS = [
     (["--serve", "--predict"], None, "--serve and --predict are two kinds of notebook"),
     (["--predict", "--budget", "none"], None, "--predict runs predict.py by a deadline: pass --budget"),
     (["--predict", "--budget", "9h"], None, "--predict ships the trained folds and none in"),
+    (["--serve", "--out-dir", "nope"], None, "--out-dir nope: no such folder (give the --out-dir train.py wrote)"),
 ]
 
 
@@ -171,9 +172,29 @@ def test_the_weights_dataset_takes_what_serve_and_predict_read_and_no_fold_oof(t
     (out / "model_fold1.pth").write_bytes(b"")  # issue 56, case 10: 0 bytes, and cut short: predict.py skips both
     (out / "model_fold2.pth").write_bytes((out / "model_fold0.pth").read_bytes()[:300])
     left_out: list[str] = []
-    assert sorted(f.name for f in kaggle.served_files(tmp_path, left_out)) == sorted(names)
+    assert sorted(f.name for f in kaggle.served_files(out, left_out)) == sorted(names)
     assert left_out[0] == "output/model_fold1.pth: 0 bytes" and left_out[1].startswith("output/model_fold2.pth: ")
     assert len(left_out) == 2
+
+
+def test_out_dir_ships_a_run_written_to_another_folder(project, tmp_path):
+    """`python train.py --out-dir exp1` then `kagtpl kaggle --serve` said "none in output/ loads: run
+    python train.py first", and no flag shipped exp1: --out-dir names the run to ship."""
+    import torch
+
+    run = tmp_path / "exp 1"  # beside the project, a space in its name
+    run.mkdir()
+    torch.save({"model": {"w": torch.zeros(4)}, "config": {}, "classes": ["a"]}, run / "model_fold0.pth")
+    (run / "serve_defaults.json").write_text("{}")
+    (run / "best_params.json").write_text('{"params": {"lr": 0.002}}')
+    flags = ["--user", "alice", "--no-wheels", "--serve"]
+    r = kagtpl("kaggle", str(project), *flags, cwd=tmp_path)
+    assert r.returncode == 1 and "(a run written elsewhere: --out-dir DIR)" in r.stderr, r.stderr
+    r = kagtpl("kaggle", str(project), *flags, "--out-dir", "exp 1", cwd=tmp_path)  # relative: to where it runs
+    assert r.returncode == 0, r.stderr
+    shipped = sorted(p.name for p in (project / "kaggle" / "weights").iterdir())
+    assert shipped == ["dataset-metadata.json", "model_fold0.pth", "serve_defaults.json"]
+    assert (project / "kaggle" / "code" / "best_params.json").read_text() == '{"params": {"lr": 0.002}}'
 
 
 @pytest.mark.parametrize("args,spoil,message", ERRORS, ids=[m[:30] for _, _, m in ERRORS])

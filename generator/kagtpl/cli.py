@@ -510,6 +510,10 @@ def kaggle_cmd(
         bool,
         typer.Option(help="The notebook runs without an accelerator (BirdCLEF's inference is CPU-only): --device cpu."),
     ] = False,
+    out_dir: Annotated[
+        Optional[Path],
+        typer.Option(metavar="DIR", help="The run to ship (train.py's --out-dir; default: the project's output/)."),
+    ] = None,
 ) -> None:
     """Package the project as an offline Kaggle kernel: datasets, notebook, metadata, commands."""
     if not user:
@@ -527,6 +531,7 @@ def kaggle_cmd(
         serve=serve,
         predict=predict,
         cpu=cpu,
+        out_dir=out_dir,
     )
     pkg = kaggle.build(request)
     for why in pkg.left_out:

@@ -80,6 +80,7 @@ class KaggleRequest:
     serve: bool = False  # the notebook runs serve.py (evaluation API) on the trained weights, shipped
     predict: bool = False  # the notebook runs predict.py on the trained weights, shipped, under the budget
     cpu: bool = False  # no accelerator (BirdCLEF's inference is CPU-only); predict.py gets --device cpu
+    out_dir: Path | None = None  # the run folder to ship from (train.py's --out-dir); default: the project's output/
 
 
 @dataclass
@@ -94,6 +95,7 @@ class Package:
     commands: list[str] = field(default_factory=list)
     lora: list[Path] = field(default_factory=list)  # text: the trained LoRA checkpoints (their base must come too)
     left_out: list[str] = field(default_factory=list)  # output/ files not shipped, and why (a fold that does not load)
+    runs: Path | None = None  # the run folder its trained files come from: output/, or --out-dir
 
 
 MODEL_HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*(/[A-Za-z0-9][A-Za-z0-9._-]*){3}/\d+$")
@@ -124,27 +126,37 @@ def check_base_model(value: str) -> str:
     return value
 
 
-def check_servable(project: Path, task: str, mode: str = "serve") -> None:
+def run_folder(project: Path, out_dir: Path | None) -> Path:
+    """Where the trained files are read: --out-dir (the folder a train.py --out-dir wrote), else output/."""
+    if out_dir is None:
+        return project / "output"
+    if not out_dir.is_dir():
+        raise KagtplError(f"--out-dir {out_dir}: no such folder (give the --out-dir train.py wrote)")
+    return out_dir
+
+
+def check_servable(project: Path, runs: Path, task: str, mode: str = "serve") -> None:
     if mode == "serve" and not (project / "serve.py").is_file():
         raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl update adds it to an older project)")
-    folds = [f for f in served_files(project) if f.name.startswith(("model_fold", "tree_"))]  # those that load
-    if not (project / "output" / "serve_defaults.json").is_file() or not folds:
+    folds = [f for f in served_files(runs) if f.name.startswith(("model_fold", "tree_"))]  # those that load
+    if not (runs / "serve_defaults.json").is_file() or not folds:
+        elsewhere = " (a run written elsewhere: --out-dir DIR)" if runs == project / "output" else ""
         raise KagtplError(
-            f"--{mode} ships the trained folds and none in {project / 'output'} loads: run python train.py first"
+            f"--{mode} ships the trained folds and none in {runs} loads: run python train.py first{elsewhere}"
         )
-    if task == "text" and not (project / "output" / "tokenizer").is_dir():
+    if task == "text" and not (runs / "tokenizer").is_dir():
         raise KagtplError(
-            f"--{mode} ships the tokenizer train.py saved and {project / 'output' / 'tokenizer'} is missing: "
+            f"--{mode} ships the tokenizer train.py saved and {runs / 'tokenizer'} is missing: "
             "run python train.py again (it resumes: the folds are kept)"
         )
 
 
-def served_files(project: Path, left_out: list[str] | None = None) -> list[Path]:
-    """output/'s files serve.py loads: the model folds, serve_defaults.json, config.json, the
+def served_files(runs: Path, left_out: list[str] | None = None) -> list[Path]:
+    """The run folder's (output/'s) files serve.py loads: the model folds, serve_defaults.json, config.json, the
     models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv) and the chosen
     post-processing and TTA views. A fold checkpoint that predict.py would skip (0 bytes, cut
     short, not a kagtpl checkpoint) is left out, and why goes to `left_out`."""
-    found = [f for pattern in SERVED_FILES for f in sorted((project / "output").glob(pattern)) if f.is_file()]
+    found = [f for pattern in SERVED_FILES for f in sorted(runs.glob(pattern)) if f.is_file()]
     found = [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
     kept = []
     for f in found:
@@ -152,7 +164,7 @@ def served_files(project: Path, left_out: list[str] | None = None) -> list[Path]
         if why is None:
             kept.append(f)
         elif left_out is not None:
-            left_out.append(f"{f.relative_to(project)}: {why}")
+            left_out.append(f"{f.relative_to(runs.parent)}: {why}")
     return kept
 
 
@@ -189,12 +201,12 @@ def base_mount(handle: str) -> str:
     return "/".join(parts[1:]) if len(parts) == 5 else parts[1]
 
 
-def lora_adapters(project: Path) -> list[Path]:
-    """The project's trained LoRA checkpoints (adapters and head, MBs each), if any."""
+def lora_adapters(runs: Path) -> list[Path]:
+    """The run folder's trained LoRA checkpoints (adapters and head, MBs each), if any."""
     import torch
 
     found = []
-    for path in sorted((project / "output").glob("model_fold*.pth")):
+    for path in sorted(runs.glob("model_fold*.pth")):
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # the config, not every tensor
         except Exception:  # noqa: BLE001 - an unreadable checkpoint is not shipped; predict.py would skip it too
@@ -265,8 +277,9 @@ def plan(req: KaggleRequest) -> Package:
         )
     if req.predict and not budget_seconds(req.budget or str(answers.get("budget") or "9h")):
         raise KagtplError("--predict runs predict.py by a deadline: pass --budget (BirdCLEF's CPU limit: --budget 85m)")
+    runs = run_folder(project, req.out_dir)
     if req.serve or req.predict:
-        check_servable(project, str(answers.get("task")), "serve" if req.serve else "predict")
+        check_servable(project, runs, str(answers.get("task")), "serve" if req.serve else "predict")
     if wants_weights and req.weights is None:
         raise KagtplError(
             f"{project.name} trains from pretrained {answers.get('model')} weights and Kaggle kernels run offline: "
@@ -276,7 +289,7 @@ def plan(req: KaggleRequest) -> Package:
         if answers.get("task") != "text":
             raise KagtplError("--base-model is for text projects (an LLM or encoder attached from Kaggle)")
         check_base_model(req.base_model)
-    lora = lora_adapters(project) if answers.get("task") == "text" else []
+    lora = lora_adapters(runs) if answers.get("task") == "text" else []
     shipped = req.serve or req.predict
     if answers.get("task") == "text" and req.model_dir is None and req.base_model is None and (lora or not shipped):
         what = (
@@ -295,7 +308,7 @@ def plan(req: KaggleRequest) -> Package:
         budget_seconds(req.budget)
     requirements = project / "requirements.txt"
     missing = missing_packages(requirements, req.image_has) if requirements.is_file() else []
-    return Package(project, answers, competition, slugs, missing, lora=lora)
+    return Package(project, answers, competition, slugs, missing, lora=lora, runs=runs)
 
 
 def budget_seconds(budget: str) -> float | None:
@@ -324,7 +337,7 @@ def write_code(pkg: Package, out: Path, user: str) -> None:
     machinery = pkg.project / CODE_PACKAGE
     if machinery.is_dir():
         shutil.copytree(machinery, code / CODE_PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    best = pkg.project / "output" / "best_params.json"
+    best = pkg.runs / "best_params.json"
     if best.is_file():  # tune.py's result: on Kaggle it lands in /kaggle/working, where run.py looks for it
         shutil.copy2(best, code / best.name)
     dataset_metadata(code, user, pkg.slugs["code"])
@@ -365,12 +378,12 @@ def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     LoRA adapters (and its tokenizer), which run.py finds complete and predicts from. With --serve
     it holds what serve.py loads from output/: the folds, a text project's tokenizer, and LoRA
     folds' base model when --model-dir names it (a plain fold's checkpoint holds its whole model)."""
-    tokenizer = pkg.project / "output" / "tokenizer"
+    tokenizer = pkg.runs / "tokenizer"
     tokenizers = {"tokenizer": tokenizer} if tokenizer.is_dir() else {}
     if req.serve or req.predict:
         shipped_base = pkg.lora and req.model_dir is not None and req.base_model is None
         base = {SERVED_BASE: req.model_dir} if shipped_base else {}
-        weights_dataset(pkg, out, req.user, served_files(pkg.project, pkg.left_out), {**tokenizers, **base})
+        weights_dataset(pkg, out, req.user, served_files(pkg.runs, pkg.left_out), {**tokenizers, **base})
         return None
     if req.base_model is not None:
         if pkg.lora:
