@@ -18,7 +18,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from conftest import RUN_ENV, render
+from conftest import RUN_ENV, render, run_script
 from kagtpl import kaggle, new, shapes
 
 
@@ -221,12 +221,18 @@ def test_the_notebook_runs_offline_in_a_simulated_kaggle_tree(project, digits_di
 
     args = ["--user", "alice", "--no-wheels", "--budget", "2m", "--no-pretrained"]  # offline: from scratch
     (project / "output").mkdir()  # tune.py's result travels with the code; run.py on Kaggle reads it
+    # signed as tune.py signs it, on the local copy of the data (the project's modules, as a script runs)
+    code = "import train; from machinery import artifacts as a; x = train.get_args([])\n"
+    code += "print(a.run_signature(x), a.params_signature(x))"
+    signature, params_signature = run_script(project, "-c", code).stdout.split()
     best = {"params": {"lr": 0.002, "crop_scale": 0.5}, "trial": 7}
+    best.update(signature=signature, params_signature=params_signature)
     (project / "output" / "best_params.json").write_text(json.dumps(best))
     r = kagtpl("kaggle", str(project), *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     root = tmp_path / "kaggle-root"
-    shutil.copytree(digits_dir, root / "input" / "competitions" / "digits-comp")  # the newer mount point
+    # the newer mount point; the files, not their modification times (Kaggle's copy need not keep them)
+    shutil.copytree(digits_dir, root / "input" / "competitions" / "digits-comp", copy_function=shutil.copy)
     shutil.copytree(project / "kaggle" / "code", root / "input" / "digits-proj-code")
     (root / "working").mkdir()
     for key, value in {**RUN_ENV, "KAGGLE_ROOT": str(root), "KAGGLE_KERNEL_RUN_TYPE": "Batch"}.items():
@@ -248,6 +254,12 @@ def test_the_notebook_runs_offline_in_a_simulated_kaggle_tree(project, digits_di
     # the notebook streams run.py's output as it comes (it once printed the last 30 lines at the end)
     assert run_log.splitlines()[0] in printed and "PARALLEL: " in printed and "FOLD 0 (" in printed
     assert f"RUN: train.py --params {root / 'working' / 'best_params.json'} (tune.py's trial 7" in run_log, run_log
+    # ...and train.py trained with it (until 2026-12-03 the other file times left it out: PARAMS: ... left out)
+    assert "left out" not in run_log, run_log
+    import torch
+
+    config = torch.load(root / "working" / "model_fold0.pth", weights_only=True)["config"]
+    assert (config["params"], config["crop_scale"]) == (str(root / "working" / "best_params.json"), 0.5)
     print(f"notebook: {took:.0f}s\n{printed[-2500:]}")
 
 

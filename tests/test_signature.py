@@ -38,6 +38,37 @@ def test_the_signature_follows_data_target_and_folds_not_training_settings(proje
     assert sign(flags(data)) != base
 
 
+def test_best_params_hold_for_a_copy_of_the_data_with_other_file_times(project_modules, tmp_path, digits_dir, capsys):
+    """A search's parameters were left out on Kaggle whenever /kaggle/input's files had other
+    modification times than the search's copy: the run signature counts them (an edited image must
+    retrain a fold). best_params.json is checked by the signature without the times: the same
+    files under other times take it; another file, or another size, still does not."""
+    import os
+    import shutil
+
+    train, artifacts = project_modules.train, project_modules.artifacts
+    copy = tmp_path / "copy"
+    shutil.copytree(digits_dir, copy, copy_function=shutil.copy)  # the contents, not the times
+    for f in (copy / "train").iterdir():
+        os.utime(f, (1_000_000_000, 1_000_000_000))
+    here, there = train.get_args(["--data-dir", str(digits_dir)]), train.get_args(["--data-dir", str(copy)])
+    assert artifacts.run_signature(here) != artifacts.run_signature(there)  # the folds' artifacts: strict
+    assert artifacts.params_signature(here) == artifacts.params_signature(there)
+    out = tmp_path / "out"
+    out.mkdir()
+    record = {"signature": artifacts.run_signature(here), "params_signature": artifacts.params_signature(here)}
+    (out / "best_params.json").write_text(json.dumps({"params": {"lr": 0.0042}, **record}))
+    argv = ["--data-dir", str(copy), "--out-dir", str(out), "--params", "auto"]
+    assert train.get_args(argv).lr == 0.0042 and "PARAMS" not in capsys.readouterr().out
+    first = sorted((copy / "train").iterdir())[0]
+    first.write_bytes(first.read_bytes() + b"x")  # an image one byte longer: other data
+    assert train.get_args(argv).lr != 0.0042 and "left out: searched with run signature" in capsys.readouterr().out
+    del record["params_signature"]  # a file of the search before: the strict signature, as it was
+    (out / "best_params.json").write_text(json.dumps({"params": {"lr": 0.0042}, **record}))
+    assert train.get_args(argv).lr != 0.0042
+    assert train.get_args(["--data-dir", str(digits_dir), *argv[2:]]).lr == 0.0042
+
+
 def test_params_auto_leaves_out_a_search_of_another_signature(project_modules, tmp_path, digits_dir, capsys):
     train, artifacts = project_modules.train, project_modules.artifacts
     argv = ["--data-dir", str(digits_dir), "--out-dir", str(tmp_path)]

@@ -172,6 +172,7 @@ def test_tabular_search_prunes_a_bad_region_records_a_failure_and_run_py_trains_
     top = max(complete)[0]
     assert best["value"] == pytest.approx(top, abs=1e-5) and best["trial"] in [n for v, n, _ in complete if v == top]
     assert best["params"]["lr"] == 3e-3 and best["complete"], out
+    assert len(best["signature"]) == len(best["params_signature"]) == 12  # the second without the files' times
     assert (project / "output/tune/history.png").stat().st_size > 0
     study = load_study(project, "comp")
     assert sorted(t.state.name for t in study.trials) == sorted(s for _, s, _, _ in trials)

@@ -36,13 +36,14 @@ SIGNATURE_COLUMN = "signature"  # the OOF files' column that carries it
 TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".parquet")  # read whole into the fingerprint: relabelled rows count
 
 
-def data_fingerprint(folder) -> list:
+def data_fingerprint(folder, times: bool = True) -> list:
     """The data folder: a content hash per top-level table (train.csv, labels.csv,
     sample_submission.csv: a relabelled row or a class column added to the sample changes it,
     even at the same size), size per other file, and per folder a hash of every file in it
     (nested too) by name, size and modification time: an emptied mask, a re-recorded clip or an
     edited image changes it, as it changes the image cache's key, with no image read. A copy
-    elsewhere that keeps the times (cp -p, rsync -t, Kaggle's /kaggle/input) signs alike."""
+    elsewhere that keeps the times (cp -p, rsync -t) signs alike; `times=False` leaves the times
+    out (params_signature: a copy that did not keep them signs alike too)."""
     found = []
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -50,7 +51,7 @@ def data_fingerprint(folder) -> list:
         return found
     for entry in entries:
         if entry.is_dir():
-            found.append((entry.name, folder_digest(entry.path)))
+            found.append((entry.name, folder_digest(entry.path, times)))
         elif entry.is_file() and entry.name.lower().endswith(TABLE_SUFFIXES):
             with open(entry.path, "rb") as f:
                 found.append((entry.name, hashlib.file_digest(f, "sha1").hexdigest()))
@@ -59,26 +60,35 @@ def data_fingerprint(folder) -> list:
     return found
 
 
-def folder_digest(path: str) -> str:
-    """Every file under `path` as (relative name, size, whole seconds of its modification time),
-    in name order, hashed: stat calls only (~0.1 s for 10,000 files)."""
+def folder_digest(path: str, times: bool = True) -> str:
+    """Every file under `path` as (relative name, size, whole seconds of its modification time, or
+    not with `times=False`), in name order, hashed: stat calls only (~0.1 s for 10,000 files)."""
     rows = []
     for root, dirs, files in os.walk(path):
         dirs.sort()
         for name in sorted(files):
             st = os.stat(os.path.join(root, name))
-            rows.append(f"{os.path.relpath(os.path.join(root, name), path)}\t{st.st_size}\t{int(st.st_mtime)}")
+            when = f"\t{int(st.st_mtime)}" if times else ""
+            rows.append(f"{os.path.relpath(os.path.join(root, name), path)}\t{st.st_size}{when}")
     return hashlib.sha1("\n".join(rows).encode()).hexdigest()
 
 
-def run_signature(args) -> str:
+def run_signature(args, times: bool = True) -> str:
     """The run signature: 12 hex digits of the data folder's fingerprint and the SIGNATURE_FLAGS
     this script has. Every artifact carries it (checkpoints, OOF files, config.json,
     best_params.json); one of another signature was made from other data, target, features or folds."""
     flags = {name: getattr(args, name) for name in SIGNATURE_FLAGS if hasattr(args, name)}
-    data = data_fingerprint(getattr(args, "data_dir", ""))
+    data = data_fingerprint(getattr(args, "data_dir", ""), times)
     text = json.dumps([data, flags], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def params_signature(args) -> str:
+    """The run signature without the data files' modification times: what best_params.json is
+    checked against. Hyper-parameters searched on these files hold for a copy of them that did not
+    keep the times (an upload to Kaggle, read in /kaggle/input), where the folds' artifacts, whose
+    resume must see an edited image, keep the stricter run signature."""
+    return run_signature(args, times=False)
 
 
 def run_keys(comp) -> tuple:

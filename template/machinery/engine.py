@@ -137,7 +137,7 @@ def cross_validate(comp, splits, run: Run) -> dict:
     run_id = os.environ.get(parallel.RUN_ID_ENV) or experiments.run_id()
     # rank 0 alone writes the JSON log (the other ranks keep their records in memory)
     run.jlog = logs.JsonLog(out / "train_log.jsonl" if parallel.writes() else None, run_id, bool(args.dry_run))
-    watchers_started(args.signature)
+    watchers_started(args)
     worker, lost = parallel.fold_worker(), []
     if worker is None and parallel.writes():  # predict.py's views are this run's choice (growth's) or the plan's,
         tta_views.forget(out)  # never an earlier run's: a run killed before growth predicts with the plan's

@@ -71,10 +71,13 @@ def tell_watchers(fold: int, epoch: int, val_loss: float, metric: float) -> str 
     return next((r for r in reasons if r), None)
 
 
-def watchers_started(signature: str) -> None:
-    for watcher in _WATCHERS:
-        if hasattr(watcher, "started"):
-            watcher.started(signature)
+def watchers_started(args) -> None:
+    """The run's signatures to the watchers that record them (tune.py's trial: best_params.json's)."""
+    watchers = [w for w in _WATCHERS if hasattr(w, "started")]
+    if watchers:  # the second stat walk of the data only where a search records it
+        params = artifacts.params_signature(args)
+        for watcher in watchers:
+            watcher.started(args.signature, params)
 
 
 def watchers_stopped(reason: str | None) -> None:

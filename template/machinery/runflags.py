@@ -195,7 +195,8 @@ def predict_command(args) -> str:
 
 def params_file(args) -> Path | None:
     """The best_params.json to use. `auto`: <out-dir>/best_params.json when it is there and was
-    searched with this run signature; one of another signature (other data, target, features or
+    searched with this run signature (its params_signature: the data files' times left out, so
+    the search's copy on Kaggle matches); one of another signature (other data, target, features or
     folds), or of none (an older kagtpl), is left out with a PARAMS: line. A path you name is
     used, with a WARNING when it was searched with another signature."""
     auto = args.params == "auto"
@@ -203,10 +204,14 @@ def params_file(args) -> Path | None:
     if auto and not path.is_file():
         return None
     try:
-        found = json.loads(path.read_text()).get("signature")
+        record = json.loads(path.read_text())
+        found, without_times = record.get("signature"), record.get("params_signature")
     except (OSError, ValueError, AttributeError):
         return path  # read_params names what is wrong with it
-    mine = artifacts.run_signature(args)
+    if without_times is not None:  # tune.py since 2026-12-03: a copy of the data with other file times matches
+        found, mine = without_times, artifacts.params_signature(args)
+    else:
+        mine = artifacts.run_signature(args)
     if found == mine or (found is None and not auto):
         return path
     made = artifacts.made_with(found)

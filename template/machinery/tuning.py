@@ -201,9 +201,11 @@ class TrialWatcher:
             return "pruned"
         return None
 
-    def started(self, signature: str) -> None:
-        """The trial's run signature: best_params.json carries it (run.py --params auto checks it)."""
+    def started(self, signature: str, params_signature: str) -> None:
+        """The trial's run signature, and the one without the files' times that run.py --params auto
+        checks (artifacts.params_signature): best_params.json carries both."""
         self.trial.set_user_attr("signature", signature)
+        self.trial.set_user_attr("params_signature", params_signature)
 
     def stopped(self, reason: str | None) -> None:
         self.stop = self.stop or reason

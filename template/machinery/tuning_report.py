@@ -55,6 +55,7 @@ def write_best(study, search: Search) -> Path | None:
         "study": search.study_name,
         "folds_per_trial": search.folds,
         "signature": best.user_attrs.get("signature"),  # the run signature the search trained with
+        "params_signature": best.user_attrs.get("params_signature"),  # ...without the files' times: run.py's check
     }
     path = search.out / "best_params.json"
     storage.atomic_write(path, lambda t: Path(t).write_text(json.dumps(record, indent=1) + "\n"))
