@@ -116,6 +116,10 @@ def test_dry_run_then_predict(project, digits_dir):
     assert len(row["fold_scores"].split()) == 2 and row["oof_rows"] == over  # the dry run's validation batches
     table = run_script(project, "-m", "machinery.experiments", "--out-dir", "output/dry-run").stdout.splitlines()
     assert table[0].split()[:3] == ["time", "git", "model"] and len(table) == 2
+    # without --out-dir: none in output/ yet, and the line names the folder that has runs, not "run train.py"
+    empty = run_script(project, "-m", "machinery.experiments").stdout.strip()
+    way = "python -m machinery.experiments --out-dir output/dry-run"
+    assert empty == f"no runs recorded yet in output/experiments.csv: other folders have runs: {way}", empty
 
 
 def test_a_dry_run_after_training_touches_nothing_the_run_made(project, digits_dir):

@@ -24,6 +24,7 @@ import csv
 import io
 import os
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -195,6 +196,18 @@ def format_table(rows: list[dict], columns=(*SHOWN, "wall_s", "stop")) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells)
 
 
+def other_tables(path: Path, most: int = 3) -> list[str]:
+    """The project's other run folders with runs in their table (train.py --out-dir DIR, a dry run's
+    output/dry-run), as --out-dir names them from here: what to list when `path` holds none."""
+    found = sorted([*hardware.PROJECT.glob("*/experiments.csv"), *hardware.PROJECT.glob("*/*/experiments.csv")])
+    mine = path.resolve() if path.exists() else None
+    folders = []
+    for table in found:
+        if table.is_file() and table.resolve() != mine and read(table):
+            folders.append(hardware.in_project(str(table.parent.relative_to(hardware.PROJECT))))
+    return folders[:most]
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -203,9 +216,12 @@ def main(argv=None) -> None:
         help="the folder train.py wrote experiments.csv to",
     )
     args = p.parse_args(argv)
-    rows = read(Path(args.out_dir) / "experiments.csv")
+    path = Path(args.out_dir) / "experiments.csv"
+    rows = read(path)
     if not rows:
-        print(f"no runs recorded yet in {Path(args.out_dir) / 'experiments.csv'}: run train.py")
+        elsewhere = "; ".join(f"python -m machinery.experiments --out-dir {shlex.quote(f)}" for f in other_tables(path))
+        way = f"other folders have runs: {elsewhere}" if elsewhere else "run train.py"
+        print(f"no runs recorded yet in {path}: {way}")
         return
     print(format_table(ranked(rows)))
 
