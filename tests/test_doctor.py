@@ -192,7 +192,11 @@ def test_the_batch_is_the_one_the_run_ended_with(tmp_path):
 def test_no_log_given_reads_the_projects_own_or_says_where_it_looked(tmp_path):
     r = doctor(cwd=tmp_path)
     assert r.returncode == 1 and r.stdout == ""
-    assert "no LOG given and no output/train.log or output/train_log.jsonl here" in r.stderr
+    assert "no LOG given and no output/train.log or output/train_log.jsonl here: run it in a project" in r.stderr
+    (tmp_path / "exp 1").mkdir()  # a run written elsewhere (train.py --out-dir 'exp 1'): the line names its log
+    (tmp_path / "exp 1" / "train.log").write_text("Model: resnet18 (11.7M params, small model)\n")
+    r = doctor(cwd=tmp_path)
+    assert r.returncode == 1 and "here: kagtpl doctor 'exp 1/train.log', or pass a log's path" in r.stderr, r.stderr
     (tmp_path / "output").mkdir()
     records = [{"run": "a", "fold": 0, "epoch": 1, "batch_size": 256, "gpu_pct": 80.0, "gpu_used_gb": 19.2}]
     records += [{"run": "b", "fold": 0, "epoch": e, "batch_size": 64, "gpu_pct": p} for e, p in ((1, 41.0), (2, 42.0))]

@@ -10,6 +10,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kagtpl import paths
 from kagtpl.errors import KagtplError
 from kagtpl.template import hardware, profiles, template_module
 
@@ -280,10 +281,10 @@ def find_log(path: Path | None) -> Path:
     if path is None:
         found = next((Path(p) for p in DEFAULT_LOGS if Path(p).is_file()), None)
         if found is None:
-            raise KagtplError(
-                f"no LOG given and no {' or '.join(DEFAULT_LOGS)} here: run it in a project after train.py, "
-                "or pass a log's path"
-            )
+            # runs written elsewhere (train.py --out-dir exp1, a dry run's output/dry-run): the commands for them
+            others = sorted({*Path().glob("*/train.log"), *Path().glob("*/*/train.log")})[:3]
+            way = "; ".join(f"kagtpl doctor {paths.shell(p)}" for p in others) or "run it in a project after train.py"
+            raise KagtplError(f"no LOG given and no {' or '.join(DEFAULT_LOGS)} here: {way}, or pass a log's path")
         return found
     if not path.is_file():
         raise KagtplError(f"{path}: no such log file")
