@@ -396,6 +396,12 @@ def test_a_tables_boosters_grow_seeds_that_predict_and_the_blend_take_in_and_a_r
     assert re.search(r"^GROW: lgbm seed 2 fold 0 \(seed 1042, lr 0\.025\): ", log, re.M), log[-3000:]
     if ("0", "3") in grown:
         assert re.search(r"^GROW: lgbm seed 3 fold 0 \(seed 2042, lr 0\.0125\): ", log, re.M), log[-3000:]
+    # DONE is train.py's last line, after the trees' seeds: a boosters-only run printed none, and with the
+    # MLP it came before the seeds grew (an agent starting predict.py on it blended half-written files)
+    lines = log.splitlines()
+    done = [i for i, line in enumerate(lines) if re.match(r"DONE: 3 folds in [\d.]+s; next: python predict\.py$", line)]
+    last = max(i for i, line in enumerate(lines) if line.startswith(("GROW:", "OOF:", "FOLD ")))
+    assert len(done) == 1 and done[0] > last, log[-3000:]
     growth = import_project(project, ("growth",)).growth
     assert [growth.booster_lr_scale(s) for s in (1, 2, 3, 5)] == [1, 0.5, 0.25, 0.25]
     slow = growth.booster_params({"lr": 0.05, "rounds": 2000, "early_stop": 100, "lgbm": {"num_leaves": 31}}, 3)

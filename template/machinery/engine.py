@@ -78,7 +78,6 @@ from .runflags import (
     check_folds,
     parse_args,
     parser,
-    predict_command,
 )
 from .steps import TensorBatches, predict
 
@@ -393,7 +392,7 @@ def experiment_row(comp, run: Run, run_id: str) -> dict:
 
 
 def finish(comp, run: Run, trained: list[int], row: dict) -> dict:
-    """After the folds: oof.csv and the OOF line, the report picture, the experiments row, DONE."""
+    """After the folds: oof.csv and the OOF line, the report picture, the experiments row."""
     args, machine, batching, planner, jlog = run.args, run.machine, run.batching, run.planner, run.jlog
     out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
     counted = artifacts.grown_seeds(comp, out, trained, config)  # each grown seed's checkpoint read once
@@ -420,5 +419,5 @@ def finish(comp, run: Run, trained: list[int], row: dict) -> dict:
     )
     if planner.stop_reason:
         print(logs.stopped_line(planner.stop_reason))
-    print(f"DONE: {len(trained)} folds in {planner.elapsed():.1f}s; next: {predict_command(args)}")
+    run.folds_done = len(trained)  # runs.Run.done's DONE line, once train.py has nothing left to write
     return scores

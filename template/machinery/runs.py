@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import engine, hardware  # engine's functions through the module: tests and tune.py wrap them there
+# engine's functions through the module: tests and tune.py wrap them there
+from . import engine, hardware, parallel, runflags
 from .machine import Batching, Machine, batch_set_by_user
 from .planner import TimePlanner
 
@@ -28,6 +29,7 @@ class Run:
     batching: Batching
     planner: TimePlanner
     jlog: object = None  # logs.JsonLog, opened as cross_validate starts (rank 0 alone writes its file)
+    folds_done: int | None = None  # the folds this run has, once engine.finish scored them (None in a fold worker)
 
     def fit_steps(self, rows: int) -> None:
         """Small data: the batch shrinks so an epoch of a fold's training rows keeps enough optimizer
@@ -35,18 +37,31 @@ class Run:
         if not batch_set_by_user(self.args):
             engine.fit_steps(self.batching, rows * (self.args.folds - 1) // self.args.folds, self.args.lr)
 
-    def cross_validate(self, comp, splits):
+    def cross_validate(self, comp, splits, done: bool = True):
         """The folds (`folds`), after the batch for small data (fit_steps: comp.train's rows); and
         --pretrained without a local --weights file builds the model once: offline (Kaggle) the
         download fails in seconds, as the dry run does, not when fold 0 starts."""
         self.fit_steps(len(comp.train))
         if getattr(self.args, "pretrained", False) and not getattr(self.args, "weights", ""):
             comp.build_model(None)
-        return self.folds(comp, splits)
+        return self.folds(comp, splits, done)
 
-    def folds(self, comp, splits):
-        """engine.cross_validate of this run, the batch as it is."""
-        return engine.cross_validate(comp, splits, self)
+    def folds(self, comp, splits, done: bool = True):
+        """engine.cross_validate of this run, the batch as it is; then the DONE line, unless train.py
+        has more to write after the folds (done=False: it ends with run.done())."""
+        scores = engine.cross_validate(comp, splits, self)
+        if done:
+            self.done()
+        return scores
+
+    def done(self, folds: int | None = None) -> None:
+        """train.py's last line, once nothing is left to write: DONE, the folds this run has, and
+        the predict.py command that reads them (a person or an agent starts it on this line). Only
+        the process that scored the folds says it, not a fold worker or a DDP rank."""
+        folds = self.folds_done if folds is None else folds
+        if folds is not None and parallel.writes() and not parallel.fold_worker():
+            elapsed, command = self.planner.elapsed(), runflags.predict_command(self.args)
+            print(f"DONE: {folds} folds in {elapsed:.1f}s; next: {command}")
 
 
 def start(args, device: torch.device, side: int, decoder: str | None = None) -> Run:
