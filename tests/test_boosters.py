@@ -256,6 +256,9 @@ def test_a_budget_that_leaves_no_time_to_train_hands_in_the_fallback_and_names_a
     assert m and abs(float(m.group(2)) - (float(m.group(1)) + 5 + 26)) <= 0.5, log[-3000:]
     kept = "SUBMISSION: output/submission.csv kept: train.py saved no model in this run, so its fallback is handed in"
     assert kept in log, log[-3000:]
+    # train.py's last line: no `next: python predict.py` (alone, it stops: no model), and it printed no DONE before
+    done = r"^DONE: 0 folds in [\d.]+s; output/submission.csv is train.py's fallback$"
+    assert re.search(done, log, re.M), log[-3000:]
     assert "run train.py first" not in log + r.stderr and "RUN FAILED" not in r.stderr
     assert log.rstrip().splitlines()[-1] == (
         "RUN: handed in output/submission.csv, this run's fallback (the training prior): "

@@ -13,6 +13,7 @@ data, its splits. It is machinery: `copier update` may replace it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -59,9 +60,12 @@ class Run:
         the predict.py command that reads them (a person or an agent starts it on this line). Only
         the process that scored the folds says it, not a fold worker or a DDP rank."""
         folds = self.folds_done if folds is None else folds
-        if folds is not None and parallel.writes() and not parallel.fold_worker():
-            elapsed, command = self.planner.elapsed(), runflags.predict_command(self.args)
-            print(f"DONE: {folds} folds in {elapsed:.1f}s; next: {command}")
+        if folds is None or not parallel.writes() or parallel.fold_worker():
+            return
+        # no fold at all: predict.py alone would stop (no model); the submission is the fallback train.py wrote
+        fallback = Path(self.args.out_dir) / "submission.csv"
+        then = f"next: {runflags.predict_command(self.args)}" if folds else f"{fallback} is train.py's fallback"
+        print(f"DONE: {folds} folds in {self.planner.elapsed():.1f}s; {then}")
 
 
 def start(args, device: torch.device, side: int, decoder: str | None = None) -> Run:
