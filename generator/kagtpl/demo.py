@@ -65,9 +65,10 @@ def score(submission: Path, solution: Path) -> dict:
 
 
 def run_step(cmd: list[str], cwd: Path) -> None:
-    print(f"$ {shlex.join(cmd)}", flush=True)  # as a shell reads it, a venv's path with a space too
+    shown = shlex.join(cmd)  # as a shell reads it, a venv's path with a space too
+    print(f"$ {shown}", flush=True)
     if subprocess.run(cmd, cwd=cwd).returncode != 0:
-        raise KagtplError(f"demo step failed: {' '.join(cmd)} (in {cwd})")
+        raise KagtplError(f"demo step failed: {shown} (in {cwd})")
 
 
 def demo_train_flags() -> list[str]:

@@ -282,7 +282,7 @@ def find_log(path: Path | None) -> Path:
         found = next((Path(p) for p in DEFAULT_LOGS if Path(p).is_file()), None)
         if found is None:
             # runs written elsewhere (train.py --out-dir exp1, a dry run's output/dry-run): the commands for them
-            others = sorted({*Path().glob("*/train.log"), *Path().glob("*/*/train.log")})[:3]
+            others = hardware().run_files(Path(), "train.log")[:3]
             way = "; ".join(f"kagtpl doctor {paths.shell(p)}" for p in others) or "run it in a project after train.py"
             raise KagtplError(f"no LOG given and no {' or '.join(DEFAULT_LOGS)} here: {way}, or pass a log's path")
         return found

@@ -199,10 +199,9 @@ def format_table(rows: list[dict], columns=(*SHOWN, "wall_s", "stop")) -> str:
 def other_tables(path: Path, most: int = 3) -> list[str]:
     """The project's other run folders with runs in their table (train.py --out-dir DIR, a dry run's
     output/dry-run), as --out-dir names them from here: what to list when `path` holds none."""
-    found = sorted([*hardware.PROJECT.glob("*/experiments.csv"), *hardware.PROJECT.glob("*/*/experiments.csv")])
     mine = path.resolve() if path.exists() else None
     folders = []
-    for table in found:
+    for table in hardware.run_files(hardware.PROJECT, "experiments.csv"):
         if table.is_file() and table.resolve() != mine and read(table):
             folders.append(hardware.in_project(str(table.parent.relative_to(hardware.PROJECT))))
     return folders[:most]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,19 @@ def data_and_output_dirs(competition: str, data_dir: str) -> tuple[str, str]:
         slug = os.environ.get("KAGTPL_COMPETITION", "").strip() or competition
         return competition_dir(slug), os.path.join(kaggle_root(), "working")
     return data_dir, in_project("output")
+
+
+def command(script: str, *flags: str) -> str:
+    """`python SCRIPT FLAGS` to run as written from where this process started: the script's path
+    when that is not the project folder (in_project), shell-quoted (a folder with a space)."""
+    return shlex.join(["python", in_project(script), *flags])
+
+
+def run_files(root: Path, name: str) -> list[Path]:
+    """The files called `name` one and two folders below `root`, in name order: the run folders'
+    (train.py --out-dir exp1, a dry run's output/dry-run), for a line that names them when the
+    default folder holds none."""
+    return sorted({*root.glob(f"*/{name}"), *root.glob(f"*/*/{name}")})
 
 
 def dry_run_dir(out_dir: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -190,7 +189,7 @@ def given_flags(args, p, names) -> list[str]:
 def predict_command(args) -> str:
     """The predict.py command that reads this run, to run as written from where train.py was started
     (its path when that was another folder), the run's own folders named: the DRY RUN and DONE lines'."""
-    return shlex.join(["python", hardware.in_project("predict.py"), *args.folder_flags])
+    return hardware.command("predict.py", *args.folder_flags)
 
 
 def params_file(args) -> Path | None:

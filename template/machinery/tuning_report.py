@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import statistics
 import warnings
 from pathlib import Path
@@ -116,7 +115,7 @@ def report(study, search: Search) -> int:
     )
     # the data, signature and output flags the trials ran with: run.py reads best_params.json only from its
     # --out-dir and only when its run signature is the search's (other data or folds: PARAMS: ... left out)
-    train = shlex.join(["python", hardware.in_project("train.py"), "--params", str(path), *search.next_flags])
-    run = shlex.join(["python", hardware.in_project("run.py"), *search.next_flags])
+    train = hardware.command("train.py", "--params", str(path), *search.next_flags)
+    run = hardware.command("run.py", *search.next_flags)
     print(f"DONE: {path}; next: {train}  (or {run}, which reads it)")
     return 0
