@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -1157,6 +1158,25 @@ def test_run_from_another_folder_writes_into_the_project(table_data, tmp_path):
     assert f"SUBMISSION: {out / 'submission.csv'}" in r.stdout
     # train.py's last line names the scripts' folder too: run as written in `elsewhere`, it predicts
     assert f"; next: python {project / 'predict.py'} --out-dir {out}\n" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.slow
+@round_two()
+def test_predict_py_on_a_folder_train_py_never_wrote_gives_the_command_that_writes_it(tabular_project, tmp_path):
+    """`python predict.py --out-dir 'exp 1'` before any train.py wrote that folder said `run train.py
+    first`: run as written, that trained into output/ and predict.py stopped again. The line gives
+    the train.py command with predict.py's folder; run as written, it writes what predict.py reads."""
+    out = tmp_path / "exp 1"
+    r = run_script(tabular_project, "predict.py", "--device=cpu", f"--out-dir={out}", check=False)
+    one_error(r, "ERROR", "first (nothing was written)")
+    command = re.search(r": run (python .+) first \(nothing was written\)$", r.stderr.strip())
+    assert command and shlex.split(command[1]) == ["python", "train.py", "--out-dir", str(out)], r.stderr
+    assert not out.exists() or not list(out.iterdir())  # predict.py wrote nothing
+    script, *flags = shlex.split(command[1])[1:]
+    run_script(tabular_project, script, *flags, "--dry-run", "--device=cpu", "--models=mlp")  # a short run of it
+    assert (out / "model_fold0.pth").is_file()
+    r = run_script(tabular_project, "predict.py", "--device=cpu", f"--out-dir={out}")
+    assert f"SUBMISSION: {out / 'submission.csv'}" in r.stdout, r.stdout[-2000:]
 
 
 # ----------------------------------------------------------------------------- the counts in docs/

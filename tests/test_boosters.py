@@ -5,7 +5,9 @@ tables `kagtpl table` writes (NaN in a third of the numeric columns, string cate
 from __future__ import annotations
 
 import re
+import shlex
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -184,13 +186,20 @@ def test_folds_are_reused_and_a_rerun_adds_a_model_to_the_blend(tmp_path):
     assert "FOLDS: folds-k3-seed7.csv written" in other and folds_file.read_bytes() == before
 
 
+def train_in(out: Path) -> str:
+    """The train.py command a predict.py given `--out-dir out` asks for (runflags.train_command)."""
+    return shlex.join(["python", "train.py", "--out-dir", str(out)])
+
+
 @pytest.mark.slow
 def test_files_cut_short_are_left_out_of_the_blend_and_made_again_by_train(tmp_path):
     """A full disk or a copy stopped midway damaged what train.py wrote. predict.py raised on an
     empty oof_<model>.csv (pandas' EmptyDataError) and on one cut short (a NaN row the metric
     refused): the trained trees never reached the submission. Now the member without a readable
     OOF file is left out of the blend, one fold's damaged test file is skipped, and train.py
-    makes each again: the fold whose file was cut is fitted again, the folds file made anew."""
+    makes each again: the fold whose file was cut is fitted again, the folds file made anew. The
+    lines name the train.py command for predict.py's folder (`python train.py --models xgb`
+    alone trained into output/ whatever --out-dir predict.py was given)."""
     project, data = project_for(tmp_path, "binary")
     out, rounds = project / "output", ("--booster-rounds", "300")
     run_script(project, "train.py", "--models", "lgbm,xgb", *rounds)  # trees only: config.json is the config
@@ -199,8 +208,9 @@ def test_files_cut_short_are_left_out_of_the_blend_and_made_again_by_train(tmp_p
     lgbm1 = (out / "test_lgbm_fold1.csv").read_bytes()
     (out / "test_lgbm_fold1.csv").write_bytes(lgbm1[: len(lgbm1) // 2])
     folds_file.write_bytes(b"")
-    log = run_script(project, "predict.py").stdout
-    assert "BLEND: xgb left out: oof_xgb.csv does not read back (empty: 0 bytes)" in log, log[-2000:]
+    log = run_script(project, "predict.py", f"--out-dir={out}").stdout  # the folder named: the line's command names it
+    said = f"BLEND: xgb left out: oof_xgb.csv does not read back (empty: 0 bytes); {train_in(out)} --models xgb writes"
+    assert said in log, log[-2000:]
     assert "WARNING: skipping test_lgbm_fold1.csv: it does not read back (cut short" in log
     assert "BLEND: one model (lgbm)" in log and "PREDICT: lgbm: 2 fold(s)" in log
     sub = pd.read_csv(out / "submission.csv")
@@ -211,7 +221,10 @@ def test_files_cut_short_are_left_out_of_the_blend_and_made_again_by_train(tmp_p
     (out / "config.json").write_text('{"config": {"id_col"')  # trees only: nothing else says the config
     r = run_script(project, "predict.py", check=False)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1].startswith("ERROR: output/config.json does not read back (")
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ERROR: output/config.json does not read back (") and last.endswith(
+        "; python train.py writes it again as it starts)"
+    ), last
 
     again = run_script(project, "train.py", "--models", "lgbm,xgb", *rounds).stdout
     assert "FOLDS: folds-k3-seed42.csv does not read back (empty: 0 bytes): made again" in again, again[-3000:]
@@ -259,7 +272,7 @@ def test_a_budget_that_leaves_no_time_to_train_hands_in_the_fallback_and_names_a
     # train.py's last line: no `next: python predict.py` (alone, it stops: no model), and it printed no DONE before
     done = r"^DONE: 0 folds in [\d.]+s; output/submission.csv is train.py's fallback$"
     assert re.search(done, log, re.M), log[-3000:]
-    assert "run train.py first" not in log + r.stderr and "RUN FAILED" not in r.stderr
+    assert "first (nothing was written)" not in log + r.stderr and "RUN FAILED" not in r.stderr
     assert log.rstrip().splitlines()[-1] == (
         "RUN: handed in output/submission.csv, this run's fallback (the training prior): "
         "predict.py kept it (its SUBMISSION line above says why)"

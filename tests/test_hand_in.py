@@ -130,7 +130,9 @@ def test_no_model_at_all_keeps_this_runs_fallback_under_run_py_and_only_then(pro
     points at the lines above (train.py's, run.py's); by hand, without run.py, the error says to run train.py first."""
     hand_in, errors = project_modules.hand_in, project_modules.errors
     none = errors.NothingTrained("loadable model_fold*.pth", tmp_path)
-    assert str(none) == f"no loadable model_fold*.pth in {tmp_path}: run train.py first (nothing was written)"
+    assert str(none) == f"no loadable model_fold*.pth in {tmp_path}: run python train.py first (nothing was written)"
+    elsewhere = errors.NothingTrained("loadable model_fold*.pth", tmp_path, "python train.py --out-dir 'exp 1'")
+    assert str(elsewhere).endswith(": run python train.py --out-dir 'exp 1' first (nothing was written)")
     assert hand_in.untrained(none, in_run=False) is none
     missing = hand_in.untrained(none, in_run=True)
     assert type(missing) is errors.RunError and str(missing) == (

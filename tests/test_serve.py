@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -134,7 +135,8 @@ def test_trees_alone_answer_like_predict_py(served, tmp_path):
 
 def test_defaults_of_another_run_are_refused(served, tmp_path):
     """serve_defaults.json of a newer run on other data (stopped before its first fold) beside
-    the older run's folds: one ERROR line naming both signatures, before any answer."""
+    the older run's folds: one ERROR line naming both signatures, before any answer. None at all:
+    one ERROR line with the command that writes it."""
     out = tmp_path / "mixed"
     shutil.copytree(served / "output", out)
     defaults = json.loads((out / "serve_defaults.json").read_text())
@@ -144,6 +146,12 @@ def test_defaults_of_another_run_are_refused(served, tmp_path):
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("ERROR: serve_defaults.json was written by a train.py run of signature 0123456789ab")
     assert f"by one of {made}" in r.stderr and "SERVE: call" not in r.stdout
+    # none at all: the line gives the train.py command that writes this folder, to run as written
+    (out / "serve_defaults.json").unlink()
+    r = run_script(served, "serve.py", "--device", "cpu", "--out-dir", str(out), check=False, env=serve_env())
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    train = shlex.join(["python", "train.py", "--out-dir", str(out)])
+    assert r.stderr.strip().endswith(f"train.py writes it with its fallback submission; run {train} first"), r.stderr
 
 
 def test_state_raise_and_late_call_fall_back(served):

@@ -156,7 +156,7 @@ def test_run_py_killed_before_the_first_checkpoint_leaves_the_fallback_without_a
     assert proc.wait(timeout=60) == -signal.SIGKILL
     assert "PREDICT: run.py ended before train.py did: waiting for train.py to save" in log, log[-3000:]
     assert re.search(r"^STOPPED: SIGTERM; exiting 0 so predict.py runs", log, re.M), log[-3000:]
-    assert "ERROR" not in log and "run train.py first" not in log, log[-3000:]
+    assert "ERROR" not in log and "first (nothing was written)" not in log, log[-3000:]
     kept = f"SUBMISSION: {out}/submission.csv kept: train.py saved no model in this run, so its fallback is handed in"
     assert log.rstrip().splitlines()[-1].startswith(kept), log[-2000:]
     sub = assert_valid_submission(project, digits_dir, str(out))
@@ -482,6 +482,8 @@ def test_files_read_back_answer_bad_content_with_one_line(project_modules, digit
         (tmp_path / m.serving.DEFAULTS_FILE).write_text(text)
         with pytest.raises(m.errors.RunError, match="serve_defaults.json (does not read|is not train.py's)"):
             m.serving.read_defaults(tmp_path)
+        with pytest.raises(m.errors.RunError, match=r": run python train.py --out-dir x again to write it$"):
+            m.serving.read_defaults(tmp_path, "python train.py --out-dir x")
 
     table = tmp_path / "experiments.csv"
     table.write_bytes(b"time,run\x00,model\n\xff\xfe")

@@ -160,7 +160,7 @@ def cross_validate(comp, splits, run: Run) -> dict:
     watchers_stopped(planner.stop_reason)
     parallel.finish_ddp()
     if lost:
-        raise RunError("; ".join(lost) + ": rerun train.py to train the lost fold(s) (finished ones are skipped)")
+        raise RunError("; ".join(lost) + ": rerun the command to train the lost fold(s) (finished ones are skipped)")
     return scores
 
 

@@ -25,12 +25,13 @@ class DataError(RunError):
 
 
 class NothingTrained(RunError):
-    """predict.py found no model in the output folder (`what`: the files it looked for). Under
-    run.py, with this run's fallback in place, the fallback stays instead (hand_in.untrained)."""
+    """predict.py found no model in the output folder (`what`: the files it looked for; `train`: the
+    train.py command that writes that folder, runflags.train_command). Under run.py, with this run's
+    fallback in place, the fallback stays instead (hand_in.untrained)."""
 
-    def __init__(self, what: str, out_dir):
+    def __init__(self, what: str, out_dir, train: str = "python train.py"):
         self.what, self.out_dir = what, out_dir
-        super().__init__(f"no {what} in {out_dir}: run train.py first (nothing was written)")
+        super().__init__(f"no {what} in {out_dir}: run {train} first (nothing was written)")
 
 
 class Damaged(RunError):

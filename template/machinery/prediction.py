@@ -22,7 +22,7 @@ import torch
 from . import gpu, hand_in, hardware, serving, storage, submission
 from .errors import NothingTrained, one_line_errors
 from .machine import Machine, inference_machine, profile
-from .runflags import check_flags
+from .runflags import check_flags, given_flags, train_command
 
 RANGES = {"deadline": (0, 1e11), "batch_size": (0, 65_536), "workers": (-1, 64)}  # those a predict.py has
 
@@ -53,10 +53,12 @@ def tta_flag(p: argparse.ArgumentParser, what: str = "average with a horizontal 
 
 
 def parse(p: argparse.ArgumentParser, argv=None, ranges: dict | None = None) -> argparse.Namespace:
-    """The flags parsed (argparse's errors as one ERROR line) and checked against their ranges."""
+    """The flags parsed (argparse's errors as one ERROR line) and checked against their ranges;
+    `folder_flags`, the --data-dir and --out-dir given, for the lines that ask for a train.py run."""
     one_line_errors(p)
     args = p.parse_args(argv)
     check_flags(args, {k: v for k, v in {**RANGES, **(ranges or {})}.items() if hasattr(args, k)})
+    args.folder_flags = given_flags(args, p, ("data_dir", "out_dir"))
     return args
 
 
@@ -71,6 +73,7 @@ class Start:
     checkpoints: list  # (path, checkpoint) of the ensemble: one run's folds, best first
     config: dict  # the first checkpoint's resolved config (one run: the same for all)
     classes: list
+    train: str  # the train.py command that writes these folders (runflags.train_command): the lines that ask for one
 
 
 def start(args, required: bool = True, preload: tuple[str, ...] = ()) -> Start:
@@ -82,17 +85,17 @@ def start(args, required: bool = True, preload: tuple[str, ...] = ()) -> Start:
     model at all under run.py: this run's fallback stays (hand_in.untrained)."""
     supervised = submission.wait_for_train(args.after_train, Path(args.out_dir), preload)
     device = gpu.resolve_device(args.device)
-    out, data = Path(args.out_dir), Path(args.data_dir)
+    out, data, train = Path(args.out_dir), Path(args.data_dir), train_command(args)
     try:
         checkpoints = storage.ensemble_checkpoints(out, required=required)
         storage.sweep_stale_tmp(out)
         if checkpoints:
             config, classes = checkpoints[0][1]["config"], checkpoints[0][1]["classes"]
         else:
-            config, classes = storage.read_config(out)
+            config, classes = storage.read_config(out, train)
     except NothingTrained as e:  # under run.py, this run's fallback stays (hand_in.untrained)
-        raise hand_in.untrained(e, args.after_train, args.submission) from None
-    return Start(supervised, device, out, data, checkpoints, config, classes)
+        raise hand_in.untrained(NothingTrained(e.what, e.out_dir, train), args.after_train, args.submission) from None
+    return Start(supervised, device, out, data, checkpoints, config, classes, train)
 
 
 def loader(args, device: torch.device) -> dict:

@@ -192,6 +192,12 @@ def predict_command(args) -> str:
     return hardware.command("predict.py", *args.folder_flags)
 
 
+def train_command(args) -> str:
+    """The train.py command that writes the folder a predict.py or serve.py reads (their --data-dir
+    and --out-dir as given: the defaults are train.py's): the lines that ask for a train.py run."""
+    return hardware.command("train.py", *args.folder_flags)
+
+
 def params_file(args) -> Path | None:
     """The best_params.json to use. `auto`: <out-dir>/best_params.json when it is there and was
     searched with this run signature (its params_signature: the data files' times left out, so

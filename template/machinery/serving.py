@@ -61,14 +61,15 @@ def write_defaults(out_dir: Path, sub: pd.DataFrame, signature: str) -> None:
     atomic_write(Path(out_dir) / DEFAULTS_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
-def read_defaults(out_dir: Path) -> dict:
+def read_defaults(out_dir: Path, train: str = "python train.py") -> dict:
+    """serve_defaults.json, checked; `train`, the command that writes it (runflags.train_command)."""
     path = Path(out_dir) / DEFAULTS_FILE
     if not path.is_file():
-        raise RunError(f"no {path}: train.py writes it with its fallback submission; run python train.py first")
+        raise RunError(f"no {path}: train.py writes it with its fallback submission; run {train} first")
     try:
         found = json.loads(path.read_text())
     except (OSError, ValueError) as e:  # cut short, not JSON, not UTF-8
-        raise RunError(f"{path} does not read ({type(e).__name__}): run python train.py again to write it") from None
+        raise RunError(f"{path} does not read ({type(e).__name__}): run {train} again to write it") from None
     columns = found.get("columns") if isinstance(found, dict) else None
     if (
         not isinstance(columns, list)
@@ -77,7 +78,7 @@ def read_defaults(out_dir: Path) -> dict:
         or found.get("id_col") != columns[0]
         or not isinstance(found.get("values"), dict)
     ):
-        raise RunError(f"{path} is not train.py's (id_col, values, columns): run python train.py again to write it")
+        raise RunError(f"{path} is not train.py's (id_col, values, columns): run {train} again to write it")
     return found
 
 

@@ -181,17 +181,19 @@ def write_config(out_dir: Path, config: dict, classes: list) -> None:
     atomic_write(Path(out_dir) / "config.json", lambda tmp: Path(tmp).write_text(text))
 
 
-def read_config(out_dir: Path) -> tuple[dict, list]:
+def read_config(out_dir: Path, train: str = "python train.py") -> tuple[dict, list]:
+    """The config train.py wrote beside its models (a table's trees trained alone); `train`, the
+    command that writes it again (runflags.train_command)."""
     import json
 
     path = Path(out_dir) / "config.json"
     if not path.is_file():
-        raise NothingTrained("model_fold*.pth and no config.json", out_dir)
+        raise NothingTrained("model_fold*.pth and no config.json", out_dir, train)
     try:
         saved = json.loads(path.read_text())
         return dict(saved["config"]), list(saved["classes"])
     except (ValueError, KeyError, TypeError) as e:  # cut short, not JSON, not train.py's
-        raise Damaged(path, f"{type(e).__name__}; python train.py writes it again as it starts") from None
+        raise Damaged(path, f"{type(e).__name__}; {train} writes it again as it starts") from None
 
 
 def save_checkpoint(path: Path, model, config: dict, classes: list, **meta) -> None:
