@@ -795,6 +795,8 @@ def test_a_class_column_added_to_the_sample_after_training_is_one_line(image_pro
     before = (out / "submission.csv").read_bytes() if (out / "submission.csv").exists() else None
     r = predict(image_project, out, f"--data-dir={data}")
     one_error(r, "ERROR", "sample_submission has class column(s) ['wolf'] the checkpoints were not trained on")
+    train = shlex.join(["python", "train.py", "--data-dir", str(data), "--out-dir", str(out)])  # predict.py's folders
+    assert r.stderr.strip().endswith(f"the data changed since training; run {train} again"), r.stderr
     after = (out / "submission.csv").read_bytes() if (out / "submission.csv").exists() else None
     assert after == before  # nothing written
 

@@ -47,10 +47,11 @@ def in_sample_order(test, sample, id_col: str, sample_path, test_path):
     return test.set_index(id_col).loc[sample[id_col]].reset_index()
 
 
-def fill(sample, pred: np.ndarray, config: dict, classes: list):
+def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = "python train.py"):
     """The submission in sample_submission's shape from the ensembled predictions, and how to
     check its values. config: the checkpoint's problem, submission (probs | label), metric and
-    target (several regression targets: comma-separated, each a column of the sample)."""
+    target (several regression targets: comma-separated, each a column of the sample); `train`,
+    check_classes'."""
     sub, cols = sample.copy(), list(sample.columns[1:])
     problem, kind = config["problem"], config["submission"]
     if problem == "regression":
@@ -65,19 +66,20 @@ def fill(sample, pred: np.ndarray, config: dict, classes: list):
     if problem == "binary":
         sub[cols[0]] = pred[:, 1]
         return sub, "probability"
-    check_classes(cols, classes)
+    check_classes(cols, classes, train)
     sub[cols] = pred[:, [classes.index(c) for c in cols]]
     return sub, "distribution"
 
 
-def check_classes(columns: list, classes: list) -> None:
+def check_classes(columns: list, classes: list, train: str = "python train.py") -> None:
     """sample_submission's probability columns are classes the model was trained on; one added to
-    the competition since (a rerun after the sample gained a column) is a RunError naming it."""
+    the competition since (a rerun after the sample gained a column) is a RunError naming it and
+    `train`, the command that trains on this data (predict.py's runflags.train_command)."""
     new = [c for c in columns if c not in classes]
     if new:
         raise RunError(
             f"sample_submission has class column(s) {new[:5]} the checkpoints were not trained on (their "
-            f"classes: {list(classes)[:10]}): the data changed since training; run python train.py again"
+            f"classes: {list(classes)[:10]}): the data changed since training; run {train} again"
         )
 
 
