@@ -56,9 +56,27 @@ def test_folds_worse_than_the_prior_on_their_oof_rows_hand_in_the_fallback(proje
     good[np.arange(300), y] = 0.9
     hand_in.judge(COMP, tmp_path, y, good, log_loss(y, good))  # better than the prior: the folds
     assert "fallback" not in hand_in.read(tmp_path) and "HAND-IN" not in capsys.readouterr().out
-    (tmp_path / hand_in.FILE).write_text("[1, 2")  # garbled: ignored, the folds are handed in
-    hand_in.check(tmp_path)
-    assert hand_in.left_out(tmp_path) == set()
+    hand_in.judge(COMP, tmp_path, y, confident_wrong, log_loss(y, confident_wrong))  # judged worse again
+    text = (tmp_path / hand_in.FILE).read_text()
+    capsys.readouterr()
+    for damaged, why in (
+        (text[: len(text) // 2], "JSONDecodeError"),
+        ("", "empty: 0 bytes"),
+        ("[1, 2]", "a JSON list"),
+    ):
+        (tmp_path / hand_in.FILE).write_text(
+            damaged
+        )  # cut short, emptied, garbled: no verdict, the folds are handed in
+        hand_in.check(tmp_path)
+        assert hand_in.left_out(tmp_path) == set() and hand_in.read(tmp_path) == {}
+        said = capsys.readouterr().out.splitlines()  # read three times, said once
+        assert len(said) == 1 and said[0].startswith(f"WARNING: {tmp_path / hand_in.FILE} does not read back ({why}"), (
+            said
+        )
+        assert said[0].endswith(
+            "no hand-in verdict applies (the folds and every grown seed count); "
+            "a train.py run judges them again and writes it"
+        )
     # masks, boxes and a table's MLP (judged with its boosters by the blend) are not judged
     assert hand_in.prior_score(SimpleNamespace(**vars(COMP), oof_averages=False), y, good) is None
     assert hand_in.prior_score(SimpleNamespace(**vars(COMP), oof_names_model=True), y, good) is None
@@ -178,7 +196,18 @@ def test_predict_keeps_the_fallback_over_folds_judged_worse_or_never_validated(t
     r = run_script(project, "predict.py", "--device", "cpu", f"--out-dir={out}")  # predict.py alone: the same
     assert r.stdout.strip().splitlines()[-1].endswith(f"({out}/hand_in.json; delete it to hand in the folds)")
     assert (out / "submission.csv").read_bytes() == fallback and "ENSEMBLE" not in r.stdout
+    # the verdict cut short (a full disk, a copy stopped midway): no verdict, said in one line; the folds
+    verdict = (out / "hand_in.json").read_text()
+    (out / "hand_in.json").write_text(verdict[: len(verdict) // 2])
+    r = run_script(project, "predict.py", "--device", "cpu", f"--out-dir={out}")
+    said = [line for line in r.stdout.splitlines() if "hand_in.json" in line]
+    assert said == [
+        f"WARNING: {out}/hand_in.json does not read back (JSONDecodeError): no hand-in verdict applies (the folds "
+        "and every grown seed count); a train.py run judges them again and writes it"
+    ], r.stdout[-3000:]
+    assert f"SUBMISSION: {out}/submission.csv (" in r.stdout and "ENSEMBLE: 2 checkpoint(s)" in r.stdout
     (out / "hand_in.json").unlink()
+    (out / "submission.csv").write_bytes(fallback)  # train.py's, as below expects
     # a budget smaller than one epoch: a checkpoint from inside the first epoch has no val loss
     cut = tmp_path / "cut"
     shutil.copytree(out, cut, ignore=shutil.ignore_patterns(".train.lock"))

@@ -21,6 +21,7 @@ Torch-free. It is machinery: `copier update` may replace it.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -85,12 +86,31 @@ def prior_score(comp, y: np.ndarray, pred: np.ndarray) -> tuple[float, np.ndarra
 
 
 def read(out: Path) -> dict:
-    """hand_in.json's sections; a file that does not read is no verdict."""
+    """hand_in.json's sections; none without the file. One that does not read back (emptied or cut
+    short after its atomic write: a full disk, a copy stopped midway) is no verdict either, said
+    once per process (unreadable): the folds and every grown seed count until a train.py run
+    judges them again and writes it."""
+    path, text = Path(out) / FILE, None
     try:
-        found = json.loads((Path(out) / FILE).read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+        found = json.loads(text)
+    except FileNotFoundError:
         return {}
-    return found if isinstance(found, dict) else {}
+    except (OSError, ValueError) as e:  # a folder of its name; cut short, not UTF-8 (a ValueError)
+        unreadable(str(path), "empty: 0 bytes" if text == "" else type(e).__name__)
+        return {}
+    if not isinstance(found, dict):
+        unreadable(str(path), f"a JSON {type(found).__name__}, not train.py's sections")
+        return {}
+    return found
+
+
+@functools.cache  # once per file and reason: predict.py reads it up to three times
+def unreadable(path: str, why: str) -> None:
+    print(
+        f"WARNING: {path} does not read back ({why}): no hand-in verdict applies (the folds and every grown seed "
+        f"count); a train.py run judges them again and writes it"
+    )
 
 
 def record(out: Path, section: str, verdict: dict | None) -> None:
