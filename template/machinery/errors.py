@@ -11,6 +11,10 @@ import multiprocessing
 import os
 import sys
 
+# The train.py command a line that asks for a train.py run gives when its caller knows no other:
+# predict.py and serve.py pass runflags.train_command, which adds the --data-dir and --out-dir they were given.
+TRAIN = "python train.py"
+
 
 class RunError(Exception):
     """Stops the run: printed as `ERROR: <message>` on stderr, exit code 1."""
@@ -29,7 +33,7 @@ class NothingTrained(RunError):
     train.py command that writes that folder, runflags.train_command). Under run.py, with this run's
     fallback in place, the fallback stays instead (hand_in.untrained)."""
 
-    def __init__(self, what: str, out_dir, train: str = "python train.py"):
+    def __init__(self, what: str, out_dir, train: str = TRAIN):
         self.what, self.out_dir = what, out_dir
         super().__init__(f"no {what} in {out_dir}: run {train} first (nothing was written)")
 

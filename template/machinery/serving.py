@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import RunError
+from .errors import TRAIN, RunError
 from .storage import atomic_write
 
 DEFAULTS_FILE = "serve_defaults.json"  # train.py's fallback values, one row's worth
@@ -61,7 +61,7 @@ def write_defaults(out_dir: Path, sub: pd.DataFrame, signature: str) -> None:
     atomic_write(Path(out_dir) / DEFAULTS_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
-def read_defaults(out_dir: Path, train: str = "python train.py") -> dict:
+def read_defaults(out_dir: Path, train: str = TRAIN) -> dict:
     """serve_defaults.json, checked; `train`, the command that writes it (runflags.train_command)."""
     path = Path(out_dir) / DEFAULTS_FILE
     if not path.is_file():

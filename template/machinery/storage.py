@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import Damaged, DataError, KeptFallback, NothingTrained, RunError
+from .errors import TRAIN, Damaged, DataError, KeptFallback, NothingTrained, RunError
 
 # A temporary file's name carries its writer's pid (".model_fold0.pth.4242.k3j_x9a1.tmp"), so a
 # later run can tell a killed run's leftovers from a live writer's file.
@@ -181,7 +181,7 @@ def write_config(out_dir: Path, config: dict, classes: list) -> None:
     atomic_write(Path(out_dir) / "config.json", lambda tmp: Path(tmp).write_text(text))
 
 
-def read_config(out_dir: Path, train: str = "python train.py") -> tuple[dict, list]:
+def read_config(out_dir: Path, train: str = TRAIN) -> tuple[dict, list]:
     """The config train.py wrote beside its models (a table's trees trained alone); `train`, the
     command that writes it again (runflags.train_command)."""
     import json

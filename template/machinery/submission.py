@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import locks, planner, serving
-from .errors import DataError, RunError
+from .errors import TRAIN, DataError, RunError
 from .storage import read_csv, write_csv_atomic
 
 RLE = re.compile(r"(\d+ \d+( \d+ \d+)*)?")  # "start length start length ...", or "" (empty mask)
@@ -47,7 +47,7 @@ def in_sample_order(test, sample, id_col: str, sample_path, test_path):
     return test.set_index(id_col).loc[sample[id_col]].reset_index()
 
 
-def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = "python train.py"):
+def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = TRAIN):
     """The submission in sample_submission's shape from the ensembled predictions, and how to
     check its values. config: the checkpoint's problem, submission (probs | label), metric and
     target (several regression targets: comma-separated, each a column of the sample); `train`,
@@ -71,7 +71,7 @@ def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = "py
     return sub, "distribution"
 
 
-def check_classes(columns: list, classes: list, train: str = "python train.py") -> None:
+def check_classes(columns: list, classes: list, train: str = TRAIN) -> None:
     """sample_submission's probability columns are classes the model was trained on; one added to
     the competition since (a rerun after the sample gained a column) is a RunError naming it and
     `train`, the command that trains on this data (predict.py's runflags.train_command)."""
