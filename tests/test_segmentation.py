@@ -280,7 +280,7 @@ def check_submission(project, data, classes: int) -> None:
 
 
 @pytest.mark.slow
-def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_project, shapes_data):
+def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_project, shapes_data, capsys):
     out = run_script(png_project, "train.py", *FAST).stdout
     assert "DATA: 24 train images" in out and "binary" in out and "64px tiles of 96px" in out
     assert "OOF: Dice@0.5=" in out and "POSTPROCESS: rle > " in out
@@ -288,6 +288,14 @@ def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_
     m = import_project(png_project, ("masks", "train"))
     again = m.masks.tuned_postprocess(png_project / "output", saved["signature"], ["rle"], SIZE * SIZE, "dice")
     assert again == saved and saved["folds"] == [0, 1] and saved["rows"] == TRAIN
+    # postprocess.json cut short (a full disk, a copy stopped midway): chosen again on the OOF files, said as that
+    chosen = png_project / "output" / "postprocess.json"
+    whole = chosen.read_text()
+    chosen.write_text(whole[:20])
+    capsys.readouterr()
+    assert m.masks.read_postprocess(png_project / "output", saved["signature"], ["rle"], SIZE * SIZE, "dice") == saved
+    assert capsys.readouterr().out.rstrip().endswith(f"({chosen} does not read back: chosen now)")
+    chosen.write_text(whole)
     assert f"{saved['tuned']:.4f}" in out.split("OOF: ")[1].splitlines()[0]  # the OOF line's tuned Dice
     ckpt = torch.load(png_project / "output" / "model_fold0.pth", weights_only=True)
     assert m.train.mode_of(ckpt["config"]) == "binary" and ckpt["classes"] == ["rle"]  # predict.py rebuilds from these
