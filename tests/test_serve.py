@@ -154,6 +154,26 @@ def test_defaults_of_another_run_are_refused(served, tmp_path):
     assert r.stderr.strip().endswith(f"train.py writes it with its fallback submission; run {train} first"), r.stderr
 
 
+def test_lines_that_ask_for_a_train_py_run_give_the_command_that_writes_the_folder(served, tmp_path):
+    """serve.py on an --out-dir whose train.py run has written its serve_defaults.json but no fold
+    (stopped before its first): one ERROR line whose command trains that folder, not output/. The
+    trees alone with oof_xgb.csv cut short: the BLEND line's command writes it again into that folder."""
+    out = tmp_path / "trained here"
+    shutil.copytree(served / "output", out, ignore=shutil.ignore_patterns("model_fold*", "submission.csv"))
+    train = shlex.join(["python", "train.py", "--out-dir", str(out)])
+    oof = (out / "oof_xgb.csv").read_bytes()
+    (out / "oof_xgb.csv").write_bytes(oof[: len(oof) // 2])  # cut short after its atomic write
+    log = run_script(served, "serve.py", "--device", "cpu", "--out-dir", str(out), env=serve_env()).stdout
+    line = next(x for x in log.splitlines() if x.startswith("BLEND: xgb left out: "))
+    assert "does not read back" in line and line.endswith(f"; {train} --models xgb writes it again"), log
+    for path in out.glob("tree_*_fold*.json"):
+        path.unlink()
+    r = run_script(served, "serve.py", "--device", "cpu", "--out-dir", str(out), check=False, env=serve_env())
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    want = f"no model_fold*.pth and no tree_*_fold*.json in {out}: run {train} first (nothing was written)"
+    assert r.stderr.strip() == f"ERROR: {want}", r.stderr
+
+
 def test_state_raise_and_late_call_fall_back(served):
     """State kept across calls (the user's function counts them); call 3 raises, call 5 is past its
     limit: both answered by the fallback with a WARNING, and the run goes on to the last batch."""

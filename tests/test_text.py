@@ -168,6 +168,16 @@ def test_short_run_learns_and_a_rerun_reuses_the_cached_tokens(text_data, tmp_pa
     log = run_script(project, "predict.py").stdout
     assert "is unreadable; tokenising again" in log and "the model folder's tokenizer instead" in log, log[-2000:]
     assert (out / "submission.csv").read_bytes() == made
+    # ...and its mark says the folds trained with another tokenizer than the model folder's: one ERROR
+    # line that says what mends it (a train.py run would save the folder's tokenizer, and keep the folds)
+    mark = out / "tokenizer" / "kagtpl-fingerprint"
+    trained = mark.read_text()
+    mark.write_text("0123456789ab")
+    r = run_script(project, "predict.py", check=False)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"its tokenizer ({trained}) is not the one the folds trained with (0123456789ab" in r.stderr, r.stderr
+    assert r.stderr.strip().endswith("copy the tokenizer files of the folds' model into output/tokenizer"), r.stderr
+    assert (out / "submission.csv").read_bytes() == made  # nothing written over the folds' submission
     run_script(project, "train.py", "--device", "cpu", "--lr", "2e-4")  # its resume writes the tokenizer again
     assert saved.read_bytes() == whole
 
