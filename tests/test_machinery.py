@@ -441,6 +441,18 @@ def test_experiments_table_appends_and_ranks_by_cv_in_the_metrics_direction(proj
     assert len(exp.read(path)) == 5  # the bad row changed nothing
 
 
+def test_no_runs_yet_gives_the_train_py_command_that_records_one_there(project_modules, tmp_path, monkeypatch, capsys):
+    """`python -m machinery.experiments` on a folder with no run, in a project with none elsewhere:
+    the command that records one in that folder (it said "run train.py", which records in output/)."""
+    monkeypatch.setattr(project_modules.hardware, "PROJECT", tmp_path.resolve())  # a project with no runs at all
+    monkeypatch.chdir(tmp_path)
+    project_modules.experiments.main(["--out-dir", "exp 9"])
+    said = capsys.readouterr().out
+    assert said == "no runs recorded yet in exp 9/experiments.csv: run python train.py --out-dir 'exp 9'\n", said
+    project_modules.experiments.main([])
+    assert capsys.readouterr().out == "no runs recorded yet in output/experiments.csv: run python train.py\n"
+
+
 def test_a_runs_row_is_written_when_it_starts_and_says_how_it_ended(project_modules, tmp_path):
     """The row written at the start (running (pid N)) is replaced by the end's (same run and
     model); a run whose process is gone without an end reads back as killed; an exception's

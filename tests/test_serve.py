@@ -146,6 +146,12 @@ def test_defaults_of_another_run_are_refused(served, tmp_path):
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("ERROR: serve_defaults.json was written by a train.py run of signature 0123456789ab")
     assert f"by one of {made}" in r.stderr and "SERVE: call" not in r.stdout
+    # as the line says: train.py again on the older run's data writes its defaults back, keeps its folds
+    assert r.stderr.strip().endswith("the older one's writes serve_defaults.json again and keeps its complete folds)")
+    models = ("--models", "lgbm,xgb,cat,mlp")
+    log = run_script(served, "train.py", *models, "--device", "cpu", "--out-dir", str(out)).stdout
+    assert log.count("is complete, skipping (resume)") == 12 and " DONE: " not in log, log[-3000:]  # 4 models x 3
+    assert json.loads((out / "serve_defaults.json").read_text())["signature"] == made
     # none at all: the line gives the train.py command that writes this folder, to run as written
     (out / "serve_defaults.json").unlink()
     r = run_script(served, "serve.py", "--device", "cpu", "--out-dir", str(out), check=False, env=serve_env())

@@ -148,6 +148,24 @@ def test_a_changed_file_in_a_folder_changes_the_signature(project_modules, tmp_p
     assert emptied != sign(flags(copy))
 
 
+def test_python_bytecode_the_evaluation_package_writes_into_the_data_folder_is_not_data(project_modules, tmp_path):
+    """serve.py imports the competition's kaggle_evaluation package from the data folder, and Python
+    writes its bytecode there (kaggle_evaluation/__pycache__/). It changed the run signature: the
+    next train.py retrained every complete fold as "other data" (tests/test_serve.py runs it)."""
+    sign = project_modules.artifacts.run_signature
+    data = tmp_path / "data"
+    (data / "kaggle_evaluation" / "core").mkdir(parents=True)
+    (data / "train.csv").write_text("id,target\na,1\n")
+    (data / "kaggle_evaluation" / "core" / "relay.py").write_text("PORT = 50051\n")
+    base = sign(flags(data))
+    for folder in (data / "kaggle_evaluation" / "core", data / "kaggle_evaluation", data):
+        (folder / "__pycache__").mkdir()
+        (folder / "__pycache__" / "relay.cpython-311.pyc").write_bytes(b"\xa7\r\r\n bytecode")
+    assert sign(flags(data)) == base
+    (data / "kaggle_evaluation" / "core" / "relay.py").write_text("PORT = 8\n")  # the package itself counts
+    assert sign(flags(data)) != base
+
+
 def test_a_signature_that_reads_as_a_number_stays_text(project_modules, tmp_path, capsys):
     """Issue 47: 3226e4661147 was read back as inf, so a text run threw away its own OOF file
     ('made with run signature inf'). About 1 signature in 250 looks like a number."""

@@ -34,6 +34,10 @@ SIGNATURE_COLUMN = "signature"  # the OOF files' column that carries it
 
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".parquet")  # read whole into the fingerprint: relabelled rows count
+# Python's bytecode caches: serve.py imports the competition's kaggle_evaluation package from the data
+# folder, which writes kaggle_evaluation/__pycache__/ there. Counted, a dry run of serve.py changed the
+# signature, and the next train.py retrained every complete fold as "other data" (2026-12-03).
+NOT_DATA = ("__pycache__",)
 
 
 def data_fingerprint(folder, times: bool = True) -> list:
@@ -50,6 +54,8 @@ def data_fingerprint(folder, times: bool = True) -> list:
     except OSError:
         return found
     for entry in entries:
+        if entry.name in NOT_DATA:
+            continue
         if entry.is_dir():
             found.append((entry.name, folder_digest(entry.path, times)))
         elif entry.is_file() and entry.name.lower().endswith(TABLE_SUFFIXES):
@@ -65,7 +71,7 @@ def folder_digest(path: str, times: bool = True) -> str:
     not with `times=False`), in name order, hashed: stat calls only (~0.1 s for 10,000 files)."""
     rows = []
     for root, dirs, files in os.walk(path):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if d not in NOT_DATA)
         for name in sorted(files):
             st = os.stat(os.path.join(root, name))
             when = f"\t{int(st.st_mtime)}" if times else ""

@@ -219,7 +219,8 @@ def main(argv=None) -> None:
     rows = read(path)
     if not rows:
         elsewhere = "; ".join(f"python -m machinery.experiments --out-dir {shlex.quote(f)}" for f in other_tables(path))
-        way = f"other folders have runs: {elsewhere}" if elsewhere else "run train.py"
+        given = [] if args.out_dir == p.get_default("out_dir") else ["--out-dir", args.out_dir]
+        way = f"other folders have runs: {elsewhere}" if elsewhere else f"run {hardware.command('train.py', *given)}"
         print(f"no runs recorded yet in {path}: {way}")
         return
     print(format_table(ranked(rows)))

@@ -282,8 +282,9 @@ def check_run(checkpoints: list) -> None:
     if made and runs and made not in runs:
         raise RunError(
             f"{path.name} was written by a train.py run of signature {made}, {Path(checkpoints[0][0]).name} and its "
-            f"folds by one of {', '.join(runs)} (other data, target or folds): finish the newer run "
-            f"(python train.py) or serve from the older run's folder (--out-dir)"
+            f"folds by one of {', '.join(runs)} (other data, target or folds): run train.py again on the data of "
+            f"the run to serve (the newer one's trains its folds; the older one's writes {path.name} again and "
+            f"keeps its complete folds)"
         )
 
 
