@@ -1181,6 +1181,31 @@ def test_predict_py_on_a_folder_train_py_never_wrote_gives_the_command_that_writ
     assert f"SUBMISSION: {out / 'submission.csv'}" in r.stdout, r.stdout[-2000:]
 
 
+@pytest.mark.slow
+@round_two()
+def test_a_data_folder_holding_the_run_folder_is_refused_and_one_holding_the_project_resumes(table_data, tmp_path):
+    """The data beside train.py (`--data-dir .`): each run's files changed the data's run signature,
+    and every rerun trained each fold again as "other data" (run.py's restart after a crash too).
+    Refused before anything is written. A project made inside the competition's folder (`kagtpl
+    new` run there): the data's fingerprint leaves the project out, and a rerun resumes."""
+    comp = tmp_path / "comp"
+    shutil.copytree(table_data, comp)
+    answers = {"task": "tabular", "id_col": "row_id", "target": "target", "problem": "binary", "metric": "auc"}
+    project = render(comp / "tab", data_dir=str(comp), submission="probs", **answers)
+    short = ("--device=cpu", "--models=mlp", "--folds=2", "--epochs=1")
+    for script, flags, words in [
+        ("train.py", ("--data-dir=.", "--out-dir=run 1"), "--out-dir run 1 is inside --data-dir .: "),
+        ("run.py", ("--data-dir=.", "--out-dir=run 1"), "--out-dir run 1 is inside --data-dir .: "),
+        ("train.py", ("--out-dir=../runs",), "--out-dir ../runs is inside --data-dir "),  # in the data, not the project
+    ]:
+        one_error(run_script(project, script, *short, *flags, check=False), "ERROR", words)
+    assert not (project / "run 1").exists() and not (comp / "runs").exists()  # nothing written
+    first = run_script(project, "train.py", *short).stdout
+    assert first.count(" DONE: best val loss") == 2, first[-2000:]
+    again = run_script(project, "train.py", *short).stdout
+    assert again.count("is complete, skipping (resume)") == 2 and "retrained" not in again, again[-2000:]
+
+
 # ----------------------------------------------------------------------------- the counts in docs/
 
 COUNTS = {

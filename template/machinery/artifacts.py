@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import growth, hand_in, logs, parallel, readback, serving, storage, submission
+from . import growth, hand_in, hardware, logs, parallel, readback, serving, storage, submission
 from .errors import DataError
 
 # The flags that decide what a run's artifacts mean: which rows, which target, which features,
@@ -47,17 +47,19 @@ def data_fingerprint(folder, times: bool = True) -> list:
     (nested too) by name, size and modification time: an emptied mask, a re-recorded clip or an
     edited image changes it, as it changes the image cache's key, with no image read. A copy
     elsewhere that keeps the times (cp -p, rsync -t) signs alike; `times=False` leaves the times
-    out (params_signature: a copy that did not keep them signs alike too)."""
+    out (params_signature: a copy that did not keep them signs alike too). Bytecode (NOT_DATA) is
+    left out, and so is the project when the data folder holds it (hardware.holds_project)."""
     found = []
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
         return found
+    around = hardware.holds_project(folder)  # else no folder in it can hold the project: not asked again
     for entry in entries:
-        if entry.name in NOT_DATA:
+        if entry.name in NOT_DATA or (around and entry.is_dir() and hardware.holds_project(entry.path)):
             continue
         if entry.is_dir():
-            found.append((entry.name, folder_digest(entry.path, times)))
+            found.append((entry.name, folder_digest(entry.path, times, around)))
         elif entry.is_file() and entry.name.lower().endswith(TABLE_SUFFIXES):
             with open(entry.path, "rb") as f:
                 found.append((entry.name, hashlib.file_digest(f, "sha1").hexdigest()))
@@ -66,12 +68,15 @@ def data_fingerprint(folder, times: bool = True) -> list:
     return found
 
 
-def folder_digest(path: str, times: bool = True) -> str:
+def folder_digest(path: str, times: bool = True, around: bool = False) -> str:
     """Every file under `path` as (relative name, size, whole seconds of its modification time, or
-    not with `times=False`), in name order, hashed: stat calls only (~0.1 s for 10,000 files)."""
+    not with `times=False`), in name order, hashed: stat calls only (~0.1 s for 10,000 files).
+    `around`: the data folder holds the project, whose folder is left out here too."""
     rows = []
     for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if d not in NOT_DATA)
+        dirs[:] = sorted(
+            d for d in dirs if d not in NOT_DATA and not (around and hardware.holds_project(Path(root, d)))
+        )
         for name in sorted(files):
             st = os.stat(os.path.join(root, name))
             when = f"\t{int(st.st_mtime)}" if times else ""

@@ -48,6 +48,11 @@ def competition_dir(slug: str) -> str:
 PROJECT = Path(__file__).resolve().parent.parent  # the folder train.py, predict.py and run.py are in
 
 
+def holds_project(path) -> bool:
+    """Whether `path` is the project folder or one above it (a data folder `kagtpl new` was run in)."""
+    return os.path.realpath(path) in {str(PROJECT), *map(str, PROJECT.parents)}
+
+
 def in_project(name: str) -> str:
     """`name` in the project folder, whatever folder the script was started from (`python
     /proj/train.py` wrote ./output in the caller's folder): as given when started from the

@@ -1,7 +1,8 @@
 """One writer per output folder: a POSIX lock on <out-dir>/.train.lock, held by train.py while
 it trains and by predict.py while it predicts, and run.py's check before it starts anything (the
-folder can be written, and nobody holds it). The OS releases a lock when its process ends,
-however it ends, so a lock is never stale. It is machinery: `copier update` may replace it.
+folder can be written, nobody holds it, and it is not inside the data folder). The OS releases a
+lock when its process ends, however it ends, so a lock is never stale. It is machinery: `copier
+update` may replace it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import hardware
 from .errors import RunError
 
 _LOCKS = []  # the open lock files: the OS releases a lock when its process ends, however it ends
@@ -92,3 +94,19 @@ def check_free(out_dir: Path) -> None:
     holder = lock_holder(out_dir)
     if holder:
         raise RunError(f"{out_dir} is in use by another {holder}: wait for it, stop it, or pass another --out-dir")
+
+
+def check_apart(data_dir, out_dir) -> None:
+    """--out-dir inside --data-dir (the data in the project folder, --data-dir .; the data unpacked
+    into /kaggle/working) is refused before anything is written: each run's files would change the
+    data's fingerprint (artifacts.data_fingerprint), and every later run would train each fold again
+    as "other data". A run folder in the project, in a data folder that holds the project, is fine:
+    the fingerprint leaves the project out."""
+    data, out = Path(data_dir).resolve(), Path(out_dir).resolve()
+    in_project = out.is_relative_to(hardware.PROJECT) and data != hardware.PROJECT and hardware.holds_project(data)
+    if out.is_relative_to(data) and not in_project:
+        raise RunError(
+            f"--out-dir {out_dir} is inside --data-dir {data_dir}: what a run writes would change the data's run "
+            "signature, and every later run would train each fold again; keep the data in a folder of its own "
+            "(data/, say) and pass that as --data-dir, or give --out-dir a folder outside it"
+        )

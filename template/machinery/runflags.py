@@ -339,6 +339,7 @@ def begin(args, ranges: dict | None = None) -> torch.device:
     (time_planner.keep_early_stops): the run writes its fallback, then stops."""
     time_planner.keep_early_stops()
     check_flags(args, {**FLAG_RANGES, **(ranges or {})})
+    locks.check_apart(args.data_dir, args.out_dir)  # a run folder inside the data would change the data
     args.signature = artifacts.run_signature(args)  # carried by every artifact of this run
     try:
         time_planner.parse_duration(args.budget)
