@@ -1196,6 +1196,7 @@ def test_a_data_folder_holding_the_run_folder_is_refused_and_one_holding_the_pro
     for script, flags, words in [
         ("train.py", ("--data-dir=.", "--out-dir=run 1"), "--out-dir run 1 is inside --data-dir .: "),
         ("run.py", ("--data-dir=.", "--out-dir=run 1"), "--out-dir run 1 is inside --data-dir .: "),
+        ("tune.py", ("--data-dir=.", "--out-dir=run 1"), "--out-dir run 1 is inside --data-dir .: "),
         ("train.py", ("--out-dir=../runs",), "--out-dir ../runs is inside --data-dir "),  # in the data, not the project
     ]:
         one_error(run_script(project, script, *short, *flags, check=False), "ERROR", words)
