@@ -34,6 +34,7 @@ MACHINERY = {
     "runs.py",
     "tasks.py",
     "hardware.py",
+    "loader_restarts.py",
     "loader_sockets.py",
     "locks.py",
     "logs.py",
