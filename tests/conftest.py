@@ -508,6 +508,7 @@ PROJECT_MODULES = (
     "tuning_report",
     "study_storage",
     "readback",
+    "loader_restarts",
     "tta_views",
     "serving",
     "hand_in",

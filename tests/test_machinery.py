@@ -5,9 +5,11 @@ passed in."""
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -683,3 +685,50 @@ def test_the_same_seed_augments_the_same_and_each_loader_worker_and_rank_draws_i
     monkeypatch.setattr(project_modules.images, "rank", lambda: 1)
     other = augmented_batches(project_modules, workers)
     assert not any(np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+class SlowRows(torch.utils.data.Dataset):
+    """Rows 0..23, each its own index, read at 20 ms a row: a pass long enough to kill a worker in;
+    row `bad` raises, as a dataset's own error does."""
+
+    def __init__(self, bad: int = -1):
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            raise ValueError(f"row {i} is bad")
+        time.sleep(0.02)
+        return i
+
+
+@pytest.mark.slow  # torch finds a dead worker within 5 s of waiting for its batch: ~5 s a kill
+def test_a_killed_loader_workers_pass_goes_on_in_order_on_half_the_workers(project_modules, capsys):
+    """RestartingLoader (machinery/loader_restarts.py): a worker SIGKILLed mid-pass, then one of the
+    persistent pool killed between two passes: each pass still reads every row once, in order
+    (predict.py's rows and their predictions stay aligned), on half the workers each time, with one
+    WARNING each. A dataset's own error comes through as itself."""
+    restarting = project_modules.loader_restarts.RestartingLoader
+    loader = restarting(SlowRows(), batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=2)
+    rows = []
+    for k, batch in enumerate(loader):
+        rows += batch.tolist()
+        if k == 3:  # four batches in, four more in flight
+            os.kill(loader.loader._iterator._workers[0].pid, signal.SIGKILL)
+    assert rows == list(range(24))
+    said = capsys.readouterr().out
+    assert re.fullmatch(
+        r"WARNING: DataLoader worker \(pid\(s\) \d+\) (exited unexpectedly|died as it handed over a batch \(\w+\)) "
+        r"\(killed: the OOM killer, or a kill -9\): the pass goes on from batch \d+ of 12 on 1 loader worker\(s\), "
+        r"not 2\n",
+        said,
+    ), said
+    assert [x for b in loader for x in b.tolist()] == list(range(24))  # a later pass: one worker, a pool of its own
+    os.kill(loader.loader._iterator._workers[0].pid, signal.SIGKILL)  # between passes: the pool's worker idles
+    assert [x for b in loader for x in b.tolist()] == list(range(24))
+    assert "from batch 1 of 12 on 0 loader worker(s), not 1\n" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="row 5 is bad"):
+        list(restarting(SlowRows(bad=5), batch_size=2, num_workers=2))
+    gc.collect()  # the failed pass's workers, held by its traceback's frames: ended now, not at the worker's exit

@@ -77,16 +77,18 @@ class RestartingLoader:
         return getattr(self.__dict__["loader"], name)
 
     def __iter__(self):
-        done, source = 0, iter(self.loader)
-        batches = source
+        done, source, batches = 0, None, None
         while True:
             try:
+                if batches is None:  # a persistent pool's start of a pass waits on every worker: a dead one too
+                    source = batches = iter(self.loader)
                 for batch in batches:
                     done += 1
                     yield batch
                 return
             except (RuntimeError, OSError, EOFError) as e:
-                said = worker_death(e, source) if self.settings.get("num_workers") else None
+                pool = source if source is not None else getattr(self.loader, "_iterator", None)
+                said = worker_death(e, pool) if self.settings.get("num_workers") else None
                 if said is None:
                     raise
             source = batches = None  # the old pass's iterator: its live workers end with it
