@@ -711,11 +711,14 @@ def test_a_killed_loader_workers_pass_goes_on_in_order_on_half_the_workers(proje
     (predict.py's rows and their predictions stay aligned), on half the workers each time, with one
     WARNING each. A dataset's own error comes through as itself."""
     restarting = project_modules.loader_restarts.RestartingLoader
-    loader = restarting(SlowRows(), batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=2)
+    # as the scripts make them: 2 persistent workers, their socket folder made first (a killed worker's
+    # own would stay in /tmp: loader_sockets.py)
+    settings = project_modules.hardware.flag_loader(2, on_cuda=False)
+    loader = restarting(SlowRows(), batch_size=2, **settings)
     rows = []
     for k, batch in enumerate(loader):
         rows += batch.tolist()
-        if k == 3:  # four batches in, four more in flight
+        if k == 3:  # four batches in, more in flight
             os.kill(loader.loader._iterator._workers[0].pid, signal.SIGKILL)
     assert rows == list(range(24))
     said = capsys.readouterr().out
