@@ -40,6 +40,12 @@ TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".parquet")  # read whole into the fi
 NOT_DATA = ("__pycache__",)
 
 
+def not_data(name: str, path, around: bool) -> bool:
+    """A folder entry the fingerprint leaves out: bytecode (NOT_DATA), and, `around` (the data folder
+    holds the project: `kagtpl new` run in it), the folder that holds the project, its runs' too."""
+    return name in NOT_DATA or (around and os.path.isdir(path) and hardware.holds_project(path))
+
+
 def data_fingerprint(folder, times: bool = True) -> list:
     """The data folder: a content hash per top-level table (train.csv, labels.csv,
     sample_submission.csv: a relabelled row or a class column added to the sample changes it,
@@ -48,7 +54,7 @@ def data_fingerprint(folder, times: bool = True) -> list:
     edited image changes it, as it changes the image cache's key, with no image read. A copy
     elsewhere that keeps the times (cp -p, rsync -t) signs alike; `times=False` leaves the times
     out (params_signature: a copy that did not keep them signs alike too). Bytecode (NOT_DATA) is
-    left out, and so is the project when the data folder holds it (hardware.holds_project)."""
+    left out, and so is the project when the data folder holds it (not_data)."""
     found = []
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -56,7 +62,7 @@ def data_fingerprint(folder, times: bool = True) -> list:
         return found
     around = hardware.holds_project(folder)  # else no folder in it can hold the project: not asked again
     for entry in entries:
-        if entry.name in NOT_DATA or (around and entry.is_dir() and hardware.holds_project(entry.path)):
+        if not_data(entry.name, entry.path, around):
             continue
         if entry.is_dir():
             found.append((entry.name, folder_digest(entry.path, times, around)))
@@ -74,9 +80,7 @@ def folder_digest(path: str, times: bool = True, around: bool = False) -> str:
     `around`: the data folder holds the project, whose folder is left out here too."""
     rows = []
     for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(
-            d for d in dirs if d not in NOT_DATA and not (around and hardware.holds_project(Path(root, d)))
-        )
+        dirs[:] = sorted(d for d in dirs if not not_data(d, os.path.join(root, d), around))
         for name in sorted(files):
             st = os.stat(os.path.join(root, name))
             when = f"\t{int(st.st_mtime)}" if times else ""

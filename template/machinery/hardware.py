@@ -48,9 +48,12 @@ def competition_dir(slug: str) -> str:
 PROJECT = Path(__file__).resolve().parent.parent  # the folder train.py, predict.py and run.py are in
 
 
+PROJECT_AND_ABOVE = frozenset(map(str, (PROJECT, *PROJECT.parents)))
+
+
 def holds_project(path) -> bool:
     """Whether `path` is the project folder or one above it (a data folder `kagtpl new` was run in)."""
-    return os.path.realpath(path) in {str(PROJECT), *map(str, PROJECT.parents)}
+    return os.path.realpath(path) in PROJECT_AND_ABOVE
 
 
 def in_project(name: str) -> str:

@@ -30,9 +30,11 @@ def worker_death(e: BaseException, batches) -> str | None:
     handoff cut by the death (ConnectionResetError, EOFError: the worker's end of the socket closed
     before torch saw it gone), said with the dead worker's pid. None for any other error: a
     worker's own exception (a DataError in the dataset) comes through as itself."""
-    found = DEATH.search(str(e)) if isinstance(e, RuntimeError) else None
-    if found or not isinstance(e, (OSError, EOFError)) or "in DataLoader worker process" in str(e):
+    if isinstance(e, RuntimeError):
+        found = DEATH.search(str(e))
         return found.group(0) if found else None
+    if not isinstance(e, (OSError, EOFError)) or "in DataLoader worker process" in str(e):
+        return None
     dead = dead_workers(batches)
     return f"DataLoader worker (pid(s) {dead}) died as it handed over a batch ({type(e).__name__})" if dead else None
 
@@ -74,7 +76,9 @@ class RestartingLoader:
         return len(self.loader)
 
     def __getattr__(self, name: str):  # batch_size, sampler, ...: the DataLoader's
-        return getattr(self.__dict__["loader"], name)
+        if name == "loader":  # not made yet (a copy, an unpickled one): no attribute, not a recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
     def __iter__(self):
         done, source, batches = 0, None, None
