@@ -376,6 +376,25 @@ def test_ensemble_and_corrupt_checkpoint(project_modules, tmp_path, capsys):
     assert drift.dtype == np.float64 and drift.sum() == pytest.approx(1.0, abs=1e-12)
 
 
+def test_a_checkpoint_of_an_earlier_kagtpl_resumes_and_ensembles_with_the_new_ones(project_modules):
+    """The LR a checkpoint records is the one used (scaled to the probe's batch); resume compares the
+    flag as given (`given`). A checkpoint written before `given` was kept is not compared on it, nor
+    on the `run` keys it lacks: after `kagtpl update`, its complete folds resume and are ensembled."""
+    storage = project_modules.storage
+    keys = ("epochs", "lr", "model", "signature")
+    now = {"epochs": 3, "lr": 0.0011, "given": {"lr": 0.003}, "model": "m", "signature": "s"}
+    older = {"config": {"epochs": 3, "lr": 0.0007, "model": "m", "signature": "s"}}  # its lr: the used one
+    assert storage.differing_keys(older, now, keys) == []
+    assert storage.differing_keys({"config": {**older["config"], "epochs": 5}}, now, keys) == ["epochs"]
+    other_batch = {"config": {**now, "lr": 0.0022, "given": {"lr": 0.003}}}  # the same flag, another batch's LR
+    assert storage.differing_keys(other_batch, now, keys) == []
+    other_lr = {"config": {**now, "given": {"lr": 0.01}}}
+    assert storage.differing_keys(other_lr, now, keys) == ["lr"]
+    assert storage.settings_said(other_lr, now, ["lr"]) == "lr=0.01, this run 0.003"
+    assert storage.run_differences({"model": "m"}, {"lr": 0.003, "model": "m"}) == []  # an older run record: no lr
+    assert storage.run_differences({"lr": 0.01, "model": "m"}, {"lr": 0.003, "model": "m"}) == ["lr"]
+
+
 def test_ensemble_leaves_out_a_diverged_fold_and_never_writes_nan(project_modules, capsys):
     ensemble, errors = project_modules.submission.ensemble, project_modules.errors
     good, diverged = np.array([[0.2, 0.8], [0.5, 0.5]]), np.array([[0.2, 0.8], [np.nan, np.nan]])

@@ -242,7 +242,7 @@ def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(
     assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in pred
 
     # resume: fold 0 is complete and skipped; fold 1's corrupt file is retrained over
-    log = run_script(project, "train.py", *CPU, "--epochs", "1").stdout
+    log = run_script(project, "train.py", *CPU, "--epochs", "2").stdout  # the killed run's flags: resumed
     assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in log
     assert "FOLD 1 DONE" in log and "FOLD 2 DONE" in log
     assert "FOLD 0 DONE" not in log
@@ -253,7 +253,7 @@ def test_killed_after_fold_0_predict_uses_fold_0_and_skips_a_corrupt_checkpoint(
     assert "ENSEMBLE: 2 checkpoint(s), folds [0, 1]" in pred
     assert (
         "WARNING: skipping output/model_fold2.pth: trained with another configuration than the newest checkpoint "
-        "(folds=3, newest 2)" in pred
+        "(epochs=2, newest 1; folds=3, newest 2)" in pred
     )
     assert_valid_submission(project, digits_dir)
 

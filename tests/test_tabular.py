@@ -4,6 +4,7 @@ preflight errors, and the OOF score against a simple scikit-learn baseline on th
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 
@@ -202,3 +203,33 @@ def test_unseen_categories_and_partial_folds(tmp_path):
     assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in pred and "WARNING: skipping" in pred
     sub = pd.read_csv(project / "output" / "submission.csv")
     assert sub["target"].between(0, 1).all() and len(sub) == len(test)
+
+
+def test_a_rerun_with_another_lr_trains_it_and_one_on_another_batch_resumes(tmp_path):
+    """A rerun with another --lr in the same folder skipped all the folds as complete: the new LR
+    never trained, and the experiments table gave it the old folds' CV. The training flags are now
+    resume keys (artifacts.TRAINING_FLAGS, the task's resume_keys), compared as given: the LR used
+    follows the batch, so a rerun on another batch (another card's probe) still resumes."""
+    project, _ = new_tabular(tmp_path, "binary")
+    mlp = ["train.py", "--device", "cpu", "--models", "mlp", "--epochs", "3"]
+    run_script(project, *mlp)
+    out = project / "output"
+    first = {p.name: p.read_bytes() for p in out.glob("model_fold*.pth")}
+    shutil.copy2(out / "model_fold1.pth", tmp_path / "model_fold1.pth")  # its time kept: older than the rerun's
+
+    again = run_script(project, *mlp, "--batch-size", "32").stdout
+    assert again.count("is complete, skipping (resume)") == 3 and "retrained" not in again, again[-2000:]
+    assert {p.name: p.read_bytes() for p in out.glob("model_fold*.pth")} == first
+
+    lr = run_script(project, *mlp, "--lr", "0.01").stdout
+    for k in range(3):
+        assert f"FOLD: model_fold{k}.pth was trained with other settings (lr=0.003, this run 0.01): retrained" in lr
+        assert f"FOLD {k} DONE" in lr
+    rows = pd.read_csv(out / "experiments.csv", dtype=str).to_dict("records")
+    assert [r["epochs_done"] == "0 0 0" for r in rows] == [False, True, False], rows  # the resumed run's row says so
+
+    shutil.copy2(tmp_path / "model_fold1.pth", out / "model_fold1.pth")  # a fold left over from the 0.003 run
+    pred = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "ENSEMBLE: 2 checkpoint(s), folds [0, 2]" in pred, pred
+    said = "skipping output/model_fold1.pth: trained with another configuration than the newest checkpoint"
+    assert f"{said} (lr=0.003, newest 0.01)" in pred, pred

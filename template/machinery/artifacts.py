@@ -31,6 +31,11 @@ SIGNATURE_FLAGS = (
     "missing_boxes",
 )  # fmt: skip
 SIGNATURE_COLUMN = "signature"  # the OOF files' column that carries it
+# The training flags the machinery adds (runflags.add_schedule_flags, images.add_weights_flags): a
+# complete fold is skipped on a rerun only when trained with the same ones, as with its task's
+# resume_keys. Unlisted, a rerun with another --lr skipped all 5 folds as complete, and the
+# experiments table gave the new LR the old folds' CV.
+TRAINING_FLAGS = ("epochs", "patience", "lr", "weight_decay", "pretrained")
 
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".parquet")  # read whole into the fingerprint: relabelled rows count
@@ -108,15 +113,19 @@ def params_signature(args) -> str:
 
 def run_keys(comp) -> tuple:
     """The config keys a finished fold's checkpoint must share to be skipped or ensembled: the
-    competition's own (model settings) and the run signature (data, target, features, folds)."""
-    return (*comp.resume_keys, "signature")
+    machinery's training flags the run has (TRAINING_FLAGS), the competition's own (model settings)
+    and the run signature (data, target, features, folds)."""
+    args = getattr(comp, "args", None)
+    return (*(f for f in TRAINING_FLAGS if hasattr(args, f)), *comp.resume_keys, "signature")
 
 
 def checkpoint_config(args, machine, batching) -> dict:
     """The resolved config saved in every checkpoint: the flags, with the batch, accumulation and
-    LR actually used (after the probe) and the precision; predict.py rebuilds the model from it."""
+    LR actually used (after the probe) and the precision; predict.py rebuilds the model from it.
+    `given`: those flags as given, which resume compares (storage.REPLACED_FLAGS)."""
     used = {"batch_size": batching.size, "accum_steps": batching.accum_steps, "lr": batching.lr}
-    return {**vars(args), **used, "amp": machine.amp.mode, "channels_last": machine.channels_last}
+    given = {k: getattr(args, k) for k in storage.REPLACED_FLAGS if hasattr(args, k)}
+    return {**vars(args), **used, "given": given, "amp": machine.amp.mode, "channels_last": machine.channels_last}
 
 
 def signed(frame: pd.DataFrame, signature: str) -> pd.DataFrame:
@@ -232,7 +241,7 @@ def grown_seeds(comp, out: Path, folds: list[int], config: dict) -> set[tuple[in
         if ckpt is None or not ckpt.get("complete"):
             print(f"OOF: {oof.name} left out: its checkpoint {path.name} is not whole")
         elif differ:
-            said = ", ".join(f"{key}={ckpt['config'].get(key)!r}, this run {config.get(key)!r}" for key in differ[:3])
+            said = storage.settings_said(ckpt, config, differ)
             print(f"OOF: {oof.name} left out: {path.name} was made with other settings ({said})")
         else:
             counted.add((k, seed_no))

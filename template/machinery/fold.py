@@ -293,6 +293,6 @@ def save_fold(path: Path, model, comp, fold: Fold, config: dict, **meta) -> None
     the run's signature (what makes folds of one ensemble) and the fold's extras."""
     if not parallel.writes():
         return
-    run = {key: config.get(key) for key in artifacts.run_keys(comp)}  # what makes folds of one ensemble
+    run = {key: storage.setting(config, key) for key in artifacts.run_keys(comp)}  # what makes folds of one ensemble
     saved = {"fold": fold.index, "seed_no": fold.seed_no, "run": run, "saved_at": time.time()}
     storage.save_checkpoint(path, model, config, comp.classes, **saved, **meta, **fold.extras)

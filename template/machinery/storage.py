@@ -312,12 +312,38 @@ def finished_fold(path: Path, config: dict, same_keys) -> dict | None:
             f"FOLD: {Path(path).name} was trained with run signature {made}, this run is {config.get('signature')} "
             f"(other data, target or folds): retrained"
         )
+    elif differ:  # another --lr, --epochs, model...: this run's settings train it
+        print(
+            f"FOLD: {Path(path).name} was trained with other settings ({settings_said(ckpt, config, differ)}): retrained"
+        )
     return None if differ else ckpt
 
 
+# The flags a run replaces in its checkpoints' config with what it used (artifacts.checkpoint_config):
+# --lr is the peak at an effective batch of 128, the LR used follows the batch this machine's probe
+# chose. Their flags as given are kept under "given", and resume compares those: the used LR would
+# retrain every fold after a restart whose probe chose another batch.
+REPLACED_FLAGS = ("batch_size", "accum_steps", "lr")
+UNRECORDED = object()  # a replaced flag's value in a checkpoint written before "given" was kept
+
+
+def setting(config: dict, key: str):
+    """A resume key's value in a checkpoint's config: a REPLACED_FLAGS flag as given, else as saved."""
+    if key in REPLACED_FLAGS:
+        return config.get("given", {}).get(key, UNRECORDED)
+    return config.get(key)
+
+
 def differing_keys(ckpt: dict, config: dict, keys) -> list[str]:
-    """The resume keys a checkpoint's config holds otherwise than this run's `config`."""
-    return [k for k in keys if ckpt["config"].get(k) != config.get(k)]
+    """The resume keys a checkpoint's config holds otherwise than this run's `config` (a flag a
+    checkpoint of an earlier kagtpl did not record as given is not compared: it resumes as it did)."""
+    pairs = {k: (setting(ckpt["config"], k), setting(config, k)) for k in keys}
+    return [k for k, (theirs, mine) in pairs.items() if UNRECORDED not in (theirs, mine) and theirs != mine]
+
+
+def settings_said(ckpt: dict, config: dict, keys: list[str]) -> str:
+    """`lr=0.01, this run 0.003; epochs=...` for the first three of `keys` (differing_keys)."""
+    return "; ".join(f"{k}={setting(ckpt['config'], k)!r}, this run {setting(config, k)!r}" for k in keys[:3])
 
 
 def fold_checkpoints(out_dir: Path) -> list[tuple[Path, dict]]:
@@ -339,20 +365,26 @@ def same_run(found: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
     kept = []
     for path, ckpt in found:
         run = ckpt.get("run")
-        if run == newest and ckpt["classes"] == classes:
+        differ = [] if run == newest else None if run is None or newest is None else run_differences(run, newest)
+        if differ == [] and ckpt["classes"] == classes:
             kept.append((path, ckpt))
             continue
-        if run == newest:
+        if differ == []:
             diff = f"classes {ckpt['classes'][:5]}..., newest {classes[:5]}..."
-        elif run is None or newest is None:
+        elif differ is None:
             diff = "no record of its configuration"
         else:
-            differ = [k for k in newest if run.get(k) != newest.get(k)]
             if len(differ) > 1 and "signature" in differ:  # it follows the flags named beside it
                 differ.remove("signature")
-            diff = ", ".join(f"{k}={run.get(k)!r}, newest {newest.get(k)!r}" for k in differ)
+            diff = "; ".join(f"{k}={run.get(k)!r}, newest {newest.get(k)!r}" for k in differ)
         print(f"WARNING: skipping {path}: trained with another configuration than the newest checkpoint ({diff})")
     return kept
+
+
+def run_differences(run: dict, newest: dict) -> list[str]:
+    """The keys of two checkpoints' `run` records that differ; a key one of them lacks (a checkpoint
+    of an earlier kagtpl, which compared fewer) is not compared."""
+    return [k for k in newest if k in run and run[k] != newest[k]]
 
 
 def ensemble_checkpoints(out_dir: Path, required: bool = True) -> list[tuple[Path, dict]]:
