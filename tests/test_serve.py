@@ -79,7 +79,7 @@ def test_dry_run_answers_like_predict_py(served):
     log = run_script(served, "serve.py", "--device", "cpu", env=serve_env(STANDIN_BATCH_ROWS=20)).stdout
     test_rows = len(pd.read_csv(served.parent / "data" / "test.csv"))
     calls = -(-test_rows // 20)
-    assert "SERVE: ensemble: mlp 3 fold(s), cat 3 fold(s), xgb 3 fold(s), lgbm 3 fold(s)" in log, log
+    assert "SERVE: ensemble: mlp 3 fold(s), cat 3 fold(s), lgbm 3 fold(s), xgb 3 fold(s)" in log, log
     assert re.search(r"^SERVE: started [\d.]+s after the start, of the 900s serving deadline$", log, re.M), log
     assert re.search(rf"^SERVE: dry run done in [\d.]+s: {calls} call\(s\), {test_rows} rows, 0 fallback", log, re.M)
     assert f"SERVE: submission.parquet: {test_rows} rows, columns ['row_id', 'target'], 0 missing value(s)" in log
@@ -125,7 +125,7 @@ def test_trees_alone_answer_like_predict_py(served, tmp_path):
     run_script(served, "predict.py", "--device", "cpu", "--out-dir", str(out))
     env = serve_env(STANDIN_BATCH_ROWS=40)
     log = run_script(served, "serve.py", "--device", "cpu", "--out-dir", str(out), env=env).stdout
-    assert "SERVE: ensemble: cat 3 fold(s), xgb 3 fold(s), lgbm 3 fold(s)" in log, log
+    assert "SERVE: ensemble: cat 3 fold(s), lgbm 3 fold(s), xgb 3 fold(s)" in log, log
     assert re.search(r"^BLEND: weights .* -> OOF auc=", log, re.M) and "WARNING" not in log, log
     served_sub = pd.read_parquet(served / "submission.parquet").set_index("row_id")
     batch_sub = pd.read_csv(out / "submission.csv", dtype={"row_id": str}).set_index("row_id")
@@ -219,7 +219,7 @@ def test_startup_past_the_deadline_drops_folds(served):
     log = run_script(served, "serve.py", "--device", "cpu", "--started", str(started), env=env).stdout
     assert re.search(r"^SERVE: start-up: 2 fold\(s\) dropped \(model_fold\d.pth, model_fold\d.pth\)", log, re.M), log
     assert re.search(r"^SERVE: start-up: 2 fold\(s\) dropped \(tree_cat_fold\d.json, tree_cat_fold\d.json\)", log, re.M)
-    assert "SERVE: ensemble: mlp 1 fold(s), cat 1 fold(s), xgb 1 fold(s), lgbm 1 fold(s)" in log
+    assert "SERVE: ensemble: mlp 1 fold(s), cat 1 fold(s), lgbm 1 fold(s), xgb 1 fold(s)" in log
     assert "(past it: the gateway may have given up)" in log
     assert re.search(r"^SERVE: dry run done in [\d.]+s: \d+ call\(s\), 113 rows, 0 fallback", log, re.M), log
 
@@ -448,7 +448,7 @@ def test_kaggle_serve_notebook_answers_the_rerun_gateway(served, tmp_path, monke
     assert shipped == {*folds, *trees, *oofs, "config.json", "serve_defaults.json", "dataset-metadata.json"}, shipped
     sub = pd.read_parquet(gateway / "submission.parquet")
     assert len(sub) == len(pd.read_csv(served.parent / "data" / "test.csv")) and sub["target"].between(0, 1).all()
-    assert "SERVE: ensemble: mlp 3 fold(s), cat 3 fold(s), xgb 3 fold(s), lgbm 3 fold(s)" in printed, printed[-3000:]
+    assert "SERVE: ensemble: mlp 3 fold(s), cat 3 fold(s), lgbm 3 fold(s), xgb 3 fold(s)" in printed, printed[-3000:]
     assert "SERVE: call 1: 25 rows" in printed, printed[-3000:]
 
 
