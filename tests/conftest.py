@@ -424,6 +424,23 @@ def hang_report(proc) -> str:
     return f"the script: {state}\n{processes[-6000:]}\nstdout:\n{out[-4000:]}\nstderr:\n{(err or '')[-8000:]}"
 
 
+def run_kaggle_notebook(project: Path, root: Path, monkeypatch, cwd: Path) -> str:
+    """`kagtpl kaggle`'s notebook (written into project/kaggle) run under a Jupyter kernel in a
+    simulated Kaggle tree at `root`: its code and weights datasets attached, /kaggle/working made
+    (the competition's data is the caller's, under root/input/competitions). What its cells printed."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    for kind in ("code", "weights"):
+        shutil.copytree(project / "kaggle" / kind, root / "input" / f"{project.name}-{kind}")
+    (root / "working").mkdir()
+    for key, value in {**RUN_ENV, "KAGGLE_ROOT": str(root), "KAGGLE_KERNEL_RUN_TYPE": "Batch"}.items():
+        monkeypatch.setenv(key, value)
+    nb = nbformat.read(project / "kaggle" / "notebook.ipynb", as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
+    return "\n".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+
+
 def start_until(project: Path, args: list[str], until, env: dict | None = None):
     """Start a generated script in a process group of its own (as a container runs it) and read
     its log until a line starts with `until` (or `until(line)` is true: see epoch_at_least);

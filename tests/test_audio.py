@@ -20,7 +20,7 @@ import soundfile as sf
 import torch
 import yaml
 
-from conftest import ROOT, THREADS, dry_run_into_output, import_project, render, run_script
+from conftest import ROOT, THREADS, dry_run_into_output, import_project, render, run_kaggle_notebook, run_script
 from kagtpl.sounds import write_sounds
 
 # Small spectrograms (32 mels, 157 frames a window): the words are plain at that size, and a CPU
@@ -452,11 +452,6 @@ def test_kaggle_predict_notebook_predicts_a_hidden_test_on_cpu(tmp_path, sounds,
     kernel in a simulated Kaggle tree: the training prior is handed in first, then the folds' answer."""
     import json
 
-    import nbformat
-    from nbclient import NotebookClient
-
-    from conftest import RUN_ENV
-
     data = sounds / "folders"
     project = render(tmp_path / "birds", task="audio", data_dir=str(data), folds=2, competition="birds-comp")
     dry_run_into_output(project, *FAST)
@@ -474,14 +469,7 @@ def test_kaggle_predict_notebook_predicts_a_hidden_test_on_cpu(tmp_path, sounds,
     comp = root / "input" / "competitions" / "birds-comp"
     shutil.copytree(data, comp, ignore=shutil.ignore_patterns("test_soundscapes"))
     shutil.copytree(hidden / "test_soundscapes", comp / "test_soundscapes")
-    for kind in ("code", "weights"):
-        shutil.copytree(project / "kaggle" / kind, root / "input" / f"birds-{kind}")
-    (root / "working").mkdir()
-    for key, value in {**RUN_ENV, "KAGGLE_ROOT": str(root), "KAGGLE_KERNEL_RUN_TYPE": "Batch"}.items():
-        monkeypatch.setenv(key, value)
-    nb = nbformat.read(project / "kaggle" / "notebook.ipynb", as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    printed = "\n".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+    printed = run_kaggle_notebook(project, root, monkeypatch, tmp_path)
     assert "predict.py exited 0" in printed, printed[-3000:]
     assert "holds the training prior for all 6 rows until the folds replace it" in printed
     assert "PREDICT: model_fold1.pth -> 6 rows" in printed and "runs in ONNX Runtime" in printed

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import import_project, render, run_script
+from conftest import import_project, render, run_kaggle_notebook, run_script
 from kagtpl import table
 
 ANSWERS = {
@@ -346,3 +346,37 @@ def test_a_hidden_test_set_is_predicted_by_the_fold_models_of_the_trees(tmp_path
         path.unlink()
     run_script(project, "predict.py")
     assert np.allclose(pd.read_csv(out / "submission.csv").iloc[:, 1:], first.iloc[:, 1:], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_kaggle_predict_notebook_blends_the_trees_on_a_hidden_test_set(tmp_path, monkeypatch):
+    """kagtpl kaggle --predict for a table, under a Jupyter kernel in a simulated Kaggle tree whose
+    test.csv is the hidden rerun's (rows train.py never saw). The notebook ships the trees' fold
+    models, not their test files: predict.py runs them on the hidden rows, and hands in the
+    training prior first (before, only audio did: a notebook stopped before its first fold had no
+    submission.csv at all)."""
+    project, data = project_for(tmp_path, "binary", competition="wine-comp")
+    run_script(project, "train.py", "--models", "lgbm,mlp", "--booster-rounds", "200")
+    args = ["--user", "alice", "--predict", "--cpu", "--budget", "5m", "--no-wheels"]
+    run_script(project, "-m", "kagtpl", "kaggle", str(project), *args)
+    shipped = sorted(p.name for p in (project / "kaggle" / "weights").iterdir())
+    assert "tree_lgbm_fold0.json" in shipped and not [n for n in shipped if n.startswith("test_")], shipped
+
+    root = tmp_path / "kaggle-root"
+    comp = root / "input" / "competitions" / "wine-comp"
+    shutil.copytree(data, comp)
+    test = pd.read_csv(comp / "test.csv").sample(frac=0.6, random_state=3)
+    test["row_id"] = [f"hidden-{i}" for i in range(len(test))]  # the rerun's rows
+    test.to_csv(comp / "test.csv", index=False)
+    pd.DataFrame({"row_id": test["row_id"], "target": 0.5}).to_csv(comp / "sample_submission.csv", index=False)
+    printed = run_kaggle_notebook(project, root, monkeypatch, tmp_path)
+    assert "predict.py exited 0" in printed, printed[-3000:]
+    assert f"holds the training prior for all {len(test)} rows until the folds replace it" in printed, printed[-3000:]
+    assert "PREDICT: lgbm: 3 fold(s) from tree_lgbm_fold*.json, run on these rows" in printed, printed[-3000:]
+    assert "BLEND: member lgbm" in printed and "WARNING: skipping" not in printed
+    sub = pd.read_csv(root / "working" / "submission.csv")
+    assert list(sub["row_id"]) == list(test["row_id"]) and sub["target"].std() > 0  # not the prior
+    truth = pd.read_csv(tmp_path / "data_solution.csv").set_index("row_id")
+    original = pd.read_csv(data / "test.csv").loc[test.index, "row_id"]  # the hidden rows' own labels
+    labels = truth.loc[original, "target"].to_numpy()
+    assert ((sub["target"].to_numpy() > 0.5) == labels).mean() > 0.8  # the blend's answer, on rows it never saw

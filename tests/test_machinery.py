@@ -5,6 +5,7 @@ passed in."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import io
 import os
@@ -393,6 +394,34 @@ def test_a_checkpoint_of_an_earlier_kagtpl_resumes_and_ensembles_with_the_new_on
     assert storage.settings_said(other_lr, now, ["lr"]) == "lr=0.01, this run 0.003"
     assert storage.run_differences({"model": "m"}, {"lr": 0.003, "model": "m"}) == []  # an older run record: no lr
     assert storage.run_differences({"lr": 0.01, "model": "m"}, {"lr": 0.003, "model": "m"}) == ["lr"]
+
+
+def test_a_submission_of_these_rows_comes_first_under_a_deadline_for_every_layout(project_modules, tmp_path, capsys):
+    """prediction.hand_in_first, every predict.py's first step under a deadline: on rows no
+    submission there holds (Kaggle's hidden rerun), the training prior, or for masks and boxes an
+    empty prediction of each of the sample's rows; one that holds them stays; no deadline, nothing."""
+    m = project_modules
+    out = tmp_path / "out"
+    out.mkdir()
+    m.storage.write_csv_atomic(pd.DataFrame({"id": ["a"], "x": [0.3], "y": [0.7]}), out / "submission.csv")
+    m.serving.write_defaults(out, pd.DataFrame({"id": ["a"], "x": [0.3], "y": [0.7]}), "s")
+    run = argparse.Namespace(out=out, train="python train.py")
+    hidden = pd.DataFrame({"id": ["h1", "h2", "h3"], "x": 0.5, "y": 0.5})
+    m.prediction.hand_in_first(argparse.Namespace(deadline=0, submission="submission.csv"), run, hidden)
+    assert pd.read_csv(out / "submission.csv")["id"].tolist() == ["a"]  # no deadline: untouched
+    args = argparse.Namespace(deadline=time.time() + 60, submission="submission.csv")
+    m.prediction.hand_in_first(args, run, hidden)
+    first = pd.read_csv(out / "submission.csv")
+    assert first.to_dict("list") == {"id": ["h1", "h2", "h3"], "x": [0.3] * 3, "y": [0.7] * 3}
+    assert "holds the training prior for all 3 rows until the folds replace it" in capsys.readouterr().out
+    m.prediction.hand_in_first(args, run, hidden)  # it holds these rows now: it stays
+    assert capsys.readouterr().out == ""
+
+    masks = pd.DataFrame({"id": ["h1", "h1", "h2"], "class": ["c1", "c2", "c1"], "rle": "1 2"})
+    m.prediction.hand_in_first(args, run, masks, "rle")  # an (id, class, rle) layout keeps each row's class
+    empty = pd.read_csv(out / "submission.csv", keep_default_na=False)
+    assert empty.to_dict("list") == {"id": ["h1", "h1", "h2"], "class": ["c1", "c2", "c1"], "rle": ["", "", ""]}
+    assert "holds no mask or box for all 3 rows" in capsys.readouterr().out
 
 
 def test_ensemble_leaves_out_a_diverged_fold_and_never_writes_nan(project_modules, capsys):

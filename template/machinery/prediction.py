@@ -98,6 +98,15 @@ def start(args, required: bool = True, preload: tuple[str, ...] = ()) -> Start:
     return Start(supervised, device, out, data, checkpoints, config, classes, train)
 
 
+def hand_in_first(args, run: Start, rows, kind: str = "") -> None:
+    """Under a deadline (run.py's, or `kagtpl kaggle --predict`'s notebook), before any fold: a
+    submission of these rows (submission.hand_in_first). In a notebook on Kaggle's hidden rows no
+    train.py fallback is there, and a predict.py stopped before its first fold handed in nothing."""
+    if args.deadline and (kind or (run.out / serving.DEFAULTS_FILE).is_file()):
+        defaults = {} if kind else serving.read_defaults(run.out, run.train)
+        submission.hand_in_first(run.out / args.submission, rows, defaults, kind)
+
+
 def loader(args, device: torch.device) -> dict:
     """The test set's DataLoader settings: --workers, or min(12, usable CPUs - 1)."""
     return hardware.flag_loader(args.workers, device.type == "cuda")

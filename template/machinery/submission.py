@@ -94,6 +94,19 @@ def prior_prediction(y: np.ndarray, n_classes: int) -> np.ndarray:
     return y.reshape(len(y), -1).astype(np.float64).mean(axis=0)
 
 
+EMPTY_KINDS = ("rle", "boxes", "box rows")  # submissions whose fallback predicts nothing: no mask, no box
+
+
+def empty_prediction(sample, kind: str):
+    """sample_submission's rows predicting nothing: an empty mask or no box in its last column
+    ("rle", "boxes"), or no row at all ("box rows": a row per box)."""
+    if kind == "box rows":
+        return sample.iloc[:0].copy()
+    sub = sample.copy()
+    sub[sample.columns[-1]] = ""
+    return sub
+
+
 def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list, since: float = float("inf")):
     """The submission that exists from preflight on, so that a run stopped anywhere still hands
     one in: every row the training prior (class frequencies, the majority class, or the mean).
@@ -103,11 +116,8 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     own; one written since is this run's (a train.py run.py started again), replaced where it is:
     moved, it would have taken the place of the earlier run's. predict.py replaces the fallback.
     Returns it (None when there is none)."""
-    if config.get("submission") in ("rle", "boxes"):  # segmentation, detection: an empty mask, no box
-        sub, kind = sample.copy(), config["submission"]
-        sub[sample.columns[-1]] = ""
-    elif config.get("submission") == "box rows":  # detection, a row per box: no row
-        sub, kind = sample.iloc[:0].copy(), "box rows"
+    if config.get("submission") in EMPTY_KINDS:  # segmentation, detection: an empty mask, no box
+        sub, kind = empty_prediction(sample, config["submission"]), config["submission"]
     else:
         prior = prior_prediction(y, 0 if config["problem"] == "regression" else len(classes))
         sub, kind = fill(sample, np.tile(prior, (len(sample), 1)), config, classes)
@@ -354,16 +364,19 @@ def layout_problem(path: Path, sample) -> str | None:
     return None
 
 
-def hand_in_first(path: Path, rows, defaults: dict) -> None:
+def hand_in_first(path: Path, rows, defaults: dict, kind: str = "") -> None:
     """Under a deadline, before any fold: a submission of this test set's `rows` at `path`, so a
     run the platform kills at its limit still hands one in. The one there stays when it has these
     rows (train.py's fallback, or an earlier predict.py's); otherwise (Kaggle's hidden rerun: rows
     train.py never saw) every row gets the training prior, serve_defaults.json's `defaults`, as
-    serve.py answers before its first good batch. The folds' predictions replace it."""
+    serve.py answers before its first good batch, or, for masks and boxes (`kind`: EMPTY_KINDS),
+    an empty prediction. The folds' predictions replace it."""
     if layout_problem(path, rows) is None:
         return
-    write_csv_atomic(serving.fallback(rows, defaults, None), path)
-    print(f"SUBMISSION: {path} holds the training prior for all {len(rows)} rows until the folds replace it")
+    empty = kind in EMPTY_KINDS
+    write_csv_atomic(empty_prediction(rows, kind) if empty else serving.fallback(rows, defaults, None), path)
+    what = "no mask or box" if empty else "the training prior"
+    print(f"SUBMISSION: {path} holds {what} for all {len(rows)} rows until the folds replace it")
 
 
 ORPHAN_WAIT_S = 120.0  # predict.py after run.py died: how long train.py may take to save and end (SIGTERM)
