@@ -143,6 +143,20 @@ def _no_slug(project: Path) -> None:
     answers.write_text(answers.read_text().replace("competition: digits-comp", "competition: ''"))
 
 
+def _folds_worse_than_the_prior(project: Path) -> None:
+    """A run whose folds lost to the training prior on the OOF rows (hand_in.py): predict.py there
+    keeps train.py's fallback; a notebook shipping the folds would hand them in."""
+    import torch
+
+    out = project / "output"
+    out.mkdir()
+    torch.save({"model": {"w": torch.zeros(4)}, "config": {}, "classes": ["a"]}, out / "model_fold0.pth")
+    (out / "serve_defaults.json").write_text("{}")
+    judged = {"model_fold0.pth": (out / "model_fold0.pth").stat().st_mtime_ns}
+    verdict = {"metric": "logloss", "oof": 4.76, "prior": 2.3, "checkpoints": judged}
+    (out / "hand_in.json").write_text(json.dumps({"fallback": verdict}))
+
+
 ERRORS = [
     (["--no-pretrained"], _no_slug, "no competition slug: pass --competition SLUG (as in the competition's URL)"),
     (["--competition", "Dog Breed!"], None, "--competition 'Dog Breed!': a Kaggle slug is 3-50 lowercase"),
@@ -155,6 +169,11 @@ ERRORS = [
     (["--predict", "--budget", "none"], None, "--predict runs predict.py by a deadline: pass --budget"),
     (["--predict", "--budget", "9h"], None, "--predict ships the trained folds and none in"),
     (["--serve", "--out-dir", "nope"], None, "--out-dir nope: no such folder (give the --out-dir train.py wrote)"),
+    (
+        ["--predict", "--budget", "9h"],
+        _folds_worse_than_the_prior,
+        "judged its folds worse than the training prior (OOF logloss 4.7600, the prior's 2.3000",
+    ),
 ]
 
 
@@ -175,6 +194,34 @@ def test_the_weights_dataset_takes_what_serve_and_predict_read_and_no_fold_oof(t
     assert sorted(f.name for f in kaggle.served_files(out, left_out)) == sorted(names)
     assert left_out[0] == "output/model_fold1.pth: 0 bytes" and left_out[1].startswith("output/model_fold2.pth: ")
     assert len(left_out) == 2
+
+    # grown seeds that lost on the OOF rows (hand_in.json names them by their times, which do not
+    # travel): predict.py leaves them out here, and the notebook's predict.py would not
+    for name in ("test_lgbm_fold0_seed2.csv", "tree_lgbm_fold0_seed2.json", "tree_lgbm_fold0_seed2.txt"):
+        (out / name).write_text("x")
+    lost = [out / "model_fold0_seed2.pth", out / "test_lgbm_fold0_seed2.csv"]
+    seeds = {p.name: p.stat().st_mtime_ns for p in lost}
+    (out / "hand_in.json").write_text(json.dumps({"seeds": {lost[0].name: seeds[lost[0].name]}, "seeds_lgbm": seeds}))
+    left_out = []
+    assert sorted(f.name for f in kaggle.served_files(out, left_out)) == sorted(set(names) - {"model_fold0_seed2.pth"})
+    why = "a grown seed that lost on the OOF rows (hand_in.json)"
+    seeds_files = ("model_fold0_seed2.pth", "tree_lgbm_fold0_seed2.json", "tree_lgbm_fold0_seed2.txt")
+    assert [w for w in left_out if why in w] == [f"output/{n}: {why}" for n in seeds_files], left_out
+    assert len(left_out) == 5
+
+
+def test_the_hand_in_verdicts_are_read_without_numpy_torch_or_pandas(tmp_path):
+    """kagtpl's own install has none of them (pyproject's dependencies): kagtpl kaggle reads
+    hand_in.json through the template's hand_in.py, which imports numpy only where it scores."""
+    code = (
+        "import sys\n"
+        "for name in ('numpy', 'torch', 'pandas'): sys.modules[name] = None\n"
+        "from kagtpl.template import template_module\n"
+        "hand_in = template_module('hand_in')\n"
+        f"print(hand_in.left_out({str(tmp_path)!r}), hand_in.standing_fallback({str(tmp_path)!r}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "set() None", r.stderr
 
 
 def test_out_dir_ships_a_run_written_to_another_folder(project, tmp_path):

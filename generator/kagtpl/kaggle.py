@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kagtpl import paths
 from kagtpl.errors import KagtplError
-from kagtpl.template import tasks
+from kagtpl.template import tasks, template_module
 
 # Kaggle slugs (competitions, datasets, kernels): lowercase letters, digits and hyphens, 3 to 50
 # characters, no hyphen at either end; anything else is rejected or rewritten by Kaggle.
@@ -138,6 +138,14 @@ def run_folder(project: Path, out_dir: Path | None) -> Path:
 def check_servable(project: Path, runs: Path, task: str, mode: str = "serve") -> None:
     if mode == "serve" and not (project / "serve.py").is_file():
         raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl update adds it to an older project)")
+    hand_in = template_module("hand_in")
+    lost = hand_in.standing_fallback(runs)  # predict.py there keeps train.py's fallback; a notebook would not
+    if lost is not None:
+        raise KagtplError(
+            f"--{mode}: the run in {runs} judged its folds worse than the training prior (OOF {lost['metric']} "
+            f"{lost['oof']:.4f}, the prior's {lost['prior']:.4f}: {runs / hand_in.FILE}), and the notebook would hand "
+            f"them in: train again (a larger --budget), or delete {hand_in.FILE} to ship them anyway"
+        )
     folds = [f for f in served_files(runs) if f.name.startswith(("model_fold", "tree_"))]  # those that load
     if not (runs / "serve_defaults.json").is_file() or not folds:
         elsewhere = " (a run written elsewhere: --out-dir DIR)" if runs == project / "output" else ""
@@ -155,12 +163,17 @@ def served_files(runs: Path, left_out: list[str] | None = None) -> list[Path]:
     """The run folder's (output/'s) files serve.py loads: the model folds, serve_defaults.json, config.json, the
     models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv) and the chosen
     post-processing and TTA views. A fold checkpoint that predict.py would skip (0 bytes, cut
-    short, not a kagtpl checkpoint) is left out, and why goes to `left_out`."""
+    short, not a kagtpl checkpoint), and a grown seed that lost on the OOF rows (hand_in.json's
+    verdict, which does not travel: it names the files by their modification times), is left
+    out, and why goes to `left_out`."""
     found = [f for pattern in SERVED_FILES for f in sorted(runs.glob(pattern)) if f.is_file()]
     found = [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
+    lost = template_module("hand_in").left_out(runs)  # a booster's seed by its test file: test_lgbm_fold0_seed2.csv
     kept = []
     for f in found:
         why = checkpoint_problem(f) if f.suffix == ".pth" else None
+        if f.name in lost or f"test_{f.stem.removeprefix('tree_')}.csv" in lost:
+            why = "a grown seed that lost on the OOF rows (hand_in.json)"
         if why is None:
             kept.append(f)
         elif left_out is not None:

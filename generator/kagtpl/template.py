@@ -124,6 +124,7 @@ SHARED_MODULES = (
     "tasks",
     "text_sizing",
     "logs",
+    "hand_in",
 )
 PACKAGE = "kagtpl_template_machinery"
 

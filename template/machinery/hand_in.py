@@ -25,12 +25,14 @@ import functools
 import json
 import time
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .durations import process_age
 from .errors import KeptFallback, NothingTrained, RunError
 from .storage import atomic_write
+
+if TYPE_CHECKING:  # numpy is imported where it is used: kagtpl kaggle reads the verdicts without it
+    import numpy as np
 
 FILE = "hand_in.json"
 RESAMPLES = 200  # paired bootstrap resamples of the OOF rows: the share is known to +-3% at 50%
@@ -52,6 +54,8 @@ def worse_share(score, y: np.ndarray, a: np.ndarray, b: np.ndarray, higher: bool
     on the same rows, a tie not worse; the resamples counted). RESAMPLES of them, or fewer past
     BOOTSTRAP_S seconds (never under LEAST_RESAMPLES). A resample the metric does not define (an
     AUC on one class) is not counted."""
+    import numpy as np
+
     rng, worse, counted, t0 = np.random.default_rng(seed), 0, 0, time.perf_counter()
     for i in range(RESAMPLES):
         if i >= LEAST_RESAMPLES and time.perf_counter() - t0 > BOOTSTRAP_S:
@@ -70,6 +74,8 @@ def prior_score(comp, y: np.ndarray, pred: np.ndarray) -> tuple[float, np.ndarra
     """The metric of the training prior on the OOF rows `y` (class frequencies, each tag's share,
     or the mean, tiled like `pred`) and the tiled prior, or None where the task's OOF is not one
     row of values a row, or the metric does not take a constant answer."""
+    import numpy as np
+
     from .submission import prior_prediction
 
     if not getattr(comp, "oof_averages", True) or getattr(comp, "oof_names_model", False) or pred.ndim != 2:
@@ -155,16 +161,25 @@ def judge(comp, out: Path, y: np.ndarray, pred: np.ndarray, scores: dict) -> Non
     record(out, "fallback", {"metric": name, "oof": value, "prior": prior, "checkpoints": judged})
 
 
+def standing_fallback(out: Path) -> dict | None:
+    """hand_in.json's "fallback" verdict (its metric, the folds' OOF score and the prior's) while
+    it stands: the checkpoints it judged are there, unchanged since; else None."""
+    found = read(out).get("fallback")
+    if not isinstance(found, dict) or not {"checkpoints", "metric", "oof", "prior"} <= found.keys():
+        return None
+    judged = found["checkpoints"]
+    if not isinstance(judged, dict) or not judged or judged != mtimes(Path(out).glob("model_fold*.pth")):
+        return None
+    return found
+
+
 def check(out: Path, submission: str = "submission.csv") -> None:
     """predict.py's and serve.py's start: KeptFallback when the run that made the checkpoints
     there judged them worse than its fallback (the same checkpoints, unchanged since)."""
-    found = read(out).get("fallback")
-    try:
-        judged, name, value, prior = found["checkpoints"], found["metric"], found["oof"], found["prior"]
-    except (TypeError, KeyError):
+    found = standing_fallback(out)
+    if found is None:
         return
-    if not isinstance(judged, dict) or not judged or judged != mtimes(Path(out).glob("model_fold*.pth")):
-        return
+    name, value, prior = found["metric"], found["oof"], found["prior"]
     raise KeptFallback(
         f"SUBMISSION: {Path(out) / submission} kept: train.py's fallback (the training prior), because the folds' "
         f"OOF {name} {value:.4f} is worse than the prior's {prior:.4f} ({Path(out) / FILE}; delete it to hand in the folds)"
