@@ -138,10 +138,13 @@ def test_predict_py_and_serve_py_take_the_same_tree_folds(tmp_path, capsys):
         (out / f"test_lgbm_{tail}.csv").write_text("row_id,p_1\nr1,0.5\n")
         (out / f"tree_lgbm_{tail}.json").write_text(json.dumps({"library": "lgbm", "model": f"tree_lgbm_{tail}.txt"}))
     (out / "test_xgb_fold0.csv").write_text("row_id,p_1\nr1,0.5\n")  # a file with no fold model beside it
+    variant = {"library": "lgbm", "model": "tree_lgbm-fe2_fold0.txt"}  # a copied variant: its own name, not lgbm's
+    (out / "tree_lgbm-fe2_fold0.json").write_text(json.dumps(variant))
     m.hand_in.record(out, "seeds_lgbm", m.hand_in.mtimes([out / "test_lgbm_fold0_seed2.csv"]))
     folds = m.blend.tree_folds(out)
     assert {name: list(found) for name, found in folds.items()} == {
         "lgbm": ["fold0", "fold1", "fold1_seed2"],
+        "lgbm-fe2": ["fold0"],
         "xgb": ["fold0"],
     }
     assert folds["lgbm"]["fold1"][1][0] == out / "tree_lgbm_fold1.json" and folds["xgb"]["fold0"][1] is None

@@ -139,12 +139,12 @@ def check_servable(project: Path, runs: Path, task: str, mode: str = "serve") ->
     if mode == "serve" and not (project / "serve.py").is_file():
         raise KagtplError(f"--serve: {project.name} has no serve.py (kagtpl update adds it to an older project)")
     hand_in = template_module("hand_in")
-    lost = hand_in.standing_fallback(runs)  # predict.py there keeps train.py's fallback; a notebook would not
-    if lost is not None:
+    verdict = hand_in.standing_fallback(runs)  # predict.py there keeps train.py's fallback; a notebook would not
+    if verdict is not None:
         raise KagtplError(
-            f"--{mode}: the run in {runs} judged its folds worse than the training prior (OOF {lost['metric']} "
-            f"{lost['oof']:.4f}, the prior's {lost['prior']:.4f}: {runs / hand_in.FILE}), and the notebook would hand "
-            f"them in: train again (a larger --budget), or delete {hand_in.FILE} to ship them anyway"
+            f"--{mode}: the run in {runs} judged its folds worse than the training prior (OOF {verdict['metric']} "
+            f"{verdict['oof']:.4f}, the prior's {verdict['prior']:.4f}: {runs / hand_in.FILE}), and the notebook "
+            f"would hand them in: train again (a larger --budget), or delete {hand_in.FILE} to ship them anyway"
         )
     folds = [f for f in served_files(runs) if f.name.startswith(("model_fold", "tree_"))]  # those that load
     if not (runs / "serve_defaults.json").is_file() or not folds:
