@@ -423,6 +423,18 @@ def test_a_submission_of_these_rows_comes_first_under_a_deadline_for_every_layou
     assert empty.to_dict("list") == {"id": ["h1", "h1", "h2"], "class": ["c1", "c2", "c1"], "rle": ["", "", ""]}
     assert "holds no mask or box for all 3 rows" in capsys.readouterr().out
 
+    # a row per box: the sample's rows are only examples; no row is a submission of no box, and it
+    # stays at the deadline (keep said "not a submission for this test set" of train.py's fallback)
+    examples = pd.DataFrame({"image_id": ["e1", "e2"], "x": [0, 1], "score": [0.5, 0.5]})
+    (out / "submission.csv").unlink()
+    m.prediction.hand_in_first(args, run, examples, "box rows")
+    assert pd.read_csv(out / "submission.csv").columns.tolist() == ["image_id", "x", "score"]
+    assert len(pd.read_csv(out / "submission.csv")) == 0 and "holds no box until" in capsys.readouterr().out
+    m.submission.keep(out / "submission.csv", examples, "box rows")
+    assert "kept: no fold finished before the deadline" in capsys.readouterr().out
+    with pytest.raises(m.errors.RunError, match="not a submission for this test set"):
+        m.submission.keep(out / "submission.csv", examples)  # the rows kinds' check: 0 rows, 2 in the sample
+
 
 def test_ensemble_leaves_out_a_diverged_fold_and_never_writes_nan(project_modules, capsys):
     ensemble, errors = project_modules.submission.ensemble, project_modules.errors

@@ -340,10 +340,11 @@ class FoldClock:
             self.view_s = min(self.view_s, row_s * self._total)
 
 
-def keep(path: Path, sample) -> None:
+def keep(path: Path, sample, kind: str = "") -> None:
     """No fold finished before the deadline: the submission already at `path` stays, when it
-    has sample_submission's columns and ids (train.py's fallback, unless predict.py ran since)."""
-    why = layout_problem(path, sample)
+    has sample_submission's columns and ids (train.py's fallback, unless predict.py ran since);
+    `kind` "box rows": its columns (a row per box: the sample's rows are only examples)."""
+    why = layout_problem(path, sample, kind)
     if why:
         raise RunError(
             f"no fold finished before the deadline and {path} is not a submission for this test set (other ids, "
@@ -354,12 +355,17 @@ def keep(path: Path, sample) -> None:
     )
 
 
-def layout_problem(path: Path, sample) -> str | None:
+def layout_problem(path: Path, sample, kind: str = "") -> str | None:
     """Why the submission at `path` is not one for `sample`'s rows (unreadable, other columns, ids
-    or rows), or None when it is."""
+    or rows; "box rows": other columns), or None when it is."""
+    import pandas as pd
+
     try:
-        check_layout(read_csv(path, text=(0,)), sample)
-    except (OSError, DataError, ValueError) as e:
+        if kind == "box rows":  # train.py's fallback has no row, predict.py's a row per box: the header says
+            check_submission(pd.read_csv(path, nrows=0), sample, kind)
+        else:
+            check_layout(read_csv(path, text=(0,)), sample)
+    except (OSError, DataError, ValueError) as e:  # pandas' EmptyDataError (0 bytes) is a ValueError
         return str(e)
     return None
 
@@ -371,12 +377,13 @@ def hand_in_first(path: Path, rows, defaults: dict, kind: str = "") -> None:
     train.py never saw) every row gets the training prior, serve_defaults.json's `defaults`, as
     serve.py answers before its first good batch, or, for masks and boxes (`kind`: EMPTY_KINDS),
     an empty prediction. The folds' predictions replace it."""
-    if layout_problem(path, rows) is None:
+    if layout_problem(path, rows, kind) is None:
         return
     empty = kind in EMPTY_KINDS
     write_csv_atomic(empty_prediction(rows, kind) if empty else serving.fallback(rows, defaults, None), path)
     what = "no mask or box" if empty else "the training prior"
-    print(f"SUBMISSION: {path} holds {what} for all {len(rows)} rows until the folds replace it")
+    said = "no box" if kind == "box rows" else f"{what} for all {len(rows)} rows"  # a row per box: none
+    print(f"SUBMISSION: {path} holds {said} until the folds replace it")
 
 
 ORPHAN_WAIT_S = 120.0  # predict.py after run.py died: how long train.py may take to save and end (SIGTERM)
