@@ -365,7 +365,10 @@ def same_run(found: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
     kept = []
     for path, ckpt in found:
         run = ckpt.get("run")
-        differ = [] if run == newest else None if run is None or newest is None else run_differences(run, newest)
+        if run is None or newest is None:  # no record: it is the newest's kind only when neither has one
+            differ = [] if run == newest else None
+        else:
+            differ = run_differences(run, newest)
         if differ == [] and ckpt["classes"] == classes:
             kept.append((path, ckpt))
             continue
