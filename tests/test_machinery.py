@@ -436,6 +436,34 @@ def test_a_submission_of_these_rows_comes_first_under_a_deadline_for_every_layou
         m.submission.keep(out / "submission.csv", examples)  # the rows kinds' check: 0 rows, 2 in the sample
 
 
+def test_a_loader_worker_whose_parent_died_as_it_started_ends_itself(project_modules):
+    """A train.py killed while its DataLoader workers started (run.py's restart test kills it right
+    after a fold) left a worker asleep for good: the kill came before its parent-death signal was
+    set, and torch's own check took the new parent (init) for its own. The orphan held the run's
+    stdout, and the test reading it hung for 12 minutes. images.die_with_parent(parent) now ends it."""
+    import select
+
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the main process that makes the loader, gone as its worker starts
+        parent = os.getpid()
+        if os.fork() == 0:  # the worker
+            try:
+                while os.getppid() == parent:  # its parent is killed before worker_init runs
+                    time.sleep(0.01)
+                project_modules.images.die_with_parent(parent)
+            finally:
+                os.write(write_end, b"alive")  # an orphan that lives on
+                os._exit(0)
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    ready, _, _ = select.select([read_end], [], [], 30)
+    said = os.read(read_end, 16) if ready else b"(no end in 30 s)"
+    os.close(read_end)
+    assert said == b"", said  # the pipe closed with no word: the worker was killed at once
+
+
 def test_ensemble_leaves_out_a_diverged_fold_and_never_writes_nan(project_modules, capsys):
     ensemble, errors = project_modules.submission.ensemble, project_modules.errors
     good, diverged = np.array([[0.2, 0.8], [0.5, 0.5]]), np.array([[0.2, 0.8], [np.nan, np.nan]])
