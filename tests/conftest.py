@@ -521,6 +521,7 @@ PROJECT_MODULES = (
     "machine",
     "runflags",
     "workers",
+    "orphans",
     "profiles",
     "tuning_report",
     "study_storage",

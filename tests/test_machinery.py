@@ -6,6 +6,7 @@ passed in."""
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import io
 import os
@@ -436,22 +437,26 @@ def test_a_submission_of_these_rows_comes_first_under_a_deadline_for_every_layou
         m.submission.keep(out / "submission.csv", examples)  # the rows kinds' check: 0 rows, 2 in the sample
 
 
-def test_a_loader_worker_whose_parent_died_as_it_started_ends_itself(project_modules):
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_child_whose_parent_died_as_it_started_ends_itself(project_modules, sig):
     """A train.py killed while its DataLoader workers started (run.py's restart test kills it right
     after a fold) left a worker asleep for good: the kill came before its parent-death signal was
     set, and torch's own check took the new parent (init) for its own. The orphan held the run's
-    stdout, and the test reading it hung for 12 minutes. images.die_with_parent(parent) now ends it."""
+    stdout, and the test reading it hung for 12 minutes. orphans.die_with_parent(parent, sig) now
+    ends it, for the loader workers (SIGKILL) and for run.py's children and the fold and tune
+    workers (SIGTERM), which had the same race. A child whose parent lives goes on."""
     import select
 
+    die_with_parent, signum = project_modules.orphans.die_with_parent, getattr(signal, sig)
     read_end, write_end = os.pipe()
     child = os.fork()
-    if child == 0:  # the main process that makes the loader, gone as its worker starts
+    if child == 0:  # the process that starts the worker, gone as the worker starts
         parent = os.getpid()
         if os.fork() == 0:  # the worker
             try:
-                while os.getppid() == parent:  # its parent is killed before worker_init runs
+                while os.getppid() == parent:  # its parent is killed before its start runs
                     time.sleep(0.01)
-                project_modules.images.die_with_parent(parent)
+                die_with_parent(parent, signum)
             finally:
                 os.write(write_end, b"alive")  # an orphan that lives on
                 os._exit(0)
@@ -462,6 +467,15 @@ def test_a_loader_worker_whose_parent_died_as_it_started_ends_itself(project_mod
     said = os.read(read_end, 16) if ready else b"(no end in 30 s)"
     os.close(read_end)
     assert said == b"", said  # the pipe closed with no word: the worker was killed at once
+
+    alive = subprocess.run(
+        [sys.executable, "-c", "print('went on')"],
+        preexec_fn=functools.partial(die_with_parent, os.getpid(), signum),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (alive.returncode, alive.stdout) == (0, "went on\n")
 
 
 def test_ensemble_leaves_out_a_diverged_fold_and_never_writes_nan(project_modules, capsys):

@@ -29,6 +29,7 @@ MACHINERY = {
     "gpu.py",
     "growth.py",
     "hand_in.py",
+    "orphans.py",
     "compiling.py",
     "prediction.py",
     "runs.py",

@@ -6,6 +6,7 @@ machinery: `copier update` may replace it.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import hardware
+from . import hardware, orphans
 from .gpu import SHARE_ENV
 from .parallel import RUN_ID_ENV, WORKER_ENV
 
@@ -82,16 +83,6 @@ def visible_gpu(index: int) -> str:
     return mine[index] if index < len(mine) else str(index)
 
 
-def die_with_parent() -> None:
-    """A worker gets SIGTERM when its parent train.py dies (even by SIGKILL): no orphan trains on."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
     """Copy a child's lines to stdout with a [tag] prefix until the child ends. If the reader of
     stdout goes away (`| head`, a closed terminal), stdout becomes /dev/null and the copying goes
@@ -122,7 +113,7 @@ def run_tagged(workers: list[tuple[list[str], dict, str]], stopping, announce: s
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
-            preexec_fn=die_with_parent,
+            preexec_fn=functools.partial(orphans.die_with_parent, os.getpid()),  # SIGTERM: it saves
         )
         if announce:
             print(f"{announce}: {tag} started, pid {proc.pid}", flush=True)
