@@ -408,3 +408,9 @@ def test_detection_score_smoke():
         rf"^WBF of \d+ folds \(no TTA\) over fold \d+, the best ([a-z ,]+), on the same test images: {gain}$", out, re.M
     )
     assert over == ["validation loss", "test score, in hindsight"], out
+
+
+def test_unseen_categories_smoke():
+    out = bench("unseen_categories.py", "--seeds", "2", "--epochs", "3")
+    found = dict(re.findall(rf"^(random|zero)\s+{NUMBER}", out, re.M))
+    assert set(found) == {"random", "zero"} and re.search(r"zero better in \d+% of the seeds", out), out

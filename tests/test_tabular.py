@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from conftest import run_script
@@ -192,16 +193,42 @@ def test_tabular_preflight_names_the_column(tmp_path, how, message):
 
 
 def test_unseen_categories_and_partial_folds(tmp_path):
+    """Test rows whose category train.csv never has: a WARNING names the column and values, and
+    every model reads them as a missing value (the same submission as with those cells empty).
+    The MLP's code 0 (missing or unseen) starts at zero: in a column with no missing value in
+    training nothing trains it, and a random row gave unseen values an arbitrary push."""
     project, data = new_tabular(tmp_path, "binary")
     test = pd.read_csv(data / "test.csv")
-    test.loc[:5, "grade"] = "never-seen-in-train"
+    test.loc[:5, "grade"] = "never-seen-in-train"  # grade has missing values in train.csv, site none
+    test.loc[:3, "site"] = "atlantis"
     test.to_csv(data / "test.csv", index=False)
-    run_script(project, "train.py", "--device", "cpu", "--epochs", "3")
-    (project / "output" / "model_fold1.pth").unlink()
-    (project / "output" / "model_fold2.pth").write_bytes(b"corrupt")
+    log = run_script(project, "train.py", "--device", "cpu", "--epochs", "3").stdout
+    n = len(test)
+    for column, rows, value in (("grade", 6, "never-seen-in-train"), ("site", 4, "atlantis")):
+        said = f"WARNING: test.csv column {column!r}: {rows} of {n} rows hold values train.csv never has ({value!r}); "
+        assert said + "every model reads them as a missing value" in log, log[:3000]
+    out = project / "output"
+    ckpt = torch.load(out / "model_fold0.pth", map_location="cpu", weights_only=True)
+    site, grade = (ckpt["preprocessor"]["cat"].index(c) for c in ("site", "grade"))
+    assert not ckpt["model"][f"embeddings.{site}.weight"][0].any()  # never trained: still the zero it started at
+    assert ckpt["model"][f"embeddings.{grade}.weight"][0].any()  # trained on the missing grades
+
+    for path in out.glob("test_*_fold*.csv"):  # the trees' fold models run on the rows, as on a hidden test set
+        path.unlink()
+    run_script(project, "predict.py", "--device", "cpu", "--submission", "unseen.csv")
+    empty = data.parent / "empty"
+    shutil.copytree(data, empty)
+    test.loc[:5, "grade"], test.loc[:3, "site"] = np.nan, np.nan
+    test.to_csv(empty / "test.csv", index=False)
+    run_script(project, "predict.py", "--device", "cpu", "--data-dir", str(empty), "--submission", "empty.csv")
+    unseen, missing = (pd.read_csv(out / name) for name in ("unseen.csv", "empty.csv"))
+    assert np.allclose(unseen["target"], missing["target"], rtol=0, atol=1e-6)
+
+    (out / "model_fold1.pth").unlink()
+    (out / "model_fold2.pth").write_bytes(b"corrupt")
     pred = run_script(project, "predict.py", "--device", "cpu").stdout
     assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in pred and "WARNING: skipping" in pred
-    sub = pd.read_csv(project / "output" / "submission.csv")
+    sub = pd.read_csv(out / "submission.csv")
     assert sub["target"].between(0, 1).all() and len(sub) == len(test)
 
 
