@@ -444,7 +444,9 @@ def test_a_child_whose_parent_died_as_it_started_ends_itself(project_modules, si
     set, and torch's own check took the new parent (init) for its own. The orphan held the run's
     stdout, and the test reading it hung for 12 minutes. orphans.die_with_parent(parent, sig) now
     ends it, for the loader workers (SIGKILL) and for run.py's children and the fold and tune
-    workers (SIGTERM), which had the same race. A child whose parent lives goes on."""
+    workers (SIGTERM), which had the same race. A child whose parent lives goes on. The starter's
+    Python SIGTERM handler, copied by the fork, no longer catches it before exec (a full suite's
+    worker had one: the child lived on)."""
     import select
 
     die_with_parent, signum = project_modules.orphans.die_with_parent, getattr(signal, sig)
@@ -452,7 +454,8 @@ def test_a_child_whose_parent_died_as_it_started_ends_itself(project_modules, si
     child = os.fork()
     if child == 0:  # the process that starts the worker, gone as the worker starts
         parent = os.getpid()
-        if os.fork() == 0:  # the worker
+        if os.fork() == 0:  # the worker, with its starter's Python handler (train.py's asks for a stop, no more)
+            signal.signal(signal.SIGTERM, lambda *_: None)
             try:
                 while os.getppid() == parent:  # its parent is killed before its start runs
                     time.sleep(0.01)

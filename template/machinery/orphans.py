@@ -29,6 +29,11 @@ def die_with_parent(parent: int | None, sig: int = signal.SIGTERM) -> None:
     to save. Elsewhere than Linux: nothing (DataLoader's 5 s check still stops its workers)."""
     if _prctl is None:
         return
+    if sig != signal.SIGKILL and callable(signal.getsignal(sig)):
+        # the starter's Python handler, copied by the fork: before exec it would run here, in the child, and
+        # keep it alive (a fold worker of train.py, whose SIGTERM handler only asks for a stop). A blocked
+        # signal (run.py's train.py holds SIGTERM) stays pending through exec, for the new program's handler.
+        signal.signal(sig, signal.SIG_DFL)
     _prctl(PR_SET_PDEATHSIG, sig)
     if parent is not None and os.getppid() != parent:  # it died before the prctl: no signal will come
         os.kill(os.getpid(), sig)
