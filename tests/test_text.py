@@ -5,7 +5,9 @@ installed with `pip install --no-deps`, as README's test command does): its firs
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import shutil
 import signal
 import time
@@ -57,7 +59,7 @@ def text_project(dest: Path, data: Path, layout: str, **extra) -> Path:
         "id_col": id_col,
         **extra,
     }
-    return render(dest, **answers)
+    return render(dest, **{k: v for k, v in answers.items() if v is not None})  # model=None: train.py's MODEL
 
 
 # ----------------------------------------------------------------------------- fast: detection and rules
@@ -90,6 +92,32 @@ def test_kagtpl_new_text_records_the_detected_layout_and_model_folder(text_data,
     assert 'MODEL_DIR = "/kaggle/input/dv3l"' in train and 'METRIC = "qwk"' in train
     bad = CliRunner().invoke(app, ["new", "t", "--task", "tabular", "--model-dir", "x", "--dest", str(tmp_path)])
     assert bad.exit_code == 1 and "--model-dir is for text competitions" in bad.output
+
+
+def test_the_model_recorded_is_the_model_folders_own_unless_named(text_data, tmp_path):
+    """`kagtpl new --model-dir` with no --model rendered MODEL as the default microsoft/deberta-v3-base
+    beside another model's folder, and a run given another --model-dir (a Kaggle notebook's) kept
+    MODEL's name: the Model: line, experiments.csv, the size class and mDeBERTa's fp32 rule all
+    went by a model the run never loaded. The folder's own hub name (config.json's _name_or_path)
+    is recorded now; a --model given wins."""
+    folder = tmp_path / "mdeberta"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "deberta-v2", "_name_or_path": "microsoft/mdeberta-v3-base"}')
+    flags = ["new", "multi", "--task", "text", "--gpu", "t4", "--data", str(text_data["reviews"])]
+    flags += ["--dest", str(tmp_path)]
+    assert CliRunner().invoke(app, [*flags, "--model-dir", str(folder)]).exit_code == 0
+    assert 'MODEL = "microsoft/mdeberta-v3-base"' in (tmp_path / "multi" / "train.py").read_text()
+
+    def recorded(model: str, model_dir: str) -> str:
+        args = argparse.Namespace(model=model, model_dir=model_dir)
+        return text_sizing().model_name(args, "microsoft/deberta-v3-base", "/kaggle/input/deberta-v3-base")
+
+    assert recorded("microsoft/deberta-v3-base", str(folder)) == "microsoft/mdeberta-v3-base"  # another folder
+    assert recorded("my/model", str(folder)) == "my/model"  # --model given
+    assert recorded("microsoft/deberta-v3-base", "/kaggle/input/deberta-v3-base") == "microsoft/deberta-v3-base"
+    (folder / "config.json").write_text('{"model_type": "deberta-v2", "_name_or_path": "/root/.cache/x"}')
+    assert recorded("microsoft/deberta-v3-base", str(folder)) == "microsoft/deberta-v3-base"  # a path: no name
+    assert recorded("microsoft/deberta-v3-base", str(tmp_path / "none")) == "microsoft/deberta-v3-base"
 
 
 def test_text_rules_shrink_the_batch_and_checkpoint_large_models_on_small_gpus():
@@ -125,9 +153,18 @@ def test_dry_run_then_predict_writes_the_sample_layout(text_data, tmp_path, layo
     data = textdata.LAYOUTS[layout](tmp_path / "data")
     if layout == "authors":  # an empty test text (issue 30): a WARNING and a prediction, never no submission
         _edit(data / "test.csv", lambda d: d.__setitem__("text", d["text"].where(d.index != 2, " ")))
-    project = text_project(tmp_path / "p", data, layout)
-    log = dry_run_into_output(project, "--device", "cpu").stdout
+    # reviews as a Kaggle notebook runs it: rendered with no model at all (MODEL microsoft/deberta-v3-base,
+    # MODEL_DIR the template's), then given MiniLM's folder: the run records the name that folder's
+    # config.json gives (it logged MODEL's, a large model, and chose the AMP rule by it)
+    reviews = layout == "reviews"
+    project = text_project(tmp_path / "p", data, layout, **({"model": None, "model_dir": None} if reviews else {}))
+    folder = ("--model-dir", str(one_layer_minilm())) if reviews else ()
+    log = dry_run_into_output(project, "--device", "cpu", *folder).stdout
     assert "TOKENS: train" in log and "TOKENS: test" in log and "MAX_LEN: " in log and "DONE: 2 folds" in log
+    named = "nreimers/MiniLM-L6-H384-uncased" if layout == "reviews" else "sentence-transformers/all-MiniLM-L6-v2"
+    assert re.search(rf"^Model: {named} \([\d.]+M params, small model\)$", log, re.M), log[:3000]
+    recorded = "TEXT MODEL: recorded as nreimers/MiniLM-L6-H384-uncased, the name its config.json gives"
+    assert (recorded in log) == reviews, log[:3000]
     empty = "WARNING: " + str(data / "test.csv") + " line 4: empty text in text (id "
     assert (empty in log) == (layout == "authors"), log[-3000:]
     log = run_script(project, "predict.py", "--device", "cpu").stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kagtpl import detect, detect_audio, kaggle, paths
 from kagtpl.errors import KagtplError
-from kagtpl.template import hardware, planner, profiles, source, tasks
+from kagtpl.template import hardware, planner, profiles, source, tasks, text_sizing
 
 TASKS = tasks().NAMES  # the template's task registry (machinery/tasks.py)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -175,6 +175,10 @@ def copier_data(answers: NewAnswers) -> dict:
             raise KagtplError(f"--{key.replace('_', '-')} is {FOR_TASK[key][1]}")
         if getattr(answers, key) is not None:
             data[key] = getattr(answers, key)
+    if answers.model_dir is not None and answers.model is None:  # the record names the folder's model, not the default
+        named = text_sizing().hub_name(answers.model_dir)
+        if named is not None:
+            data["model"] = named
     overrides = {**answers.layout, "metric": answers.metric}
     detector, keys = DETECTORS[task]
     if answers.data is not None:
