@@ -481,6 +481,23 @@ def test_a_child_whose_parent_died_as_it_started_ends_itself(project_modules, si
     assert (alive.returncode, alive.stdout) == (0, "went on\n")
 
 
+def test_an_image_under_another_extension_is_read_as_it_is(project_modules, tmp_path, capsys):
+    """A test/ of .png beside a train/ of .jpg (--image-ext .jpg): every test image was "not found",
+    and the run stopped at its preflight. An image missing under --image-ext but there under
+    another image extension is read from there, with one line; one missing under every extension
+    still stops a training set."""
+    images, errors = project_modules.images, project_modules.errors
+    for name in ("a.jpg", "b.png", "c.tif", "d.1.png"):
+        (tmp_path / name).write_bytes(b"x")
+    paths = [images.image_path(tmp_path, i, ".jpg", f"line {k}") for k, i in enumerate(("a", "b", "c.jpg", "d.1"))]
+    images.check_images_exist(paths, "sample_submission.csv", test=True)
+    assert paths == [str(tmp_path / n) for n in ("a.jpg", "b.png", "c.tif", "d.1.png")]
+    said = capsys.readouterr().out
+    assert "WARNING: 3 of 4 images (sample_submission.csv) are .png, .tif, not --image-ext: read as they are" in said
+    with pytest.raises(errors.DataError, match=r"e\.jpg: image not found \(labels\.csv line 3\)"):
+        images.check_images_exist([str(tmp_path / "a.jpg"), str(tmp_path / "e.jpg")], "labels.csv")
+
+
 def test_ensemble_leaves_out_a_diverged_fold_and_never_writes_nan(project_modules, capsys):
     ensemble, errors = project_modules.submission.ensemble, project_modules.errors
     good, diverged = np.array([[0.2, 0.8], [0.5, 0.5]]), np.array([[0.2, 0.8], [np.nan, np.nan]])

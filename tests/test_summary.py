@@ -28,6 +28,10 @@ def test_an_image_competition_names_its_columns_classes_model_and_plan(tmp_path)
     assert said["model"].startswith("efficientnet_b4, from ImageNet weights (offline: train.py --weights")
     assert said["plan"].startswith("3 folds x 10 epochs, batch from the t4 profile's rule, budget 9h  [--folds")
     assert said["competition"] == "none named (kagtpl kaggle will need one)  [--competition]"
+    for jpg in (data / "test").glob("*.jpg"):  # a test/ of another image type than train/'s, as some competitions ship
+        jpg.rename(jpg.with_suffix(".png"))
+    said = new(tmp_path, "png", "--task", "image", "--gpu", "t4", "--data", str(data))
+    assert said["images"].startswith("60 in train/, 10 (.png: read as they are) in test/ (.jpg), trained"), said
 
 
 def test_a_table_names_its_problem_metric_and_rows(tmp_path):

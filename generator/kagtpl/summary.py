@@ -61,6 +61,18 @@ def count_files(folder: Path, ext: str) -> int:
     return sum(1 for _ in folder.glob(f"*{ext}")) if folder.is_dir() else 0
 
 
+def count_images(folder: Path, ext: str) -> str:
+    """The test images under `ext`, or, with none, those under other image extensions, which train.py
+    and predict.py read as they are (a test/ of .png beside a train/ of .jpg): "297 (.png: read as they are)"."""
+    from kagtpl.detect import IMAGE_EXTS
+
+    found = count_files(folder, ext)
+    if found or not folder.is_dir():
+        return str(found)
+    other = [p.suffix for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTS and p.suffix != ext]
+    return f"{len(other)} ({', '.join(sorted(set(other)))}: read as they are)" if other else "0"
+
+
 def audio_lines(data: Path, a: dict) -> list[str]:
     from kagtpl.detect_audio import AUDIO_EXTS
 
@@ -85,7 +97,7 @@ def audio_lines(data: Path, a: dict) -> list[str]:
 
 def image_lines(data: Path, a: dict) -> list[str]:
     labels = read_csv(data / a["labels_csv"])
-    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_files(data / a["test_dir"], a["image_ext"])
+    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_images(data / a["test_dir"], a["image_ext"])
     return [
         f"images: {train} in {a['train_dir']}/, {test} in {a['test_dir']}/ ({a['image_ext']}), trained at "
         f"{a['image_size']} px  [--train-dir --test-dir --image-ext --image-size]",
@@ -103,7 +115,7 @@ def image_lines(data: Path, a: dict) -> list[str]:
 
 
 def mask_lines(data: Path, a: dict) -> list[str]:
-    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_files(data / a["test_dir"], a["image_ext"])
+    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_images(data / a["test_dir"], a["image_ext"])
     if a.get("mask_dir"):
         values = str(a.get("mask_values", ""))
         kind = "binary" if "," not in values else f"{len(values.split(','))} classes"
@@ -125,7 +137,7 @@ def mask_lines(data: Path, a: dict) -> list[str]:
 
 
 def box_lines(data: Path, a: dict) -> list[str]:
-    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_files(data / a["test_dir"], a["image_ext"])
+    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_images(data / a["test_dir"], a["image_ext"])
     labels = f"labels {a['label_col']!r}: {a.get('box_classes', '')}" if a.get("label_col") else "one class"
     negatives = "an image with no row has no object" if a["missing_boxes"] == "empty" else "images with no row skipped"
     if a.get("pred_style") == "rows":
