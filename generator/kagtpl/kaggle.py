@@ -168,11 +168,12 @@ def served_files(runs: Path, left_out: list[str] | None = None) -> list[Path]:
     out, and why goes to `left_out`."""
     found = [f for pattern in SERVED_FILES for f in sorted(runs.glob(pattern)) if f.is_file()]
     found = [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
-    lost = template_module("hand_in").left_out(runs)  # a booster's seed by its test file: test_lgbm_fold0_seed2.csv
+    hand_in = template_module("hand_in")
+    lost = hand_in.left_out(runs)
     kept = []
     for f in found:
         why = checkpoint_problem(f) if f.suffix == ".pth" else None
-        if f.name in lost or f"test_{f.stem.removeprefix('tree_')}.csv" in lost:
+        if hand_in.is_left_out(f.name, lost):  # a booster's fold model by its test file's name
             why = "a grown seed that lost on the OOF rows (hand_in.json)"
         if why is None:
             kept.append(f)

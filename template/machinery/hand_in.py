@@ -226,3 +226,10 @@ def left_out(out: Path) -> set[str]:
         if section.startswith("seeds") and still(out, judged):
             names |= set(judged)
     return names
+
+
+def is_left_out(name: str, lost: set[str]) -> bool:
+    """Whether a run folder's file is one of `lost` (left_out's): a checkpoint by its own name, a
+    booster's fold model (tree_lgbm_fold0_seed2.json and its library's file) by its test file's
+    (test_lgbm_fold0_seed2.csv), the file a verdict names. `kagtpl kaggle` leaves these out."""
+    return name in lost or f"test_{Path(name).stem.removeprefix('tree_')}.csv" in lost
