@@ -497,6 +497,12 @@ def test_an_image_under_another_extension_is_read_as_it_is(project_modules, tmp_
     with pytest.raises(errors.DataError, match=r"e\.jpg: image not found \(labels\.csv line 3\)"):
         images.check_images_exist([str(tmp_path / "a.jpg"), str(tmp_path / "e.jpg")], "labels.csv")
 
+    import cv2  # serve.py's batch, decoded with no check before: a .png named .jpg was a blank image
+
+    cv2.imwrite(str(tmp_path / "white.png"), np.full((8, 8, 3), 255, np.uint8))
+    pixels = images.decode_images([str(tmp_path / "white.jpg"), str(tmp_path / "none.jpg")], ["w", "n"], 8, "served")
+    assert pixels[0].min() == 255 and pixels[1].max() == 0, pixels.reshape(2, -1).max(axis=1)
+
 
 def test_ensemble_leaves_out_a_diverged_fold_and_never_writes_nan(project_modules, capsys):
     ensemble, errors = project_modules.submission.ensemble, project_modules.errors
