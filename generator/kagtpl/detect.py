@@ -8,8 +8,9 @@ from pathlib import Path
 
 from kagtpl import csvfile
 from kagtpl.errors import KagtplError
+from kagtpl.template import tasks
 
-IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+IMAGE_EXTS = tasks().IMAGE_EXTS  # the template's (machinery/tasks.py): what its scripts read
 LABEL_CSVS = ("labels.csv", "train.csv", "train_labels.csv")
 TRAIN_DIRS = ("train", "train_images", "images/train", "images")
 TEST_DIRS = ("test", "test_images", "images/test")

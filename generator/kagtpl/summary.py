@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 from kagtpl import csvfile
+from kagtpl.detect import IMAGE_EXTS
 
 SHOWN_CLASSES = 5  # class names shown before "..."
 TEXT_SAMPLE = 2000  # rows read for the text lengths
@@ -64,8 +65,6 @@ def count_files(folder: Path, ext: str) -> int:
 def count_images(folder: Path, ext: str) -> str:
     """The test images under `ext`, or, with none, those under other image extensions, which train.py
     and predict.py read as they are (a test/ of .png beside a train/ of .jpg): "297 (.png: read as they are)"."""
-    from kagtpl.detect import IMAGE_EXTS
-
     found = count_files(folder, ext)
     if found or not folder.is_dir():
         return str(found)

@@ -33,6 +33,9 @@ TASKS = (
 )
 BY_NAME = {task.name: task for task in TASKS}
 NAMES = tuple(BY_NAME)
+# the image files the image-reading tasks read (what OpenCV decodes): kagtpl new detects by them, and
+# train.py, predict.py and serve.py read an image under another of them than --image-ext as it is
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
 def get(name: str) -> Task:
