@@ -504,6 +504,7 @@ PROJECT_MODULES = (
     "growth",
     "hardware",
     "images",
+    "caches",
     "logs",
     "parallel",
     "planner",

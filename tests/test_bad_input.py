@@ -683,6 +683,85 @@ def test_disk_full_while_saving_says_so_and_keeps_the_old_file(project_modules, 
     assert path.read_bytes() == b"the previous checkpoint" and [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
+FULL_DISK_RUNS = """
+set -u
+disk() {{ mkdir -p "$1" && mount -t tmpfs -o size="$2" tmpfs "$1"; }}
+leave() {{ "{python}" -c 'import os, sys; st = os.statvfs(sys.argv[1]); free = st.f_bavail * st.f_frsize
+open(os.path.join(sys.argv[1], "filler"), "wb").write(bytes(max(free - int(sys.argv[2]), 0)))' "$1" "$2"; }}
+run() {{ name=$1; shift; "{python}" "$@" > "{results}/$name.log" 2>&1; echo $? > "{results}/$name.rc"; }}
+# a: a whole run on a disk that holds three checkpoints but not the decode caches besides
+disk "{disks}/a" 7m && run a run.py --device cpu --image-size 64 --out-dir "{disks}/a/out"
+cp -r "{disks}/a/out" "{results}/a_out"
+# b: its three trained folds predicted on a disk with 100 KB left: the test cache (480 KB) has no room
+disk "{disks}/b" 8m && cp -r "{disks}/a/out" "{disks}/b/out" && rm -f "{disks}/b/out/submission.csv"
+leave "{disks}/b" 102400
+run b predict.py --device cpu --out-dir "{disks}/b/out"
+cp -r "{disks}/b/out" "{results}/b_out"
+# c: a run whose disk fills up mid-training: fold 0's second save has no room for its temporary copy
+disk "{disks}/c" 2500k && run c run.py --device cpu --image-size 64 --out-dir "{disks}/c/out"
+cp -r "{disks}/c/out" "{results}/c_out"
+"""
+
+
+def full_disk_log(results: Path, name: str) -> str:
+    log = (results / f"{name}.log").read_text()
+    assert "Traceback" not in log and "Bus error" not in log and "Exception ignored" not in log, log[-4000:]
+    return log
+
+
+@pytest.mark.slow
+@case("faults")
+def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
+    """Real full disks: tmpfs mounts of a few MB in a mount namespace of the test's own. A decode
+    cache's memmap that outgrew the disk was SIGBUS: a run died twice in its train cache and handed
+    in no submission, and predict.py died silently beside three trained folds (a hidden test set on
+    Kaggle's 20 GB working disk). torch.save meeting ENOSPC raised a RuntimeError traceback, and
+    train.log's writes then failed every later line ("lost sys.stderr")."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m): tmpfs needs one")
+    results, disks = tmp_path / "results", tmp_path / "disks"
+    results.mkdir()
+    script = FULL_DISK_RUNS.format(python=sys.executable, results=results, disks=disks)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore", "KAGTPL_GROW": "off"}
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=image_project, env=env, timeout=600)
+    assert r.returncode == 0
+    sample = pd.read_csv(digits_dir / "sample_submission.csv", dtype=str)
+
+    def trained_submission(out: Path) -> None:  # predict.py's ensemble, the sample's rows, not the prior
+        sub = pd.read_csv(out / "submission.csv", dtype={sample.columns[0]: str})
+        assert list(sub.columns) == list(sample.columns) and list(sub.iloc[:, 0]) == list(sample.iloc[:, 0])
+        probs = sub.iloc[:, 1:].to_numpy()
+        assert np.isfinite(probs).all() and not (probs == probs[0]).all()
+
+    # a: the caches are held in memory, the checkpoints get the disk; all three folds train
+    log = full_disk_log(results, "a")
+    assert (results / "a.rc").read_text().strip() == "0", log[-3000:]
+    held = r"WARNING: \S+/cache/train_64px\.u8: too little disk \([\d.]+ MB free there; this cache needs 2\.8 MB"
+    assert re.search(held + r" and 2048 MB stay free for checkpoints\): held in memory by this process instead", log)
+    assert "CACHE: decoded 240 train images to 64x64 in" in log and "-> memory (too little disk)" in log
+    assert re.search(r"CACHE: \S+/test_64px\.u8: not made ahead, too little disk .*; predict\.py decodes them", log)
+    assert sorted(p.name for p in (results / "a_out").glob("model_fold*.pth")) == [f"model_fold{k}.pth" for k in "012"]
+    assert "ENSEMBLE: 3 checkpoint(s)" in log and not list((results / "a_out").rglob("*.tmp"))
+    trained_submission(results / "a_out")
+    # b: the three folds predicted from test images decoded in memory (before: SIGBUS, no line, no file)
+    log = full_disk_log(results, "b")
+    assert (results / "b.rc").read_text().strip() == "0", log[-3000:]
+    assert re.search(r"WARNING: \S+/cache/test_64px\.u8: too little disk \(0\.1 MB free there;", log), log[-3000:]
+    assert log.count("CACHE: decoded 40 test images") == 1  # decoded once, read by each fold
+    assert "SUBMISSION: " in log and "(40 rows, 3 fold(s) ensembled)" in log
+    trained_submission(results / "b_out")
+    # c: one ERROR line naming the file the disk refused; fold 0's saved epoch is handed in
+    log = full_disk_log(results, "c")
+    assert (results / "c.rc").read_text().strip() == "1", log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("ERROR: ")]
+    assert len(errors) == 1 and re.search(r": the disk is full \(\d+ MB free\); nothing was replaced", errors[0]), log
+    assert "RUN: handed in " in log and "predict.py's ensemble of the checkpoints" in log, log[-3000:]
+    assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in log and not list((results / "c_out").rglob("*.tmp"))
+    trained_submission(results / "c_out")
+    rows = pd.read_csv(results / "c_out" / "experiments.csv")
+    assert rows["stop"].iloc[-1].startswith("failed: RunError: ") and "the disk is full" in rows["stop"].iloc[-1]
+
+
 @pytest.mark.slow
 @case("faults")
 def test_a_replaced_train_image_is_decoded_again_and_found(image_project, digits_dir, tmp_path):

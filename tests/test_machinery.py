@@ -481,6 +481,78 @@ def test_a_child_whose_parent_died_as_it_started_ends_itself(project_modules, si
     assert (alive.returncode, alive.stdout) == (0, "went on\n")
 
 
+def test_a_cache_the_disk_cannot_hold_is_held_in_memory(project_modules, tmp_path, monkeypatch, capsys):
+    """caches.py: a cache that would leave less than HEADROOM on its disk (here: any disk) is filled
+    in memory, read back by the process's later calls, and leaves no file; one made ahead (train.py's
+    test images, for predict.py) is not made; one the memory cannot hold either is one RunError."""
+    caches, errors = project_modules.caches, project_modules.errors
+    shape, want = (4, 8, 8, 3), np.arange(4 * 8 * 8 * 3).reshape(4, 8, 8, 3).astype(np.uint8)
+
+    def fill(arr):
+        arr[:] = want
+        return {"bad": [2]}
+
+    monkeypatch.setattr(caches, "HELD", {})
+    monkeypatch.setattr(caches, "HEADROOM", caches.shutil.disk_usage(tmp_path).free + 1)
+    data, meta = tmp_path / "train_8px.u8", tmp_path / "train_8px.json"
+    arr = caches.write_memmap(data, meta, shape, "k1", fill)
+    assert not isinstance(arr, np.memmap) and (arr == want).all() and not arr.flags.writeable
+    assert list(tmp_path.iterdir()) == []  # no cache file, no meta, no temporary file
+    out = capsys.readouterr().out
+    assert re.search(
+        r"^WARNING: \S+/train_8px\.u8: too little disk \([\d.]+ MB free there; this cache needs 0\.0 MB and \d+ MB "
+        r"stay free for checkpoints\): held in memory by this process instead; free disk space there, or pass",
+        out,
+        re.M,
+    ), out
+    assert caches.held_in(arr, data) == "memory (too little disk)"
+    again, found = caches.read_memmap(data, meta, shape, "k1")  # predict.py's next fold: no second decode
+    assert again is arr and found == {"bad": [2]}
+    assert caches.read_memmap(data, meta, shape, "k2") == (None, {})  # other files: decoded again
+    ahead = caches.write_memmap(tmp_path / "test_8px.u8", tmp_path / "test_8px.json", shape, "k3", fill, memory=False)
+    assert ahead is None and list(tmp_path.iterdir()) == []
+    assert re.search(r"^CACHE: \S+/test_8px\.u8: not made ahead, too little disk .*predict\.py decodes them itself$",
+                     capsys.readouterr().out, re.M)  # fmt: skip
+    monkeypatch.setattr(caches, "MEMORY_SHARE", 0.0)
+    with pytest.raises(errors.RunError, match=r"this cache needs 0\.0 MB .*\), and [\d.]+ MB of memory is available"):
+        caches.write_memmap(data, meta, shape, "k4", fill)
+    monkeypatch.setattr(caches, "HEADROOM", 0)  # room: on the disk, as ever
+    on_disk = caches.write_memmap(data, meta, shape, "k5", fill)
+    assert isinstance(on_disk, np.memmap) and (on_disk == want).all() and caches.held_in(on_disk, data) == str(data)
+    assert caches.read_memmap(data, meta, shape, "k5")[1]["bad"] == [2]
+
+
+SPACE_REFUSED = """
+import errno, resource, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from machinery import caches, storage
+caches.HEADROOM = 0  # the free space looks enough; the file system refuses the blocks (a race, a quota, ulimit -f)
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+arr = caches.write_memmap(caches.Path(sys.argv[2]) / "big.u8", caches.Path(sys.argv[2]) / "big.json", (4, 128, 128, 3),
+                          "k", lambda a: a.fill(7))
+print("held", type(arr).__name__, int(arr.sum() == 7 * arr.size))
+try:
+    storage.torch_save({"w": __import__("torch").zeros(100_000)}, caches.Path(sys.argv[2]) / "ckpt.pth")
+except OSError as e:
+    print("torch_save", errno.errorcode[e.errno])
+"""
+
+
+def test_a_disk_that_refuses_a_caches_blocks_or_a_checkpoints_bytes_says_so(project_modules, tmp_path):
+    """The file system's own refusal, for real: a file-size limit (RLIMIT_FSIZE) makes fallocate and
+    write fail as a full disk does (EFBIG for ENOSPC), in a process of its own. The cache is held in
+    memory (np.memmap's ftruncate raised before); torch_save raises the OSError, where torch.save
+    raised RuntimeError("unexpected pos") and atomic_write could not tell a full disk."""
+    project = Path(project_modules.caches.__file__).parents[1]
+    r = subprocess.run(
+        [sys.executable, "-c", SPACE_REFUSED, str(project), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "held ndarray 1" in r.stdout and "torch_save EFBIG" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "big.u8: too little disk" in r.stdout and not [p for p in tmp_path.iterdir() if "big" in p.name]
+
+
 def test_an_image_under_another_extension_is_read_as_it_is(project_modules, tmp_path, capsys):
     """A test/ of .png beside a train/ of .jpg (--image-ext .jpg): every test image was "not found",
     and the run stopped at its preflight. An image missing under --image-ext but there under

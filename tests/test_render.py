@@ -62,14 +62,15 @@ MACHINERY = {
 }
 EXPECTED_FILES = {f for f in TOP if "." in f and f != "tests"} | {"tests/test_project.py"}
 EXPECTED_FILES |= {f"machinery/{name}" for name in MACHINERY}
-IMAGE_ONLY = {"machinery/images.py"}  # the decode cache and timm weights: tabular projects do not ship them
-SEGMENTATION_ONLY = {"machinery/images.py", "machinery/masks.py"}  # and RLE, tiles, Dice statistics
+# the decode cache and its files, and timm weights: tabular projects do not ship them
+IMAGE_ONLY = {"machinery/images.py", "machinery/caches.py"}
+SEGMENTATION_ONLY = IMAGE_ONLY | {"machinery/masks.py"}  # and RLE, tiles, Dice statistics
 TEXT_ONLY = {"machinery/texts.py", "machinery/adapters.py", "machinery/text_sizing.py"}  # tokens; LoRA; the batch rules
 # the trees, their fold files (serve.py's) and predict.py's hill-climbing blend
 TABULAR_ONLY = {"machinery/boosters.py", "machinery/booster_fits.py", "machinery/blend.py", "machinery/trees.py"}
 TABULAR_ONLY |= {"machinery/tree_seeds.py", "machinery/metrics.py"}  # metrics.py: --metric, as texts score
 TEXT_ONLY |= {"machinery/metrics.py"}
-AUDIO_ONLY = {"machinery/images.py", "machinery/audio.py", "machinery/onnx_export.py"}  # + predict.py --export
+AUDIO_ONLY = IMAGE_ONLY | {"machinery/audio.py", "machinery/onnx_export.py"}  # + predict.py --export
 TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY, "segmentation": SEGMENTATION_ONLY}
 TASK_FILES["audio"] = AUDIO_ONLY
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from . import hardware
+from .errors import RunError
 from .storage import atomic_write, pid_alive
 
 COLUMNS = [
@@ -130,7 +131,10 @@ def recording(path: Path, row: dict, elapsed, enabled: bool = True):
         yield
     except BaseException as e:
         if enabled:
-            append(path, {**row, "wall_s": f"{elapsed():.0f}", "stop": failure(e)})
+            try:
+                append(path, {**row, "wall_s": f"{elapsed():.0f}", "stop": failure(e)})
+            except (OSError, RunError) as why:  # a full disk: the run's own error, raised next, is the one to say
+                print(f"WARNING: this run's row of {Path(path).name} still says it is running: {why}")
         raise
 
 

@@ -159,18 +159,36 @@ def oof_line(scores: dict[str, float], rows: int, folds: list[int], model: str |
 
 
 class Tee:
-    """A text stream that writes to the console (or pipe) and to the run's train.log alike."""
+    """A text stream that writes to the console (or pipe) and to the run's train.log alike. A log
+    the disk has no more room for stops, with one line, and the console goes on: every later line
+    (the ERROR saying which checkpoint could not be written among them) raised again, and Python
+    lost stderr itself."""
 
     def __init__(self, stream, file):
         self.stream, self.file = stream, file
 
     def write(self, text: str) -> int:
-        self.file.write(text)  # first: a reader gone from the pipe (EPIPE) must not cost the log
+        if not self.file.closed:
+            try:
+                self.file.write(text)  # first: a reader gone from the pipe (EPIPE) must not cost the log
+            except OSError as e:
+                self.stop_log(e)
         return self.stream.write(text)
 
     def flush(self) -> None:
-        self.file.flush()
+        if not self.file.closed:
+            try:
+                self.file.flush()
+            except OSError as e:
+                self.stop_log(e)
         self.stream.flush()
+
+    def stop_log(self, e: OSError) -> None:
+        try:
+            self.file.close()  # stdout's and stderr's Tee share the file: closed, neither writes it again
+        except OSError:  # the close flushes what the disk refused: refused again
+            pass
+        self.stream.write(f"WARNING: {self.file.name}: {e.strerror}; the rest of this log is in the console only\n")
 
     def __getattr__(self, name):  # fileno, isatty, encoding...: the console's
         return getattr(self.stream, name)
@@ -184,7 +202,7 @@ def log_to(path: Path) -> None:
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if isinstance(stream, Tee):
-            stream.file.close()
+            stream.file.close()  # a second close of a file stop_log closed does nothing
             stream = stream.stream
         setattr(sys, name, Tee(stream, file))
 
@@ -212,8 +230,12 @@ class JsonLog:
         self.records.append(record)
         if self.path is None:
             return
-        with open(self.path, "a") as f:  # one line, one write: fold workers append to the same file
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a") as f:  # one line, one write: fold workers append to the same file
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:  # a full disk: the records stay in memory (the report, the experiments row)
+            print(f"WARNING: {self.path}: {e.strerror}; this run's later records are kept in memory only")
+            self.path = None
 
 
 def read_records(path: Path, run: str) -> list[dict]:
@@ -254,3 +276,5 @@ def write_report(records: list[dict], path: Path, title: str) -> None:
         print(f"REPORT: {report.plot(records, path, title)}")
     except ImportError as e:  # matplotlib is optional for training itself
         print(f"WARNING: no report picture ({e}); pip install matplotlib")
+    except OSError as e:  # a full disk: a picture is not worth the run's end
+        print(f"WARNING: no report picture: {path}: {e.strerror}")

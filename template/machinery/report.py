@@ -47,7 +47,10 @@ def plot(records: list[dict], path: Path, title: str = "training") -> Path:
     fig.subplots_adjust(left=0.045, right=0.99, bottom=0.12, top=0.86, wspace=0.18)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        fig.savefig(tmp, dpi=90)
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)  # what a full disk left of it
     return path

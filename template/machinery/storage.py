@@ -38,6 +38,7 @@ def atomic_write(path: Path, write_fn) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     os.close(fd)
+    full = False
     try:
         write_fn(tmp)
         os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600: a teammate could not read a checkpoint or the submission
@@ -45,10 +46,12 @@ def atomic_write(path: Path, write_fn) -> None:
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        raise RunError(disk_full(path)) from None
+        full = True
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    if full:  # said once the half-written file is gone: the space there really is
+        raise RunError(disk_full(path))
 
 
 def disk_full(path: Path) -> str:
@@ -205,7 +208,40 @@ def save_checkpoint(path: Path, model, config: dict, classes: list, **meta) -> N
         model = model.module
     state = {k: v.detach().cpu() for k, v in model_state(model).items()}
     payload = {"model": state, "config": config, "classes": list(classes), **meta}
-    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    atomic_write(path, lambda tmp: torch_save(payload, tmp))
+
+
+class _NotedWrites:
+    """A file torch.save writes through, keeping the OSError a write raised (a full disk)."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def torch_save(obj, path) -> None:
+    """torch.save, a full disk raised as the OSError it is (atomic_write's RunError then says so):
+    torch's own writer meets ENOSPC and raises RuntimeError("[enforce fail at inline_container.cc]
+    unexpected pos"), which said nothing of the disk and left a traceback where the line belongs."""
+    import torch
+
+    with open(path, "wb") as f:
+        noted = _NotedWrites(f)
+        try:
+            torch.save(obj, noted)
+        except RuntimeError:
+            if noted.error is None:
+                raise
+            raise noted.error from None
 
 
 def model_state(model) -> dict:
@@ -228,7 +264,7 @@ def mark_complete(path: Path, **meta) -> bool:
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     ckpt.update(meta)
     ckpt["complete"] = True
-    atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+    atomic_write(path, lambda tmp: torch_save(ckpt, tmp))
     return True
 
 
@@ -250,46 +286,6 @@ def load_checkpoint(path: Path) -> dict | None:
         print(f"WARNING: skipping {path}: its config, classes or weights are empty or malformed")
         return None
     return ckpt
-
-
-def read_weights(path: Path, flag: str) -> dict:
-    """Pretrained weights from a file, as {name: tensor}: safetensors, or a torch file read with
-    weights_only=True (a state dict, or one under "state_dict" / "model"). What is not (random
-    bytes, a pickle that would run code, a pickled object) is a RunError naming the file and what
-    was found, never a traceback advising weights_only=False."""
-    import torch
-
-    path = Path(path)
-    with open(path, "rb") as f:
-        head = f.read(9)
-    safetensors = len(head) == 9 and head[8:9] == b"{"  # an 8-byte header length, then JSON
-    if not (safetensors or head[:2] == b"PK" or head[:1] == b"\x80"):  # torch.save's zip, or a bare pickle
-        raise RunError(f"{flag} {path}: not a weights file (neither safetensors nor torch.save's format)")
-    try:
-        if safetensors:
-            from safetensors.torch import load_file
-
-            state = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # safetensors and torch raise many kinds: each becomes one line
-        raise RunError(f"{flag} {path}: {weights_problem(e)}") from None
-    for key in ("state_dict", "model"):
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise RunError(f"{flag} {path}: holds a {type(state).__name__}, not a state dict of tensors")
-    return {k.removeprefix("module."): v for k, v in state.items()}  # DDP's prefix
-
-
-def weights_problem(e: Exception) -> str:
-    """What a weights file that would not load holds, in words."""
-    text = str(e)
-    code = re.search(r"GLOBAL ([\w.]+)|Unsupported globals?: ([\w.]+)", text)
-    if code:
-        name = (code.group(1) or code.group(2)).rstrip(".")
-        return f"a pickle that calls {name} on loading: refused, nothing of it ran (save weights as .safetensors)"
-    return f"not a weights file that loads ({type(e).__name__}: {text.strip().splitlines()[-1][:100] if text.strip() else ''})"
 
 
 def fold_is_done(path: Path, config: dict, same_keys) -> bool:
