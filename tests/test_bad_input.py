@@ -700,6 +700,9 @@ cp -r "{disks}/b/out" "{results}/b_out"
 # c: a run whose disk fills up mid-training: fold 0's second save has no room for its temporary copy
 disk "{disks}/c" 2500k && run c run.py --device cpu --image-size 64 --out-dir "{disks}/c/out"
 cp -r "{disks}/c/out" "{results}/c_out"
+# d: a budget with time to grow seeds on a disk that holds the plan's three checkpoints and little more
+disk "{disks}/d" 7m && KAGTPL_GROW=on run d run.py --device cpu --budget 3m --out-dir "{disks}/d/out"
+cp -r "{disks}/d/out" "{results}/d_out"
 """
 
 
@@ -760,6 +763,18 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     trained_submission(results / "c_out")
     rows = pd.read_csv(results / "c_out" / "experiments.csv")
     assert rows["stop"].iloc[-1].startswith("failed: RunError: ") and "the disk is full" in rows["stop"].iloc[-1]
+    # d: growth stops where the next grown checkpoint would not fit (before: seed 2 fold 0 trained, its
+    # save met the full disk, and the run ended as failed)
+    log = full_disk_log(results, "d")
+    assert (results / "d.rc").read_text().strip() == "0", log[-3000:]
+    assert re.search(
+        r"^GROW: stop before seed 2 fold 0 \(the disk has [\d.]+ MB free there, a grown fold needs 103 MB: its 1 MB "
+        r"checkpoint, the temporary copy each save writes, and 100 MB for its OOF rows and the submission\)$",
+        log,
+        re.M,
+    ), log[-3000:]
+    assert "ENSEMBLE: 3 checkpoint(s)" in log and not list((results / "d_out").glob("*seed*"))
+    trained_submission(results / "d_out")
 
 
 @pytest.mark.slow

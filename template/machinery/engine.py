@@ -44,6 +44,7 @@ The competition is a plain object (train.py's `Competition`) with:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import statistics
 import time
@@ -308,6 +309,14 @@ def served_room(run: Run) -> str | None:
     return growth.served_room(args.data_dir, room, size, planner.folds + planner.prediction.extra_models + 1)
 
 
+def disk_room(run: Run) -> str | None:
+    """growth.disk_room for this run: the output folder's free disk, its first fold's checkpoint as
+    the size of the next."""
+    out = Path(run.args.out_dir)
+    first = out / "model_fold0.pth"
+    return growth.disk_room(shutil.disk_usage(out).free, first.stat().st_size if first.is_file() else 0)
+
+
 def grow_fold(comp, split: tuple, seed_no: int, run: Run, target: int) -> bool:
     """One grown seed's fold of `target` epochs (or fewer, the last, to fit): skipped when complete
     (resume), else trained if it fits. Returns whether growth goes on."""
@@ -318,7 +327,7 @@ def grow_fold(comp, split: tuple, seed_no: int, run: Run, target: int) -> bool:
         print(f"GROW: seed {seed_no} fold {k}: {name} is complete, skipping (resume)")
         return True
     epochs, said = grown_epochs(planner, target)
-    held = served_room(run)
+    held = served_room(run) or disk_room(run)
     if planner.stop_reason or not epochs or held:
         print(f"GROW: stop before seed {seed_no} fold {k} ({planner.stop_reason or held or said})")
         return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import sys
 
 # The train.py command a line that asks for a train.py run gives when its caller knows no other:
@@ -57,6 +58,16 @@ class KeptFallback(Exception):
 
 class WeightsUnavailable(RunError):
     """Pretrained weights asked for but not to be had (internet off, no --weights file)."""
+
+
+def weights_problem(e: Exception) -> str:
+    """What a weights file that would not load holds, in words."""
+    text = str(e)
+    code = re.search(r"GLOBAL ([\w.]+)|Unsupported globals?: ([\w.]+)", text)
+    if code:
+        name = (code.group(1) or code.group(2)).rstrip(".")
+        return f"a pickle that calls {name} on loading: refused, nothing of it ran (save weights as .safetensors)"
+    return f"not a weights file that loads ({type(e).__name__}: {text.strip().splitlines()[-1][:100] if text.strip() else ''})"
 
 
 def one_line_errors(parser) -> None:

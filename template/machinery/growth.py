@@ -133,6 +133,25 @@ def served_room(data_dir, room: int, model_bytes: int, models: int) -> str | Non
     )
 
 
+DISK_MARGIN = 100 * 2**20  # beside a grown checkpoint and its temporary copy: its OOF rows, the submission, the logs
+
+
+def disk_room(free: int, model_bytes: int) -> str | None:
+    """Why one more checkpoint is not grown for the disk (None: it may be): the grown fold's
+    checkpoint, the temporary copy each save writes beside it, and DISK_MARGIN must fit in the
+    `free` bytes of the output folder's disk (Kaggle's working disk: 20 GB; 25 grown checkpoints of
+    deberta-v3-base are ~18.5 GB). A grown fold that met a full disk stopped train.py with an ERROR
+    when it saved, and the run ended as failed."""
+    need = 2 * model_bytes + DISK_MARGIN
+    if not model_bytes or free >= need:
+        return None
+    return (
+        f"the disk has {free / 2**20:.0f} MB free there, a grown fold needs {need / 2**20:.0f} MB: its "
+        f"{model_bytes / 2**20:.0f} MB checkpoint, the temporary copy each save writes, and "
+        f"{DISK_MARGIN / 2**20:.0f} MB for its OOF rows and the submission"
+    )
+
+
 def fold_line(which: str, epochs: tuple[int, int, int], said: str, fold_s: float, left: float) -> str:
     """The GROW line before a grown fold. `epochs`: its own, the plan's and the target's. A fold
     of other epochs than the plan's, or fewer than the target (the last, only that fits), says
