@@ -698,7 +698,7 @@ leave "{disks}/b" 102400
 run b predict.py --device cpu --out-dir "{disks}/b/out"
 cp -r "{disks}/b/out" "{results}/b_out"
 # c: a run whose disk fills up mid-training: fold 0's second save has no room for its temporary copy
-disk "{disks}/c" 2500k && run c run.py --device cpu --image-size 64 --out-dir "{disks}/c/out"
+disk "{disks}/c" 2500k && run c run.py --device cpu --out-dir "{disks}/c/out"
 cp -r "{disks}/c/out" "{results}/c_out"
 # d: a budget with time to grow seeds on a disk that holds the plan's three checkpoints and little more
 disk "{disks}/d" 7m && KAGTPL_GROW=on run d run.py --device cpu --budget 3m --out-dir "{disks}/d/out"
@@ -746,6 +746,9 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     assert sorted(p.name for p in (results / "a_out").glob("model_fold*.pth")) == [f"model_fold{k}.pth" for k in "012"]
     assert "ENSEMBLE: 3 checkpoint(s)" in log and not list((results / "a_out").rglob("*.tmp"))
     trained_submission(results / "a_out")
+    doctor = kagtpl("doctor", str(results / "a_out" / "train.log"), cwd=tmp_path)  # the agent's reading of it
+    assert doctor.returncode == 1 and "STATUS: ACTION NEEDED" in doctor.stdout, doctor.stdout + doctor.stderr
+    assert re.search(r"^DISK: the run was short of disk .*train_64px\.u8: too little disk", doctor.stdout, re.M)
     # b: the three folds predicted from test images decoded in memory (before: SIGBUS, no line, no file)
     log = full_disk_log(results, "b")
     assert (results / "b.rc").read_text().strip() == "0", log[-3000:]

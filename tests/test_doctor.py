@@ -173,6 +173,29 @@ def test_a_cpu_log_is_read_and_said_to_have_no_gpu(tmp_path):
     assert "MEMORY: CPU run: no GPU memory to check" in r.stdout and "STATUS: OK" in r.stdout
 
 
+def test_a_run_short_of_disk_is_an_action_naming_what_stopped_it(tmp_path):
+    """The project's disk lines (caches.py, atomic_write, growth.disk_room): a run at 80% of GPU
+    memory is fine by the matrix, but the disk stopped it: DISK lines, ACTION NEEDED, in JSON too."""
+    log = log_with(tmp_path, 80.0, model="resnet18 (11.2M params, small model)")
+    held = (
+        "WARNING: output/cache/train_224px.u8: too little disk (1500.0 MB free there; this cache needs 7350.0 MB "
+        "and 2048 MB stay free for checkpoints): held in memory by this process instead; free disk space there, "
+        "or pass --out-dir on a larger disk"
+    )
+    stopped = "ERROR: output/model_fold3.pth: the disk is full (12 MB free); nothing was replaced, the previous file is"
+    stopped += " intact"
+    log.write_text(f"{held}\n{log.read_text()}{stopped}\n")
+    r = doctor(log)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "DECISION: 70-90%: proceed (optimal)" in r.stdout
+    assert f"DISK: the run was short of disk (and 1 more such line(s)): {stopped}\n" in r.stdout
+    assert "DISK: free space on the disk --out-dir is on" in r.stdout and "STATUS: ACTION NEEDED" in r.stdout
+    report = json.loads(doctor(log, "--json").stdout)
+    assert report["status"] == "action" and stopped in report["disk"][0]
+    log.write_text(log.read_text().replace(stopped, "").replace(held, ""))
+    assert doctor(log).returncode == 0  # the same log without them: no DISK line, OK
+
+
 def test_the_batch_is_the_one_the_run_ended_with(tmp_path):
     """RESOURCES says what was asked; the probe's BATCH line and an OOM's halving say what ran. An
     OOM's batch is kept: doubling it again is what ran out of memory (issue 46)."""

@@ -33,6 +33,8 @@ OOM = re.compile(r"^OOM: .* micro-batch \d+ -> (\d+)")  # a step that did not fi
 # the batch judged with its reason (rule, user, small-data, probe, oom): the engine's own choices are kept
 VALIDATION = re.compile(r"^VALIDATION: batch_size=(\d+), [\d.]+% of GPU memory, set by ([\w-]+) \((.*)\): ")
 CHOSEN = ("small-data", "probe", "oom")  # set on purpose: a memory share under the target is headroom, not waste
+# a run short of disk (the project's caches.py, storage.atomic_write, growth.disk_room): said, and acted on
+DISK = ("too little disk (", ": the disk is full (", "(the disk has ")
 DEFAULT_LOGS = ("output/train.log", "output/train_log.jsonl")  # what a project's train.py writes
 TASK_SPEED = {"image": 100, "tabular": 500}  # batches per minute the field notes expect
 
@@ -58,12 +60,15 @@ class Log:
     set_by: str | None = None  # why the batch is what it is (the VALIDATION line's key), when the log says
     set_why: str = ""
     skipped: int = 0  # the JSON log's lines that are not JSON: a record cut short (a full disk, a kill)
+    disk: list[str] = field(default_factory=list)  # the lines that say the disk was short (DISK)
 
 
 def parse(text: str) -> Log:
     log, fold = Log(), 0
     for line in text.splitlines():
         line = line.strip()
+        if any(words in line for words in DISK):
+            log.disk.append(line)
         if m := RESOURCES.search(line):
             log.cpus, log.batch, log.gpu, log.amp = int(m[1]), int(m[2]), m[3], m[4]
         elif m := VALIDATION.match(line):
@@ -152,6 +157,7 @@ class Report:
     loader_advice: list[str]
     warnings: list[str]
     status: str  # "ok" | "action"
+    disk: list[str] = field(default_factory=list)  # DISK: lines, each an action
 
     def lines(self) -> list[str]:
         out = [
@@ -162,6 +168,7 @@ class Report:
             f"DECISION: {self.row}: {self.action}",
         ]
         out += [f"LOADER: {a}" for a in self.loader_advice]
+        out += [f"DISK: {d}" for d in self.disk]
         out += [f"WARNING: {w}" for w in self.warnings]
         out.append(f"STATUS: {'OK' if self.status == 'ok' else 'ACTION NEEDED'}")
         return out
@@ -189,7 +196,7 @@ def diagnose(log: Log, model: str | None = None) -> Report:
         action += f": batch {log.batch} -> {new_batch}"
     warnings = [w for a, b in zip(points, points[1:], strict=False) if (w := profiles().memory_drop_warning(a, b))]
     warnings += skipped_lines(log)
-    return Report(
+    report = Report(
         name,
         cls,
         log.gpu,
@@ -205,11 +212,28 @@ def diagnose(log: Log, model: str | None = None) -> Report:
         warnings,
         "action" if needed or loader_advice(log) else "ok",
     )
+    return with_disk(report, log)
+
+
+def with_disk(report: Report, log: Log) -> Report:
+    """The report with a DISK: line when the run was short of disk (a cache held in memory, a file
+    the disk refused, growth stopped by it): the first such line and the way out, an action."""
+    if not log.disk:
+        return report
+    more = f" (and {len(log.disk) - 1} more such line(s))" if len(log.disk) > 1 else ""
+    first = next((line for line in log.disk if line.startswith("ERROR:")), log.disk[0])  # what stopped it, if any
+    report.disk = [
+        f"the run was short of disk{more}: {first}",
+        "free space on the disk --out-dir is on (old runs' checkpoints, output/cache/ of other sizes), "
+        "or pass --out-dir on a larger disk",
+    ]
+    report.status = "action"
+    return report
 
 
 def cpu_report(log: Log, name: str | None, cls: str) -> Report:
     """A CPU run (GPU=none, `GPU Memory Used: none (CPU run)`): nothing to size; said, exit 0."""
-    return Report(
+    report = Report(
         name,
         cls,
         "none (CPU run)",
@@ -225,6 +249,7 @@ def cpu_report(log: Log, name: str | None, cls: str) -> Report:
         skipped_lines(log),
         "ok",
     )
+    return with_disk(report, log)
 
 
 def skipped_lines(log: Log) -> list[str]:
