@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import ROOT, dry_run_into_output, render, run_script, start_until
+from conftest import ROOT, RUN_ENV, dry_run_into_output, render, run_script, start_until
 from kagtpl import table
 
 CASES: Counter = Counter()  # category -> cases tried by the single tests below (the lists count themselves)
@@ -689,19 +689,19 @@ disk() {{ mkdir -p "$1" && mount -t tmpfs -o size="$2" tmpfs "$1"; }}
 leave() {{ "{python}" -c 'import os, sys; st = os.statvfs(sys.argv[1]); free = st.f_bavail * st.f_frsize
 open(os.path.join(sys.argv[1], "filler"), "wb").write(bytes(max(free - int(sys.argv[2]), 0)))' "$1" "$2"; }}
 run() {{ name=$1; shift; "{python}" "$@" > "{results}/$name.log" 2>&1; echo $? > "{results}/$name.rc"; }}
-# a: a whole run on a disk that holds three checkpoints but not the decode caches besides
-disk "{disks}/a" 7m && run a run.py --device cpu --image-size 64 --out-dir "{disks}/a/out"
+# a: a whole run on a disk that holds its checkpoints but not the decode caches besides
+disk "{disks}/a" 6m && run a run.py --device cpu --image-size 64 {short} --out-dir "{disks}/a/out"
 cp -r "{disks}/a/out" "{results}/a_out"
-# b: its three trained folds predicted on a disk with 100 KB left: the test cache (480 KB) has no room
-disk "{disks}/b" 8m && cp -r "{disks}/a/out" "{disks}/b/out" && rm -f "{disks}/b/out/submission.csv"
-leave "{disks}/b" 102400
+# b: its two trained folds predicted on a disk with 100 KB left: the test cache (480 KB) has no room
+disk "{disks}/b" 8m && cp -r "{disks}/a/out" "{disks}/b/out"
+rm -rf "{disks}/b/out/submission.csv" "{disks}/b/out/cache" && leave "{disks}/b" 102400
 run b predict.py --device cpu --out-dir "{disks}/b/out"
 cp -r "{disks}/b/out" "{results}/b_out"
-# c: a run whose disk fills up mid-training: fold 0's second save has no room for its temporary copy
-disk "{disks}/c" 2500k && run c run.py --device cpu --out-dir "{disks}/c/out"
+# c: a run whose disk fills up mid-training: fold 0's second save (complete) has no room for its temporary copy
+disk "{disks}/c" 2500k && run c run.py --device cpu {short} --out-dir "{disks}/c/out"
 cp -r "{disks}/c/out" "{results}/c_out"
-# d: a budget with time to grow seeds on a disk that holds the plan's three checkpoints and little more
-disk "{disks}/d" 7m && KAGTPL_GROW=on run d run.py --device cpu --budget 3m --out-dir "{disks}/d/out"
+# d: a budget with time to grow seeds on a disk that holds the plan's two checkpoints and little more
+disk "{disks}/d" 5500k && KAGTPL_GROW=on run d run.py --device cpu --budget 3m {short} --out-dir "{disks}/d/out"
 cp -r "{disks}/d/out" "{results}/d_out"
 """
 
@@ -724,9 +724,9 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
         pytest.skip("no mount namespace here (unshare -m): tmpfs needs one")
     results, disks = tmp_path / "results", tmp_path / "disks"
     results.mkdir()
-    script = FULL_DISK_RUNS.format(python=sys.executable, results=results, disks=disks)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore", "KAGTPL_GROW": "off"}
-    r = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=image_project, env=env, timeout=600)
+    short = "--folds 2 --epochs 1"  # 2 checkpoints of 1.5 MB (and the temporary copy of one)
+    script = FULL_DISK_RUNS.format(python=sys.executable, results=results, disks=disks, short=short)
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=image_project, env=RUN_ENV, timeout=600)
     assert r.returncode == 0
     sample = pd.read_csv(digits_dir / "sample_submission.csv", dtype=str)
 
@@ -736,25 +736,25 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
         probs = sub.iloc[:, 1:].to_numpy()
         assert np.isfinite(probs).all() and not (probs == probs[0]).all()
 
-    # a: the caches are held in memory, the checkpoints get the disk; all three folds train
+    # a: the caches are held in memory, the checkpoints get the disk; both folds train
     log = full_disk_log(results, "a")
     assert (results / "a.rc").read_text().strip() == "0", log[-3000:]
     held = r"WARNING: \S+/cache/train_64px\.u8: too little disk \([\d.]+ MB free there; this cache needs 2\.8 MB"
     assert re.search(held + r" and 2048 MB stay free for checkpoints\): held in memory by this process instead", log)
     assert "CACHE: decoded 240 train images to 64x64 in" in log and "-> memory (too little disk)" in log
     assert re.search(r"CACHE: \S+/test_64px\.u8: not made ahead, too little disk .*; predict\.py decodes them", log)
-    assert sorted(p.name for p in (results / "a_out").glob("model_fold*.pth")) == [f"model_fold{k}.pth" for k in "012"]
-    assert "ENSEMBLE: 3 checkpoint(s)" in log and not list((results / "a_out").rglob("*.tmp"))
+    assert sorted(p.name for p in (results / "a_out").glob("model_fold*.pth")) == [f"model_fold{k}.pth" for k in "01"]
+    assert "ENSEMBLE: 2 checkpoint(s)" in log and not list((results / "a_out").rglob("*.tmp"))
     trained_submission(results / "a_out")
     doctor = kagtpl("doctor", str(results / "a_out" / "train.log"), cwd=tmp_path)  # the agent's reading of it
     assert doctor.returncode == 1 and "STATUS: ACTION NEEDED" in doctor.stdout, doctor.stdout + doctor.stderr
     assert re.search(r"^DISK: the run was short of disk .*train_64px\.u8: too little disk", doctor.stdout, re.M)
-    # b: the three folds predicted from test images decoded in memory (before: SIGBUS, no line, no file)
+    # b: the two folds predicted from test images decoded in memory (before: SIGBUS, no line, no file)
     log = full_disk_log(results, "b")
     assert (results / "b.rc").read_text().strip() == "0", log[-3000:]
     assert re.search(r"WARNING: \S+/cache/test_64px\.u8: too little disk \(0\.1 MB free there;", log), log[-3000:]
     assert log.count("CACHE: decoded 40 test images") == 1  # decoded once, read by each fold
-    assert "SUBMISSION: " in log and "(40 rows, 3 fold(s) ensembled)" in log
+    assert "SUBMISSION: " in log and "(40 rows, 2 fold(s) ensembled)" in log
     trained_submission(results / "b_out")
     # c: one ERROR line naming the file the disk refused; fold 0's saved epoch is handed in
     log = full_disk_log(results, "c")
@@ -776,7 +776,7 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
         log,
         re.M,
     ), log[-3000:]
-    assert "ENSEMBLE: 3 checkpoint(s)" in log and not list((results / "d_out").glob("*seed*"))
+    assert "ENSEMBLE: 2 checkpoint(s)" in log and not list((results / "d_out").glob("*seed*"))
     trained_submission(results / "d_out")
 
 
