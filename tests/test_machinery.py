@@ -569,6 +569,32 @@ def test_a_disk_that_refuses_a_caches_blocks_or_a_checkpoints_bytes_says_so(proj
     )
 
 
+TABLE_REFUSED = """
+import resource, sys
+sys.path.insert(0, sys.argv[1])
+from machinery import experiments
+table = experiments.Path(sys.argv[2]) / "experiments.csv"
+experiments.append(table, {"run": "r1", "model": "m", "stop": "running (pid 1)"})
+resource.setrlimit(resource.RLIMIT_FSIZE, (table.stat().st_size + 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+experiments.append_or_say(table, {"run": "r1", "model": "m", "stop": "done", "fold_scores": "0.1 " * 50}, "says X")
+print("went on")
+"""
+
+
+def test_an_experiments_row_the_disk_refuses_is_one_warning(project_modules, tmp_path):
+    """The table is the run's record, not its work: a run that had trained every fold ended as failed
+    when the disk refused its row (engine.finish, the boosters), and a table's predict.py failed
+    before its submission (the blend's row). A real refusal: a file-size limit, in a process of its own."""
+    project = Path(project_modules.experiments.__file__).parents[1]
+    r = subprocess.run(
+        [sys.executable, "-c", TABLE_REFUSED, str(project), str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = r"^WARNING: this run's row of experiments\.csv says X: \[Errno 27\] File too large"
+    assert re.search(said, r.stdout, re.M), r.stdout
+    assert r.stdout.rstrip().endswith("went on") and "running (pid 1)" in (tmp_path / "experiments.csv").read_text()
+
+
 def test_an_image_under_another_extension_is_read_as_it_is(project_modules, tmp_path, capsys):
     """A test/ of .png beside a train/ of .jpg (--image-ext .jpg): every test image was "not found",
     and the run stopped at its preflight. An image missing under --image-ext but there under

@@ -410,7 +410,7 @@ def finish(comp, run: Run, trained: list[int], row: dict) -> dict:
     scores, fold_scores, rows = artifacts.oof_scores(comp, out, trained, args.signature, counted, judge)
     where = describe_gpu(machine.device)[0] if machine.device.type == "cuda" else "CPU"
     logs.write_report(jlog.records, out / "train_report.png", f"{comp.name} on {where}")
-    experiments.append(
+    experiments.append_or_say(
         out / "experiments.csv",
         {
             **row,
@@ -425,6 +425,7 @@ def finish(comp, run: Run, trained: list[int], row: dict) -> dict:
             "wall_s": f"{planner.elapsed():.0f}",
             "stop": planner.stop_reason or ("dry run" if args.dry_run else "done"),
         },
+        "still says it is running (the folds are saved)",
     )
     if planner.stop_reason:
         print(logs.stopped_line(planner.stop_reason))

@@ -130,11 +130,8 @@ def recording(path: Path, row: dict, elapsed, enabled: bool = True):
     try:
         yield
     except BaseException as e:
-        if enabled:
-            try:
-                append(path, {**row, "wall_s": f"{elapsed():.0f}", "stop": failure(e)})
-            except (OSError, RunError) as why:  # a full disk: the run's own error, raised next, is the one to say
-                print(f"WARNING: this run's row of {Path(path).name} still says it is running: {why}")
+        if enabled:  # a full disk: the run's own error, raised next, is the one to say
+            append_or_say(path, {**row, "wall_s": f"{elapsed():.0f}", "stop": failure(e)}, "still says it is running")
         raise
 
 
@@ -151,6 +148,16 @@ def failure(error: BaseException) -> str:
         return f"exited {error.code}"
     line = (str(error).strip().splitlines() or [""])[0]
     return f"failed: {type(error).__name__}: {line}"[:160]
+
+
+def append_or_say(path: Path, row: dict, said: str) -> None:
+    """append, or, when the disk refuses the table (a full disk), one WARNING that this run's row
+    `said`: the table is the run's record, not its work, and a run that trained every fold ended
+    as failed on it."""
+    try:
+        append(path, row)
+    except (OSError, RunError) as why:
+        print(f"WARNING: this run's row of {Path(path).name} {said}: {why}")
 
 
 def append(path: Path, row: dict) -> None:
