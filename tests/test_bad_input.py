@@ -689,8 +689,10 @@ disk() {{ mkdir -p "$1" && mount -t tmpfs -o size="$2" tmpfs "$1"; }}
 leave() {{ "{python}" -c 'import os, sys; st = os.statvfs(sys.argv[1]); free = st.f_bavail * st.f_frsize
 open(os.path.join(sys.argv[1], "filler"), "wb").write(bytes(max(free - int(sys.argv[2]), 0)))' "$1" "$2"; }}
 run() {{ name=$1; shift; "{python}" "$@" > "{results}/$name.log" 2>&1; echo $? > "{results}/$name.rc"; }}
-# a: a whole run on a disk that holds its checkpoints but not the decode caches besides
-disk "{disks}/a" 6m && run a run.py --device cpu --image-size 64 {short} --out-dir "{disks}/a/out"
+# a: a whole run on a disk that holds its checkpoints but not the decode caches besides, nor a grown seed's;
+# its budget has time to grow seeds
+disk "{disks}/a" 6m
+KAGTPL_GROW=on run a run.py --device cpu --budget 3m --image-size 64 {short} --out-dir "{disks}/a/out"
 cp -r "{disks}/a/out" "{results}/a_out"
 # b: its two trained folds predicted on a disk with 100 KB left: the test cache (480 KB) has no room
 disk "{disks}/b" 8m && cp -r "{disks}/a/out" "{disks}/b/out"
@@ -700,9 +702,6 @@ cp -r "{disks}/b/out" "{results}/b_out"
 # c: a run whose disk fills up mid-training: fold 0's second save (complete) has no room for its temporary copy
 disk "{disks}/c" 2500k && run c run.py --device cpu {short} --out-dir "{disks}/c/out"
 cp -r "{disks}/c/out" "{results}/c_out"
-# d: a budget with time to grow seeds on a disk that holds the plan's two checkpoints and little more
-disk "{disks}/d" 5500k && KAGTPL_GROW=on run d run.py --device cpu --budget 3m {short} --out-dir "{disks}/d/out"
-cp -r "{disks}/d/out" "{results}/d_out"
 """
 
 
@@ -736,7 +735,8 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
         probs = sub.iloc[:, 1:].to_numpy()
         assert np.isfinite(probs).all() and not (probs == probs[0]).all()
 
-    # a: the caches are held in memory, the checkpoints get the disk; both folds train
+    # a: the caches are held in memory, the checkpoints get the disk; both folds train, and growth stops where the
+    # next grown checkpoint would not fit (before: seed 2 fold 0 trained, its save met the full disk: a failed run)
     log = full_disk_log(results, "a")
     assert (results / "a.rc").read_text().strip() == "0", log[-3000:]
     held = r"WARNING: \S+/cache/train_64px\.u8: too little disk \([\d.]+ MB free there; this cache needs 2\.8 MB"
@@ -744,7 +744,14 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     assert "CACHE: decoded 240 train images to 64x64 in" in log and "-> memory (too little disk)" in log
     assert re.search(r"CACHE: \S+/test_64px\.u8: not made ahead, too little disk .*; predict\.py decodes them", log)
     assert sorted(p.name for p in (results / "a_out").glob("model_fold*.pth")) == [f"model_fold{k}.pth" for k in "01"]
+    assert re.search(
+        r"^GROW: stop before seed 2 fold 0 \(the disk has [\d.]+ MB free there, a grown fold needs 103 MB: its 1 MB "
+        r"checkpoint, the temporary copy each save writes, and 100 MB for its OOF rows and the submission\)$",
+        log,
+        re.M,
+    ), log[-3000:]
     assert "ENSEMBLE: 2 checkpoint(s)" in log and not list((results / "a_out").rglob("*.tmp"))
+    assert not list((results / "a_out").glob("*seed*"))
     trained_submission(results / "a_out")
     doctor = kagtpl("doctor", str(results / "a_out" / "train.log"), cwd=tmp_path)  # the agent's reading of it
     assert doctor.returncode == 1 and "STATUS: ACTION NEEDED" in doctor.stdout, doctor.stdout + doctor.stderr
@@ -766,18 +773,6 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     trained_submission(results / "c_out")
     rows = pd.read_csv(results / "c_out" / "experiments.csv")
     assert rows["stop"].iloc[-1].startswith("failed: RunError: ") and "the disk is full" in rows["stop"].iloc[-1]
-    # d: growth stops where the next grown checkpoint would not fit (before: seed 2 fold 0 trained, its
-    # save met the full disk, and the run ended as failed)
-    log = full_disk_log(results, "d")
-    assert (results / "d.rc").read_text().strip() == "0", log[-3000:]
-    assert re.search(
-        r"^GROW: stop before seed 2 fold 0 \(the disk has [\d.]+ MB free there, a grown fold needs 103 MB: its 1 MB "
-        r"checkpoint, the temporary copy each save writes, and 100 MB for its OOF rows and the submission\)$",
-        log,
-        re.M,
-    ), log[-3000:]
-    assert "ENSEMBLE: 2 checkpoint(s)" in log and not list((results / "d_out").glob("*seed*"))
-    trained_submission(results / "d_out")
 
 
 @pytest.mark.slow
