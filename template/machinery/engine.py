@@ -303,18 +303,21 @@ def served_room(run: Run) -> str | None:
     """growth.served_room for this run: its device's room for serve.py's folds, its first fold's
     checkpoint as the size of each, the plan's folds and the grown ones with the next."""
     args, planner = run.args, run.planner
-    first = Path(args.out_dir) / "model_fold0.pth"
-    size = first.stat().st_size if first.is_file() else 0
     room = int(serving.HELD_SHARE * device_memory(run.machine.device))
-    return growth.served_room(args.data_dir, room, size, planner.folds + planner.prediction.extra_models + 1)
+    models = planner.folds + planner.prediction.extra_models + 1
+    return growth.served_room(args.data_dir, room, checkpoint_bytes(run), models)
 
 
 def disk_room(run: Run) -> str | None:
     """growth.disk_room for this run: the output folder's free disk, its first fold's checkpoint as
     the size of the next."""
-    out = Path(run.args.out_dir)
-    first = out / "model_fold0.pth"
-    return growth.disk_room(shutil.disk_usage(out).free, first.stat().st_size if first.is_file() else 0)
+    return growth.disk_room(shutil.disk_usage(run.args.out_dir).free, checkpoint_bytes(run))
+
+
+def checkpoint_bytes(run: Run) -> int:
+    """The size of a checkpoint of this run, growth's measure of the next: its first fold's (0: none yet)."""
+    first = Path(run.args.out_dir) / "model_fold0.pth"
+    return first.stat().st_size if first.is_file() else 0
 
 
 def grow_fold(comp, split: tuple, seed_no: int, run: Run, target: int) -> bool:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from . import hardware, profiles
+from .errors import RunError
 from .planner import fmt_s
 from .readback import last_byte
 
@@ -276,5 +277,5 @@ def write_report(records: list[dict], path: Path, title: str) -> None:
         print(f"REPORT: {report.plot(records, path, title)}")
     except ImportError as e:  # matplotlib is optional for training itself
         print(f"WARNING: no report picture ({e}); pip install matplotlib")
-    except OSError as e:  # a full disk: a picture is not worth the run's end
-        print(f"WARNING: no report picture: {path}: {e.strerror}")
+    except RunError as e:  # a full disk: a picture is not worth the run's end
+        print(f"WARNING: no report picture: {e}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .storage import atomic_write
+
 
 def plot(records: list[dict], path: Path, title: str = "training") -> Path:
     """records: one dict per epoch with fold, epoch, train_loss, val_loss, metric, gpu_pct (any may be missing)."""
@@ -46,11 +48,8 @@ def plot(records: list[dict], path: Path, title: str = "training") -> Path:
     # tight_layout's margins, fixed (6-digit tick labels fit): it drew the figure once more, 0.08 s of 0.21
     fig.subplots_adjust(left=0.045, right=0.99, bottom=0.12, top=0.86, wspace=0.18)
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=90)
-        tmp.replace(path)
+    try:  # a full disk: atomic_write's RunError, its part removed
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90))
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)  # what a full disk left of it
     return path

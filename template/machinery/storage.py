@@ -22,6 +22,7 @@ from .errors import TRAIN, Damaged, DataError, KeptFallback, NothingTrained, Run
 TMP_PID = re.compile(r"\.(\d+)\.(?:[a-z0-9_]+\.)?tmp$")
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a write the disk (or the quota) has no room for
 UMASK = os.umask(0o022)  # read once (setting it is the only way to read it), then put back
 os.umask(UMASK)
 
@@ -44,7 +45,7 @@ def atomic_write(path: Path, write_fn) -> None:
         os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600: a teammate could not read a checkpoint or the submission
         os.replace(tmp, path)
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if e.errno not in DISK_FULL:
             raise
         full = True
     finally:
