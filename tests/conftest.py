@@ -512,6 +512,7 @@ PROJECT_MODULES = (
     "timings",
     "reserve",
     "storage",
+    "room",
     "submission",
     "tuning",
     "tune",

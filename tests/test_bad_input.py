@@ -702,6 +702,12 @@ cp -r "{disks}/b/out" "{results}/b_out"
 # c: a run whose disk fills up mid-training: fold 0's second save (complete) has no room for its temporary copy
 disk "{disks}/c" 2500k && run c run.py --device cpu {short} --out-dir "{disks}/c/out"
 cp -r "{disks}/c/out" "{results}/c_out"
+# d: its two folds predicted again on a disk an earlier predict.py's test cache filled: 4 KB left, the submission
+# fits once the cache is removed
+disk "{disks}/d" 3g && cp -r "{disks}/a/out" "{disks}/d/out" && run d1 predict.py --device cpu --out-dir "{disks}/d/out"
+rm "{disks}/d/out/submission.csv" && used=$(df -k "{disks}/d" | tail -1 | awk '{{print $3}}')
+mount -o remount,size=$((used + 4))k "{disks}/d" && run d predict.py --device cpu --out-dir "{disks}/d/out"
+cp -r "{disks}/d/out" "{results}/d_out"
 """
 
 
@@ -718,7 +724,8 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     cache's memmap that outgrew the disk was SIGBUS: a run died twice in its train cache and handed
     in no submission, and predict.py died silently beside three trained folds (a hidden test set on
     Kaggle's 20 GB working disk). torch.save meeting ENOSPC raised a RuntimeError traceback, and
-    train.log's writes then failed every later line ("lost sys.stderr")."""
+    train.log's writes then failed every later line ("lost sys.stderr"). A submission the disk refused
+    was an ERROR beside trained folds, and train.py's fallback was handed in."""
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         pytest.skip("no mount namespace here (unshare -m): tmpfs needs one")
     results, disks = tmp_path / "results", tmp_path / "disks"
@@ -772,7 +779,21 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in log and not list((results / "c_out").rglob("*.tmp"))
     trained_submission(results / "c_out")
     rows = pd.read_csv(results / "c_out" / "experiments.csv")
-    assert rows["stop"].iloc[-1].startswith("failed: RunError: ") and "the disk is full" in rows["stop"].iloc[-1]
+    assert rows["stop"].iloc[-1].startswith("failed: DiskFull: ") and "the disk is full" in rows["stop"].iloc[-1]
+    # d: the disk refused the submission; the decode cache, made again from the data, gave it room (before: one ERROR,
+    # exit 1, and no submission from two trained folds)
+    assert "CACHE: decoded 40 test images to 64x64 in" in full_disk_log(results, "d1")  # on the disk: 3 GB free
+    log = full_disk_log(results, "d")
+    assert (results / "d.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
+    assert re.search(
+        r"^CLEANUP: the disk refused submission\.csv \(0\.0 MB free\): removed the cache \S+/d/out/cache "
+        r"\(2 file\(s\), 0\.5 MB back; the next run makes it again\)\n"
+        r"SUBMISSION: \S+ \(40 rows, 2 fold\(s\) ensembled\)$",
+        log,
+        re.M,
+    ), log
+    assert not list((results / "d_out" / "cache").iterdir()) and not list((results / "d_out").rglob("*.tmp"))
+    trained_submission(results / "d_out")
 
 
 @pytest.mark.slow

@@ -595,6 +595,28 @@ def test_an_experiments_row_the_disk_refuses_is_one_warning(project_modules, tmp
     assert r.stdout.rstrip().endswith("went on") and "running (pid 1)" in (tmp_path / "experiments.csv").read_text()
 
 
+def test_a_full_disks_room_comes_from_the_runs_cache_alone(project_modules, tmp_path):
+    """room.free_cache, which gives a refused submission its room (tests/test_bad_input.py's case d, on a
+    real full disk): the files of out/cache go, a live writer's temporary file stays, and a cache
+    tune.py's trials share (a link to the search's) is not this run's to remove."""
+    room = project_modules.room
+    out, cache = tmp_path / "out", tmp_path / "out" / "cache"
+    cache.mkdir(parents=True)
+    for name in ("train_64px.u8", "train_64px.json", "tokens-test-0123.npz"):
+        (cache / name).write_bytes(bytes(4096))
+    live = cache / f".test_64px.u8.{os.getpid()}.k3j_x9a1.tmp"  # this process is writing it
+    live.write_bytes(b"x")
+    said = room.free_cache(out)
+    assert re.fullmatch(rf"removed the cache {re.escape(str(cache))} \(3 file\(s\), [\d.]+ MB back; .*", said), said
+    assert [p.name for p in cache.iterdir()] == [live.name]
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    (trial / "cache").symlink_to(cache, target_is_directory=True)
+    (cache / "test_64px.u8").write_bytes(bytes(10))
+    assert room.free_cache(trial) is None and (cache / "test_64px.u8").exists()
+    assert room.free_cache(tmp_path / "no_cache_here") is None
+
+
 def test_an_image_under_another_extension_is_read_as_it_is(project_modules, tmp_path, capsys):
     """A test/ of .png beside a train/ of .jpg (--image-ext .jpg): every test image was "not found",
     and the run stopped at its preflight. An image missing under --image-ext but there under

@@ -48,6 +48,7 @@ MACHINERY = {
     "profiles.py",
     "report.py",
     "reserve.py",
+    "room.py",
     "runflags.py",
     "steps.py",
     "storage.py",

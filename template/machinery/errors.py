@@ -29,6 +29,11 @@ class DataError(RunError):
     prefix = "PREFLIGHT ERROR"
 
 
+class DiskFull(RunError):
+    """A write the disk (or the quota) had no room for: storage.atomic_write kept the previous file.
+    room.write_csv frees the run's cache and tries the submission once more."""
+
+
 class NothingTrained(RunError):
     """predict.py found no model in the output folder (`what`: the files it looked for; `train`: the
     train.py command that writes that folder, runflags.train_command). Under run.py, with this run's

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import TRAIN, Damaged, DataError, KeptFallback, NothingTrained, RunError
+from .errors import TRAIN, Damaged, DataError, DiskFull, KeptFallback, NothingTrained
 
 # A temporary file's name carries its writer's pid (".model_fold0.pth.4242.k3j_x9a1.tmp"), so a
 # later run can tell a killed run's leftovers from a live writer's file.
@@ -35,7 +35,7 @@ def tmp_name(path: Path) -> Path:
 def atomic_write(path: Path, write_fn) -> None:
     """write_fn(tmp_path) writes the file; it only replaces `path` once complete, so a
     kill at any moment leaves either the old file or the new one, never half of one.
-    A full disk is a RunError saying so; the old file is kept."""
+    A full disk is a DiskFull (a RunError) saying so; the old file is kept."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     os.close(fd)
@@ -52,7 +52,7 @@ def atomic_write(path: Path, write_fn) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
     if full:  # said once the half-written file is gone: the space there really is
-        raise RunError(disk_full(path))
+        raise DiskFull(disk_full(path))
 
 
 def disk_full(path: Path) -> str:

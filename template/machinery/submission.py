@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import locks, planner, serving
+from . import locks, planner, room, serving
 from .errors import TRAIN, DataError, RunError
-from .storage import read_csv, write_csv_atomic
+from .storage import read_csv
 
 RLE = re.compile(r"(\d+ \d+( \d+ \d+)*)?")  # "start length start length ...", or "" (empty mask)
 
@@ -132,7 +132,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
         earlier = path.with_name(f"{path.stem}.earlier{path.suffix}")
         os.replace(path, earlier)
         print(f"SUBMISSION: the earlier run's {path.name} moved to {earlier} (this run hands in its own)")
-    write_csv_atomic(sub, path)
+    room.write_csv(sub, path)
     what = {
         "number": "the training mean",
         "label": "the majority class",
@@ -242,7 +242,7 @@ def write_submission(sub, sample, kind: str, labels, path: Path, folds: int) -> 
         check_submission(sub, sample, kind, labels=labels)
     except ValueError as e:
         raise RunError(f"submission failed its check, not written: {e}") from None
-    write_csv_atomic(sub, path)
+    room.write_csv(sub, path)
     print(f"SUBMISSION: {path} ({len(sub)} rows, {folds} fold(s) ensembled)")
 
 
@@ -380,7 +380,7 @@ def hand_in_first(path: Path, rows, defaults: dict, kind: str = "") -> None:
     if layout_problem(path, rows, kind) is None:
         return
     empty = kind in EMPTY_KINDS
-    write_csv_atomic(empty_prediction(rows, kind) if empty else serving.fallback(rows, defaults, None), path)
+    room.write_csv(empty_prediction(rows, kind) if empty else serving.fallback(rows, defaults, None), path)
     what = "no mask or box" if empty else "the training prior"
     said = "no box" if kind == "box rows" else f"{what} for all {len(rows)} rows"  # a row per box: none
     print(f"SUBMISSION: {path} holds {said} until the folds replace it")
