@@ -390,6 +390,44 @@ def run_script(
     return proc
 
 
+# predict.py where a hidden test set's decode cache fits neither the disk nor the memory: a real full disk (a tmpfs
+# mount in a mount namespace of its own, $1, the output folder $2 copied there and $3 bytes left free) and a
+# cache's share of the memory 0. $4.. the python, the project and the data; $7 where the folder is copied back
+# (the mount ends with the namespace)
+ON_A_FULL_DISK = """
+set -u
+mkdir -p "$1" && mount -t tmpfs -o size=256m tmpfs "$1" && cp -r "$2" "$1/out" || exit 9
+"$4" -c 'import os, sys; st = os.statvfs(sys.argv[1]); free = st.f_bavail * st.f_frsize
+open(os.path.join(sys.argv[1], "filler"), "wb").write(bytes(max(free - int(sys.argv[2]), 0)))' "$1" "$3" || exit 9
+"$4" -c 'import sys; sys.path.insert(0, sys.argv[1]); from machinery import caches; caches.MEMORY_SHARE = 0.0
+import predict; predict.main(["--device", "cpu", "--data-dir", sys.argv[2], "--out-dir", sys.argv[3]])' \\
+    "$5" "$6" "$1/out"
+rc=$?
+cp -r "$1/out" "$7" && exit $rc
+"""
+
+
+def predict_streamed(project: Path, out: Path, data: Path, tmp_path: Path, free: int = 32768):
+    """predict.py on a copy of `out` (its cache left out) on a full disk with `free` bytes left, its cache's share
+    of the memory 0 (caches.MEMORY_SHARE): the test images are decoded batch by batch (caches.Streamed). Returns
+    the process and the submission it wrote. Skipped where no mount namespace can be made (unshare -m)."""
+    import pytest
+
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m): tmpfs needs one")
+    source, dest = tmp_path / "streamed_source", tmp_path / "streamed"
+    shutil.copytree(out, source, ignore=shutil.ignore_patterns("cache", ".train.lock"))
+    args = [str(tmp_path / "disk"), str(source), str(free), sys.executable, str(project), str(data), str(dest)]
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", ON_A_FULL_DISK, "sh", *args],
+        cwd=project, env=RUN_ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "read as each batch asks, every fold again" in r.stdout and "CACHE: decoded" not in r.stdout, r.stdout
+    assert not list((dest / "cache").iterdir()), "a streamed test set leaves no cache file"
+    return r, (dest / "submission.csv").read_bytes()
+
+
 def dry_run_into_output(project: Path, *args: str, out: str = "output") -> subprocess.CompletedProcess:
     """train.py --dry-run (3 batches an epoch, 2 folds), its folder (<out>/dry-run: a dry run never
     touches a trained run's files) then moved up into <out>: a project with checkpoints in seconds,

@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import ROOT, RUN_ENV, dry_run_into_output, render, run_script, start_until
+from conftest import ROOT, RUN_ENV, dry_run_into_output, predict_streamed, render, run_script, start_until
 from kagtpl import table
 
 CASES: Counter = Counter()  # category -> cases tried by the single tests below (the lists count themselves)
@@ -787,13 +787,37 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     assert (results / "d.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
     assert re.search(
         r"^CLEANUP: the disk refused submission\.csv \(0\.0 MB free\): removed the cache \S+/d/out/cache "
-        r"\(2 file\(s\), 0\.5 MB back; the next run makes it again\)\n"
+        r"\(2 file\(s\), 0\.5 MB; the next run makes it again\)\n"
         r"SUBMISSION: \S+ \(40 rows, 2 fold\(s\) ensembled\)$",
         log,
         re.M,
     ), log
     assert not list((results / "d_out" / "cache").iterdir()) and not list((results / "d_out").rglob("*.tmp"))
     trained_submission(results / "d_out")
+
+
+@pytest.mark.slow
+@case("faults")
+def test_a_test_set_neither_the_disk_nor_the_memory_holds_is_predicted_batch_by_batch(
+    image_project, trained, digits_dir, tmp_path
+):
+    """A hidden test set larger than both the working disk's room and half the memory: its decode
+    cache fit nowhere, and predict.py stopped with one ERROR beside trained folds (train.py's
+    fallback handed in). Its images are now decoded as the loader's batches ask for them, every
+    fold again: the same pixels, so the same submission as from the cache, a bad image blank too.
+    A real full disk (a tmpfs mount with 32 KB left: the test cache needs 120 KB)."""
+    data = spoiled(digits_dir, tmp_path, lambda d: first_test_image(d).write_bytes(b"not a jpeg"))
+    r, streamed = predict_streamed(image_project, trained, data, tmp_path)  # the dry run's test cache left out
+    cached = copy_of(trained, tmp_path / "cached")
+    shutil.rmtree(cached / "cache", ignore_errors=True)  # decoded again here, from the spoiled test images
+    assert predict(image_project, cached, f"--data-dir={data}").returncode == 0
+    said = r"^WARNING: \S+/cache/test_32px\.u8: too little disk \(0\.\d MB free there; this cache needs 0\.1 MB "
+    said += r"and 2048 MB stay free for checkpoints\), and [\d.]+ MB of memory is available: read as each batch asks, "
+    said += r"every fold again; free disk space there, or pass --out-dir on a larger disk$"
+    assert re.search(said, r.stdout, re.M) and r.stdout.count("read as each batch asks") == 1, r.stdout  # 2 folds
+    assert re.search(r"^WARNING: 1 test image\(s\) missing or not decodable \(first: \S+, ", r.stdout, re.M), r.stdout
+    assert re.search(r"^SUBMISSION: \S+ \(40 rows, 2 fold\(s\) ensembled\)$", r.stdout, re.M), r.stdout
+    assert streamed == (cached / "submission.csv").read_bytes()
 
 
 @pytest.mark.slow

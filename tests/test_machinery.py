@@ -607,7 +607,7 @@ def test_a_full_disks_room_comes_from_the_runs_cache_alone(project_modules, tmp_
     live = cache / f".test_64px.u8.{os.getpid()}.k3j_x9a1.tmp"  # this process is writing it
     live.write_bytes(b"x")
     said = room.free_cache(out)
-    assert re.fullmatch(rf"removed the cache {re.escape(str(cache))} \(3 file\(s\), [\d.]+ MB back; .*", said), said
+    assert re.fullmatch(rf"removed the cache {re.escape(str(cache))} \(3 file\(s\), [\d.]+ MB; .*", said), said
     assert [p.name for p in cache.iterdir()] == [live.name]
     trial = tmp_path / "trial"
     trial.mkdir()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import assert_plan_cut_to_budget, import_project, run_script, start_until
+from conftest import assert_plan_cut_to_budget, import_project, predict_streamed, run_script, start_until
 from kagtpl import detect, new, shapes
 from kagtpl.cli import app
 from kagtpl.errors import KagtplError
@@ -280,7 +280,7 @@ def check_submission(project, data, classes: int) -> None:
 
 
 @pytest.mark.slow
-def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_project, shapes_data, capsys):
+def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_project, shapes_data, capsys, tmp_path):
     out = run_script(png_project, "train.py", *FAST).stdout
     assert "DATA: 24 train images" in out and "binary" in out and "64px tiles of 96px" in out
     assert "OOF: Dice@0.5=" in out and "POSTPROCESS: rle > " in out
@@ -302,6 +302,9 @@ def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_
     predicted = run_script(png_project, "predict.py", "--device", "cpu").stdout
     assert "SUBMISSION: " in predicted and "2 fold(s) ensembled" in predicted
     check_submission(png_project, shapes_data["png"], 1)
+    # a hidden test set neither the disk nor the memory holds: decoded batch by batch, the same submission
+    r, streamed = predict_streamed(png_project, png_project / "output", shapes_data["png"], tmp_path)
+    assert "2 fold(s) ensembled" in r.stdout and streamed == (png_project / "output" / "submission.csv").read_bytes()
 
 
 @pytest.mark.slow

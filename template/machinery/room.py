@@ -5,7 +5,7 @@ it. A predict.py whose submission.csv the disk refused handed in train.py's fall
 training prior) beside its trained folds: an ERROR line, and a score of the prior. The output
 folder's `cache/` holds the only files a run makes again from the data alone (decoded images,
 audio and masks; token caches), so when the disk refuses the submission they are removed, with
-one CLEANUP line saying how much the disk got back, and the write is tried once more. A cache
+one CLEANUP line saying how much they held, and the write is tried once more. A cache
 file still mapped by this process (predict.py's test cache) gives its room back only when it is
 closed: the rest of the folder is what is freed. Kept: a cache tune.py's trials share (a link:
 the other trials read it) and a live writer's temporary file. Torch-free. It is machinery:
@@ -39,20 +39,19 @@ def write_csv(df, path: Path) -> None:
 
 
 def free_cache(out: Path) -> str | None:
-    """Removes the files of out/cache (none when it is a link); says what the disk got back, or
-    None when there was nothing to remove."""
+    """Removes the files of out/cache (none when it is a link); says what they held, or None when
+    there was nothing to remove."""
     folder = Path(out) / "cache"
     if folder.is_symlink() or not folder.is_dir():
         return None
     files = [f for f in folder.iterdir() if f.is_file() and not live_tmp(f)]
     if not files:
         return None
-    before = shutil.disk_usage(out).free
+    mb = sum(f.stat().st_blocks * 512 for f in files) / 2**20  # their blocks on the disk
     gc.collect()  # a cache array no longer referenced is unmapped: its removal frees its blocks
     for f in files:
         f.unlink(missing_ok=True)
-    back = (shutil.disk_usage(out).free - before) / 2**20
-    return f"removed the cache {folder} ({len(files)} file(s), {back:.1f} MB back; the next run makes it again)"
+    return f"removed the cache {folder} ({len(files)} file(s), {mb:.1f} MB; the next run makes it again)"
 
 
 def live_tmp(path: Path) -> bool:
