@@ -702,11 +702,14 @@ cp -r "{disks}/b/out" "{results}/b_out"
 # c: a run whose disk fills up mid-training: fold 0's second save (complete) has no room for its temporary copy
 disk "{disks}/c" 2500k && run c run.py --device cpu {short} --out-dir "{disks}/c/out"
 cp -r "{disks}/c/out" "{results}/c_out"
-# d: its two folds predicted again on a disk an earlier predict.py's test cache filled: 4 KB left, the submission
-# fits once the cache is removed
-disk "{disks}/d" 3g && cp -r "{disks}/a/out" "{disks}/d/out" && run d1 predict.py --device cpu --out-dir "{disks}/d/out"
-rm "{disks}/d/out/submission.csv" && used=$(df -k "{disks}/d" | tail -1 | awk '{{print $3}}')
-mount -o remount,size=$((used + 4))k "{disks}/d" && run d predict.py --device cpu --out-dir "{disks}/d/out"
+# d: a run whose caches were made on the disk (3 GB free then) and whose disk has filled since. d1: fold 1 trained
+# again with 1.2 MB left, its 1.5 MB checkpoint fits once the test cache made ahead (1.9 MB) is removed; d: its two
+# folds predicted with 4 KB left, the submission fits once the train cache (11.3 MB) is removed
+disk "{disks}/d" 3g && run d0 train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/d/out"
+rm "{disks}/d/out/model_fold1.pth" && used=$(df -k "{disks}/d" | tail -1 | awk '{{print $3}}')
+mount -o remount,size=$((used + 1200))k "{disks}/d"
+run d1 train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/d/out"
+leave "{disks}/d" 4096 && run d predict.py --device cpu --out-dir "{disks}/d/out"
 cp -r "{disks}/d/out" "{results}/d_out"
 """
 
@@ -780,14 +783,24 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     trained_submission(results / "c_out")
     rows = pd.read_csv(results / "c_out" / "experiments.csv")
     assert rows["stop"].iloc[-1].startswith("failed: DiskFull: ") and "the disk is full" in rows["stop"].iloc[-1]
-    # d: the disk refused the submission; the decode cache, made again from the data, gave it room (before: one ERROR,
-    # exit 1, and no submission from two trained folds)
-    assert "CACHE: decoded 40 test images to 64x64 in" in full_disk_log(results, "d1")  # on the disk: 3 GB free
+    # d1: the disk refused a fold's checkpoint; the test set's cache made ahead gave it room (before: one ERROR, exit 1,
+    # the fold lost); d: the disk refused the submission; the train cache gave it room (before: one ERROR, exit 1, and
+    # train.py's fallback handed in beside two trained folds)
+    assert "CACHE: decoded 40 test images to 128x128 in" in full_disk_log(results, "d0")  # on the disk: 3 GB free
+    log = full_disk_log(results, "d1")
+    assert (results / "d1.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
+    assert re.search(
+        r"^CLEANUP: the disk refused model_fold1\.pth \(1\.\d MB free\): removed the test set's cache \S+/d/out/cache "
+        r"\(2 file\(s\), 1\.9 MB; predict\.py decodes it again\)$",
+        log,
+        re.M,
+    ), log
+    assert "FOLD 1 DONE" in log and "OOF: " in log and "folds [0, 1]" in log, log[-3000:]
     log = full_disk_log(results, "d")
     assert (results / "d.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
     assert re.search(
         r"^CLEANUP: the disk refused submission\.csv \(0\.0 MB free\): removed the cache \S+/d/out/cache "
-        r"\(2 file\(s\), 0\.5 MB; the next run makes it again\)\n"
+        r"\(2 file\(s\), 11\.3 MB; the next run makes it again\)\n"
         r"SUBMISSION: \S+ \(40 rows, 2 fold\(s\) ensembled\)$",
         log,
         re.M,

@@ -596,16 +596,20 @@ def test_an_experiments_row_the_disk_refuses_is_one_warning(project_modules, tmp
 
 
 def test_a_full_disks_room_comes_from_the_runs_cache_alone(project_modules, tmp_path):
-    """room.free_cache, which gives a refused submission its room (tests/test_bad_input.py's case d, on a
-    real full disk): the files of out/cache go, a live writer's temporary file stays, and a cache
-    tune.py's trials share (a link to the search's) is not this run's to remove."""
+    """room.free_cache, which gives a refused submission or checkpoint its room (tests/test_bad_input.py's case
+    d, on a real full disk): the files of out/cache go (a checkpoint's: the test set's alone), a live writer's
+    temporary file stays, and a cache tune.py's trials share (a link to the search's) is not this run's to remove."""
     room = project_modules.room
     out, cache = tmp_path / "out", tmp_path / "out" / "cache"
     cache.mkdir(parents=True)
-    for name in ("train_64px.u8", "train_64px.json", "tokens-test-0123.npz"):
+    for name in ("train_64px.u8", "train_64px.json", "tokens-test-0123.npz", "test_16000hz_5s.i16", "masks_64px.u8"):
         (cache / name).write_bytes(bytes(4096))
     live = cache / f".test_64px.u8.{os.getpid()}.k3j_x9a1.tmp"  # this process is writing it
     live.write_bytes(b"x")
+    said = room.free_cache(out, ahead=True)  # a checkpoint's room: the test set's caches alone (train.py's is in use)
+    assert re.fullmatch(rf"removed the test set's cache {re.escape(str(cache))} \(2 file\(s\), .*", said), said
+    kept = [live.name, "masks_64px.u8", "train_64px.json", "train_64px.u8"]
+    assert sorted(p.name for p in cache.iterdir()) == sorted(kept)
     said = room.free_cache(out)
     assert re.fullmatch(rf"removed the cache {re.escape(str(cache))} \(3 file\(s\), [\d.]+ MB; .*", said), said
     assert [p.name for p in cache.iterdir()] == [live.name]

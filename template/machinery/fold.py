@@ -8,6 +8,7 @@ epoch (AMP, accumulation, OOM recovery). It is machinery: `copier update` may re
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from . import artifacts, compiling, growth, logs, parallel, probe, storage
+from . import artifacts, compiling, growth, logs, parallel, probe, room, storage
 from .machine import Batching, Machine, batch_set_by_user
 from .steps import loader, make_optimizer, predict, run_epoch, to_device, warmup_cosine
 
@@ -295,4 +296,7 @@ def save_fold(path: Path, model, comp, fold: Fold, config: dict, **meta) -> None
         return
     run = {key: storage.setting(config, key) for key in artifacts.run_keys(comp)}  # what makes folds of one ensemble
     saved = {"fold": fold.index, "seed_no": fold.seed_no, "run": run, "saved_at": time.time()}
-    storage.save_checkpoint(path, model, config, comp.classes, **saved, **meta, **fold.extras)
+    write = functools.partial(
+        storage.save_checkpoint, path, model, config, comp.classes, **saved, **meta, **fold.extras
+    )
+    room.with_room(path, write, ahead=True)  # a full disk: the test set's cache made ahead gives its room
