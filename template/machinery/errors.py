@@ -31,7 +31,7 @@ class DataError(RunError):
 
 class DiskFull(RunError):
     """A write the disk (or the quota) had no room for: storage.atomic_write kept the previous file.
-    room.write_csv frees the run's cache and tries the submission once more."""
+    room.with_room frees the run's cache and tries a submission or a fold's checkpoint once more."""
 
 
 class NothingTrained(RunError):
