@@ -194,6 +194,12 @@ def test_a_run_short_of_disk_is_an_action_naming_what_stopped_it(tmp_path):
     assert report["status"] == "action" and stopped in report["disk"][0]
     log.write_text(log.read_text().replace(stopped, "").replace(held, ""))
     assert doctor(log).returncode == 0  # the same log without them: no DISK line, OK
+    # a checkpoint the disk refused until the test set's cache gave its room (room.py): the fold saved, the disk short
+    freed = "CLEANUP: the disk refused model_fold3.pth (12.0 MB free): removed the test set's cache output/cache "
+    freed += "(2 file(s), 1470.0 MB; predict.py decodes it again)"
+    log.write_text(f"{log.read_text()}{freed}\n")
+    r = doctor(log)
+    assert r.returncode == 1 and f"DISK: the run was short of disk: {freed}\n" in r.stdout, r.stdout + r.stderr
 
 
 def test_the_batch_is_the_one_the_run_ended_with(tmp_path):

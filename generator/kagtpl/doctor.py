@@ -34,7 +34,7 @@ OOM = re.compile(r"^OOM: .* micro-batch \d+ -> (\d+)")  # a step that did not fi
 VALIDATION = re.compile(r"^VALIDATION: batch_size=(\d+), [\d.]+% of GPU memory, set by ([\w-]+) \((.*)\): ")
 CHOSEN = ("small-data", "probe", "oom")  # set on purpose: a memory share under the target is headroom, not waste
 # a run short of disk (the project's caches.py, storage.atomic_write, growth.disk_room): said, and acted on
-DISK = ("too little disk (", ": the disk is full (", "(the disk has ")
+DISK = ("too little disk (", ": the disk is full (", "(the disk has ", "CLEANUP: the disk refused ")
 DEFAULT_LOGS = ("output/train.log", "output/train_log.jsonl")  # what a project's train.py writes
 TASK_SPEED = {"image": 100, "tabular": 500}  # batches per minute the field notes expect
 
