@@ -706,11 +706,16 @@ cp -r "{disks}/c/out" "{results}/c_out"
 # again with 1.2 MB left, its 1.5 MB checkpoint fits once the test cache made ahead (1.9 MB) is removed; d: its two
 # folds predicted with 4 KB left, the submission fits once the train cache (11.3 MB) is removed
 disk "{disks}/d" 3g && run d0 train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/d/out"
-rm "{disks}/d/out/model_fold1.pth" && used=$(df -k "{disks}/d" | tail -1 | awk '{{print $3}}')
-mount -o remount,size=$((used + 1200))k "{disks}/d"
+disk "{disks}/e" 3g && cp -r "{disks}/d/out" "{disks}/e/out" && rm "{disks}/d/out/model_fold1.pth"
+used=$(df -k "{disks}/d" | tail -1 | awk '{{print $3}}') && mount -o remount,size=$((used + 1200))k "{disks}/d"
 run d1 train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/d/out"
 leave "{disks}/d" 4096 && run d predict.py --device cpu --out-dir "{disks}/d/out"
 cp -r "{disks}/d/out" "{results}/d_out"
+# e: the same run started again with 4 KB left (its folds complete): its fallback fits once the test cache is
+# removed, and its training cache, in use, stays
+used=$(df -k "{disks}/e" | tail -1 | awk '{{print $3}}') && mount -o remount,size=$((used + 4))k "{disks}/e"
+run e train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/e/out"
+cp -r "{disks}/e/out" "{results}/e_out"
 """
 
 
@@ -785,7 +790,7 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     assert rows["stop"].iloc[-1].startswith("failed: DiskFull: ") and "the disk is full" in rows["stop"].iloc[-1]
     # d1: the disk refused a fold's checkpoint; the test set's cache made ahead gave it room (before: one ERROR, exit 1,
     # the fold lost); d: the disk refused the submission; the train cache gave it room (before: one ERROR, exit 1, and
-    # train.py's fallback handed in beside two trained folds)
+    # train.py's fallback handed in beside two trained folds); e: the fallback (before: one ERROR, exit 1, no fold)
     assert "CACHE: decoded 40 test images to 128x128 in" in full_disk_log(results, "d0")  # on the disk: 3 GB free
     log = full_disk_log(results, "d1")
     assert (results / "d1.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
@@ -806,6 +811,18 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
         re.M,
     ), log
     assert not list((results / "d_out" / "cache").iterdir()) and not list((results / "d_out").rglob("*.tmp"))
+    # e: train.py's fallback the disk refused; the test set's cache gave it room, the training cache (in use) stayed
+    log = full_disk_log(results, "e")
+    assert (results / "e.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
+    assert re.search(
+        r"^CLEANUP: the disk refused submission\.csv \(0\.0 MB free\): removed the test set's cache \S+/e/out/cache "
+        r"\(2 file\(s\), 1\.9 MB; predict\.py decodes it again\)\n"
+        r"SUBMISSION: \S+ is a fallback",
+        log,
+        re.M,
+    ), log
+    assert sorted(f.name for f in (results / "e_out" / "cache").iterdir()) == ["train_128px.json", "train_128px.u8"]
+    assert "FOLD 1: model_fold1.pth is complete, skipping (resume)" in log and "DONE: 2 folds" in log, log[-3000:]
     trained_submission(results / "d_out")
 
 

@@ -27,15 +27,16 @@ from .errors import DiskFull
 AHEAD = re.compile(r"(tokens-)?test[_-]")  # the test set's caches (images, clips, tokens): predict.py's
 
 
-def write_csv(df, path: Path) -> None:
-    """storage.write_csv_atomic, with the room of the cache beside it when the disk refuses it."""
-    with_room(path, lambda: storage.write_csv_atomic(df, path))
+def write_csv(df, path: Path, ahead: bool = False) -> None:
+    """storage.write_csv_atomic, with the room of the cache beside it when the disk refuses it
+    (`ahead`: the test set's alone, as train.py's fallback: its training cache is in use)."""
+    with_room(path, lambda: storage.write_csv_atomic(df, path), ahead)
 
 
 def with_room(path: Path, write, ahead: bool = False) -> None:
     """write() (an atomic write of `path`); when the disk refuses it, the cache beside it removed
-    (`ahead`: the test set's alone, train.py's checkpoints) and one more try (still full: the
-    DiskFull of that try, the previous file intact)."""
+    (`ahead`: the test set's alone, for train.py's checkpoints and fallback) and one more try
+    (still full: the DiskFull of that try, the previous file intact)."""
     path = Path(path)
     try:
         write()
