@@ -706,7 +706,8 @@ cp -r "{disks}/c/out" "{results}/c_out"
 # again with 1.2 MB left, its 1.5 MB checkpoint fits once the test cache made ahead (1.9 MB) is removed; d: its two
 # folds predicted with 4 KB left, the submission fits once the train cache (11.3 MB) is removed
 disk "{disks}/d" 3g && run d0 train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/d/out"
-disk "{disks}/e" 3g && cp -r "{disks}/d/out" "{disks}/e/out" && rm "{disks}/d/out/model_fold1.pth"
+for copy in e f; do disk "{disks}/$copy" 3g && cp -r "{disks}/d/out" "{disks}/$copy/out"; done
+rm "{disks}/d/out/model_fold1.pth" "{disks}/f/out/model_fold1.pth"
 used=$(df -k "{disks}/d" | tail -1 | awk '{{print $3}}') && mount -o remount,size=$((used + 1200))k "{disks}/d"
 run d1 train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/d/out"
 leave "{disks}/d" 4096 && run d predict.py --device cpu --out-dir "{disks}/d/out"
@@ -716,6 +717,10 @@ cp -r "{disks}/d/out" "{results}/d_out"
 used=$(df -k "{disks}/e" | tail -1 | awk '{{print $3}}') && mount -o remount,size=$((used + 4))k "{disks}/e"
 run e train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/e/out"
 cp -r "{disks}/e/out" "{results}/e_out"
+# f: fold 1 trained again with 1.6 MB left: its best epoch's checkpoint (1.5 MB) fits, and marking it complete (the
+# file written again: a temporary copy beside it) fits once the test cache is removed
+used=$(df -k "{disks}/f" | tail -1 | awk '{{print $3}}') && mount -o remount,size=$((used + 1600))k "{disks}/f"
+run f train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/f/out"
 """
 
 
@@ -790,7 +795,8 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     assert rows["stop"].iloc[-1].startswith("failed: DiskFull: ") and "the disk is full" in rows["stop"].iloc[-1]
     # d1: the disk refused a fold's checkpoint; the test set's cache made ahead gave it room (before: one ERROR, exit 1,
     # the fold lost); d: the disk refused the submission; the train cache gave it room (before: one ERROR, exit 1, and
-    # train.py's fallback handed in beside two trained folds); e: the fallback (before: one ERROR, exit 1, no fold)
+    # train.py's fallback handed in beside two trained folds); e: the fallback (before: one ERROR, exit 1, no fold);
+    # f: a fold's checkpoint marked complete (a copy of it beside it)
     assert "CACHE: decoded 40 test images to 128x128 in" in full_disk_log(results, "d0")  # on the disk: 3 GB free
     log = full_disk_log(results, "d1")
     assert (results / "d1.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
@@ -823,6 +829,17 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     ), log
     assert sorted(f.name for f in (results / "e_out" / "cache").iterdir()) == ["train_128px.json", "train_128px.u8"]
     assert "FOLD 1: model_fold1.pth is complete, skipping (resume)" in log and "DONE: 2 folds" in log, log[-3000:]
+    # f: fold 1's checkpoint marked complete once the test set's cache gave its room (before: one ERROR, exit 1, the
+    # fold left incomplete: the next run trained it again)
+    log = full_disk_log(results, "f")
+    assert (results / "f.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
+    assert re.search(
+        r"^CLEANUP: the disk refused model_fold1\.pth \(0\.\d MB free\): removed the test set's cache \S+/f/out/cache "
+        r"\(2 file\(s\), 1\.9 MB; predict\.py decodes it again\)$",
+        log,
+        re.M,
+    ), log
+    assert "FOLD 1 DONE" in log and "OOF: " in log and "folds [0, 1]" in log, log[-3000:]
     trained_submission(results / "d_out")
 
 

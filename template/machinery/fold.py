@@ -165,7 +165,8 @@ def finish_fold(model, fold: Fold, out: Path, machine, planner) -> None:
     if planner.stop_reason is not None or not parallel.writes():
         return
     timing = planner.times.fold_timing(planner.prediction.fold_s)  # a rerun that resumes the fold prices growth by it
-    if not storage.mark_complete(out / fold.checkpoint, timing=timing):
+    mark = functools.partial(storage.mark_complete, out / fold.checkpoint, timing=timing)  # rewritten: a copy's room
+    if not room.with_room(out / fold.checkpoint, mark, ahead=True):
         print(f"WARNING: fold {fold.index} never produced a finite val loss; no checkpoint written")
     elif fold.seed_no > 1 and (out / fold.oof).exists():
         (out / fold.oof).replace(out / growth.oof_name(fold.index, fold.seed_no))

@@ -33,20 +33,20 @@ def write_csv(df, path: Path, ahead: bool = False) -> None:
     with_room(path, lambda: storage.write_csv_atomic(df, path), ahead)
 
 
-def with_room(path: Path, write, ahead: bool = False) -> None:
-    """write() (an atomic write of `path`); when the disk refuses it, the cache beside it removed
-    (`ahead`: the test set's alone, for train.py's checkpoints and fallback) and one more try
-    (still full: the DiskFull of that try, the previous file intact)."""
+def with_room(path: Path, write, ahead: bool = False):
+    """write() (an atomic write of `path`), and what it returns; when the disk refuses it, the
+    cache beside it removed (`ahead`: the test set's alone, for train.py's checkpoints and
+    fallback) and one more try (still full: the DiskFull of that try, the previous file intact)."""
     path = Path(path)
     try:
-        write()
+        return write()
     except DiskFull:
         free = shutil.disk_usage(path.parent).free / 2**20
         freed = free_cache(path.parent, ahead)
         if freed is None:
             raise
         print(f"CLEANUP: the disk refused {path.name} ({free:.1f} MB free): {freed}")
-        write()
+        return write()
 
 
 def free_cache(out: Path, ahead: bool = False) -> str | None:
