@@ -737,8 +737,10 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     cache's memmap that outgrew the disk was SIGBUS: a run died twice in its train cache and handed
     in no submission, and predict.py died silently beside three trained folds (a hidden test set on
     Kaggle's 20 GB working disk). torch.save meeting ENOSPC raised a RuntimeError traceback, and
-    train.log's writes then failed every later line ("lost sys.stderr"). A submission the disk refused
-    was an ERROR beside trained folds, and train.py's fallback was handed in."""
+    train.log's writes then failed every later line ("lost sys.stderr"). On a disk filled after its caches
+    were made, a submission the disk refused was an ERROR beside trained folds (train.py's fallback handed
+    in), and a checkpoint, its marking as complete or the fallback, an ERROR that cost the fold: the
+    cache (predict.py's; train.py's test set's alone) now gives its room."""
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         pytest.skip("no mount namespace here (unshare -m): tmpfs needs one")
     results, disks = tmp_path / "results", tmp_path / "disks"
