@@ -58,7 +58,7 @@ def free_cache(out: Path, ahead: bool = False) -> str | None:
     files = [f for f in folder.iterdir() if f.is_file() and not live_tmp(f) and (AHEAD.match(f.name) or not ahead)]
     if not files:
         return None
-    mb = sum(f.stat().st_blocks * 512 for f in files) / 2**20  # their blocks on the disk
+    mb = sum(held_bytes(f) for f in files) / 2**20
     gc.collect()  # a cache array no longer referenced is unmapped: its removal frees its blocks
     for f in files:
         f.unlink(missing_ok=True)
@@ -68,6 +68,12 @@ def free_cache(out: Path, ahead: bool = False) -> str | None:
         else ("the cache", "the next run makes it again")
     )
     return f"removed {which} {folder} ({len(files)} file(s), {mb:.1f} MB; {again})"
+
+
+def held_bytes(path: Path) -> int:
+    """The disk a file takes: its blocks (a reserved, sparse or tail-padded file), else its size."""
+    st = path.stat()
+    return getattr(st, "st_blocks", 0) * 512 or st.st_size
 
 
 def live_tmp(path: Path) -> bool:
