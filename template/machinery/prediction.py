@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import gpu, hand_in, hardware, serving, storage, submission
+from . import gpu, hand_in, hardware, room, serving, storage, submission
 from .errors import NothingTrained, one_line_errors
 from .machine import Machine, inference_machine, profile
 from .runflags import check_flags, given_flags, train_command
@@ -88,7 +88,7 @@ def start(args, required: bool = True, preload: tuple[str, ...] = ()) -> Start:
     out, data, train = Path(args.out_dir), Path(args.data_dir), train_command(args)
     try:
         checkpoints = storage.ensemble_checkpoints(out, required=required)
-        storage.sweep_stale_tmp(out)
+        room.sweep_stale_tmp(out)
         if checkpoints:
             config, classes = checkpoints[0][1]["config"], checkpoints[0][1]["classes"]
         else:

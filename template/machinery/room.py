@@ -9,8 +9,8 @@ one CLEANUP line saying how much they held, and the write is tried once more. A 
 checkpoint the disk refuses gets the room of the test set's cache train.py made ahead for
 predict.py (AHEAD: predict.py decodes the test set itself then); the training set's cache is in
 use. A cache file still mapped by this process gives its room back only when it is closed. Kept: a
-cache tune.py's trials share (a link: the other trials read it) and a live writer's temporary file.
-Torch-free. It is machinery: `copier update` may replace it.
+cache tune.py's trials share (a link: the other trials read it) and a live writer's temporary file;
+a killed writer's is swept as a run starts (sweep_stale_tmp). Torch-free. It is machinery: `copier update` may replace it.
 """
 
 from __future__ import annotations
@@ -78,5 +78,22 @@ def held_bytes(path: Path) -> int:
 
 def live_tmp(path: Path) -> bool:
     """A temporary file a live process is writing (storage.TMP_PID: its name carries the writer's pid)."""
-    m = storage.TMP_PID.search(path.name)
+    m = storage.TMP_PID.search(Path(path).name)
     return bool(m) and (int(m.group(1)) == os.getpid() or storage.pid_alive(int(m.group(1))))
+
+
+def sweep_stale_tmp(out_dir: Path) -> None:
+    """Delete the temporary files killed runs left in out_dir and its cache (a kill mid-write
+    leaves one, up to the size of a checkpoint or a decode cache); a live writer's are kept."""
+    stale = [
+        f
+        for folder in (Path(out_dir), Path(out_dir) / "cache")
+        if folder.is_dir()
+        for f in folder.iterdir()
+        if storage.TMP_PID.search(f.name) and not live_tmp(f)
+    ]
+    mb = sum(f.stat().st_size for f in stale) / 2**20
+    for f in stale:
+        f.unlink(missing_ok=True)
+    if stale:
+        print(f"CLEANUP: removed {len(stale)} temporary file(s) ({mb:.0f} MB) left by killed runs in {out_dir}")

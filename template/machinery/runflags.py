@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import artifacts, hardware, locks, logs, parallel, storage
+from . import artifacts, hardware, locks, logs, parallel, room
 from . import planner as time_planner
 from .errors import DataError, RunError, one_line_errors
 from .gpu import resolve_device, seed_everything
@@ -365,7 +365,7 @@ def begin(args, ranges: dict | None = None) -> torch.device:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     if parallel.writes() and not worker:
         locks.lock_output(out)
-        storage.sweep_stale_tmp(out)
+        room.sweep_stale_tmp(out)
         logs.log_to(out / "train.log")  # a fold worker's lines reach it through this process's relay
     print(f"PARALLEL: {args.parallel} ({why})")
     speed_settings(args, device)  # on the device this process trains on (a DDP rank's own card)

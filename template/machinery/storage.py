@@ -75,23 +75,6 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def sweep_stale_tmp(out_dir: Path) -> None:
-    """Delete the temporary files killed runs left in out_dir and its cache (a kill mid-write
-    leaves one, up to the size of a checkpoint or a decode cache); a live writer's are kept."""
-    stale = [
-        f
-        for folder in (Path(out_dir), Path(out_dir) / "cache")
-        if folder.is_dir()
-        for f in folder.iterdir()
-        if (m := TMP_PID.search(f.name)) and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1)))
-    ]
-    mb = sum(f.stat().st_size for f in stale) / 2**20
-    for f in stale:
-        f.unlink(missing_ok=True)
-    if stale:
-        print(f"CLEANUP: removed {len(stale)} temporary file(s) ({mb:.0f} MB) left by killed runs in {out_dir}")
-
-
 def first_non_utf8_line(path: Path) -> int:
     for n, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
         try:
