@@ -730,6 +730,15 @@ def full_disk_log(results: Path, name: str) -> str:
     return log
 
 
+def given_room(results: Path, name: str, cleanup: str) -> str:
+    """Run `name`'s log, which ended well (exit 0, no ERROR) after the CLEANUP line `cleanup` (a regex)
+    said what gave the refused file its room."""
+    log = full_disk_log(results, name)
+    assert (results / f"{name}.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
+    assert re.search(cleanup, log, re.M), log
+    return log
+
+
 @pytest.mark.slow
 @case("faults")
 def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
@@ -800,47 +809,39 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     # train.py's fallback handed in beside two trained folds); e: the fallback (before: one ERROR, exit 1, no fold);
     # f: a fold's checkpoint marked complete (a copy of it beside it)
     assert "CACHE: decoded 40 test images to 128x128 in" in full_disk_log(results, "d0")  # on the disk: 3 GB free
-    log = full_disk_log(results, "d1")
-    assert (results / "d1.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
-    assert re.search(
+    log = given_room(
+        results,
+        "d1",
         r"^CLEANUP: the disk refused model_fold1\.pth \(1\.\d MB free\): removed the test set's cache \S+/d/out/cache "
         r"\(2 file\(s\), 1\.9 MB; predict\.py decodes it again\)$",
-        log,
-        re.M,
-    ), log
+    )
     assert "FOLD 1 DONE" in log and "OOF: " in log and "folds [0, 1]" in log, log[-3000:]
-    log = full_disk_log(results, "d")
-    assert (results / "d.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
-    assert re.search(
+    given_room(
+        results,
+        "d",
         r"^CLEANUP: the disk refused submission\.csv \(0\.0 MB free\): removed the cache \S+/d/out/cache "
         r"\(2 file\(s\), 11\.3 MB; the next run makes it again\)\n"
         r"SUBMISSION: \S+ \(40 rows, 2 fold\(s\) ensembled\)$",
-        log,
-        re.M,
-    ), log
+    )
     assert not list((results / "d_out" / "cache").iterdir()) and not list((results / "d_out").rglob("*.tmp"))
     # e: train.py's fallback the disk refused; the test set's cache gave it room, the training cache (in use) stayed
-    log = full_disk_log(results, "e")
-    assert (results / "e.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
-    assert re.search(
+    log = given_room(
+        results,
+        "e",
         r"^CLEANUP: the disk refused submission\.csv \(0\.0 MB free\): removed the test set's cache \S+/e/out/cache "
         r"\(2 file\(s\), 1\.9 MB; predict\.py decodes it again\)\n"
         r"SUBMISSION: \S+ is a fallback",
-        log,
-        re.M,
-    ), log
+    )
     assert sorted(f.name for f in (results / "e_out" / "cache").iterdir()) == ["train_128px.json", "train_128px.u8"]
     assert "FOLD 1: model_fold1.pth is complete, skipping (resume)" in log and "DONE: 2 folds" in log, log[-3000:]
     # f: fold 1's checkpoint marked complete once the test set's cache gave its room (before: one ERROR, exit 1, the
     # fold left incomplete: the next run trained it again)
-    log = full_disk_log(results, "f")
-    assert (results / "f.rc").read_text().strip() == "0" and "ERROR" not in log, log[-3000:]
-    assert re.search(
+    log = given_room(
+        results,
+        "f",
         r"^CLEANUP: the disk refused model_fold1\.pth \(0\.\d MB free\): removed the test set's cache \S+/f/out/cache "
         r"\(2 file\(s\), 1\.9 MB; predict\.py decodes it again\)$",
-        log,
-        re.M,
-    ), log
+    )
     assert "FOLD 1 DONE" in log and "OOF: " in log and "folds [0, 1]" in log, log[-3000:]
     trained_submission(results / "d_out")
 
