@@ -202,6 +202,26 @@ def test_a_run_short_of_disk_is_an_action_naming_what_stopped_it(tmp_path):
     assert r.returncode == 1 and f"DISK: the run was short of disk: {freed}\n" in r.stdout, r.stdout + r.stderr
 
 
+def test_a_run_that_hands_in_its_fallback_is_an_action_giving_the_verdict(tmp_path):
+    """A run at 80% of GPU memory is fine by the matrix, but its folds lost to train.py's fallback on
+    their OOF rows (the project's hand_in.py), so predict.py hands in the fallback: before, STATUS: OK."""
+    log = log_with(tmp_path, 80.0, model="resnet18 (11.2M params, small model)")
+    verdict = (
+        "the folds' OOF logloss 2.3314 is worse than the training prior's 2.2822 on the same 240 rows (in 99% of 200 "
+        "paired bootstrap resamples); predict.py keeps train.py's fallback (hand_in.json)"
+    )
+    log.write_text(f"{log.read_text()}OOF: logloss=2.3314, Acc=0.1500 over 240 rows from folds [0, 1]\n")
+    assert doctor(log).returncode == 0  # the same log without the verdict: OK
+    log.write_text(f"{log.read_text()}HAND-IN: the fallback: {verdict}\n")
+    r = doctor(log)
+    assert r.returncode == 1 and "DECISION: 70-90%: proceed (optimal)" in r.stdout, r.stdout + r.stderr
+    assert f"HAND-IN: the run hands in train.py's fallback, not its folds: {verdict}\n" in r.stdout
+    assert "HAND-IN: train longer (a larger run.py --budget, more --epochs)" in r.stdout
+    assert r.stdout.rstrip().endswith("STATUS: ACTION NEEDED")
+    report = json.loads(doctor(log, "--json").stdout)
+    assert report["status"] == "action" and verdict in report["hand_in"][0]
+
+
 def test_the_batch_is_the_one_the_run_ended_with(tmp_path):
     """RESOURCES says what was asked; the probe's BATCH line and an OOM's halving say what ran. An
     OOM's batch is kept: doubling it again is what ran out of memory (issue 46)."""

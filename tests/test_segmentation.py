@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -15,7 +16,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import assert_plan_cut_to_budget, import_project, predict_streamed, run_script, start_until
+from conftest import (
+    JUDGED_ENV,
+    assert_plan_cut_to_budget,
+    import_project,
+    predict_streamed,
+    run_script,
+    start_until,
+)
 from kagtpl import detect, new, shapes
 from kagtpl.cli import app
 from kagtpl.errors import KagtplError
@@ -305,6 +313,59 @@ def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_
     # a hidden test set neither the disk nor the memory holds: decoded batch by batch, the same submission
     r, streamed = predict_streamed(png_project, png_project / "output", shapes_data["png"], tmp_path)
     assert "2 fold(s) ensembled" in r.stdout and streamed == (png_project / "output" / "submission.csv").read_bytes()
+
+
+def mostly_empty(dest, empty: int = 30, with_mask: int = 6):
+    """A shapes competition whose training images are mostly without a mask (SIIM's pneumothorax:
+    ~78%): `empty` of them and `with_mask` with one, at the module's size."""
+    import cv2
+
+    data = shapes.write_shapes(dest, "png", 5 * (empty + with_mask), TEST, SIZE, seed=1)
+    kept = {True: 0, False: 0}
+    for mask in sorted((data / "train_masks").iterdir()):
+        is_empty = not cv2.imread(str(mask), cv2.IMREAD_GRAYSCALE).any()
+        kept[is_empty] += 1
+        if kept[is_empty] > (empty if is_empty else with_mask):
+            mask.unlink()
+            (data / "train" / mask.name).unlink()
+    assert kept[True] >= empty and kept[False] >= with_mask, kept
+    return data
+
+
+@pytest.mark.slow
+def test_folds_worse_than_the_empty_masks_hand_in_the_fallback(png_project, tmp_path):
+    """Most images without a mask and one epoch: the folds' masks score below the empty masks that
+    train.py's fallback holds, on the same OOF images, even at the threshold and minimum area chosen
+    there. They were handed in all the same (masks were never judged: a Dice of 0.56 where the
+    fallback's is 0.83); now a HAND-IN line, predict.py keeps the fallback (run.py says so), and
+    kagtpl kaggle refuses to ship them."""
+    data, out = mostly_empty(tmp_path / "data"), tmp_path / "out"
+    where = ["--data-dir", str(data), "--out-dir", str(out)]
+    log = run_script(png_project, "run.py", *FAST, *where, env=JUDGED_ENV).stdout
+    assert "DATA: 36 train images (30 with empty masks)" in log, log
+    oof = float(re.search(r"^OOF: Dice@0\.5=[\d.]+, Dice=([\d.]+) over 36 rows", log, re.M)[1])
+    assert oof < 30 / 36, log  # the empty masks' Dice: 1 on each image without a mask, 0 on the others
+    said = re.search(
+        r"^HAND-IN: the fallback: the folds' OOF Dice ([\d.]+) is worse than the empty masks' 0\.8333 on the same "
+        r"36 rows \(in (\d+)% of \d+ paired bootstrap resamples\); predict\.py keeps train\.py's fallback "
+        r"\(hand_in\.json\)$",
+        log,
+        re.M,
+    )
+    assert said and float(said[1]) == oof and int(said[2]) >= 95, log
+    assert json.loads((out / "hand_in.json").read_text())["fallback"]["what"] == "the empty masks"
+    kept = f"SUBMISSION: {out / 'submission.csv'} kept: train.py's fallback (the empty masks), because the folds' "
+    assert kept + f"OOF Dice {oof:.4f} is worse than the empty masks' 0.8333 ({out / 'hand_in.json'}" in log, log
+    assert f"RUN: handed in {out / 'submission.csv'}, this run's fallback (the empty masks): predict.py kept it" in log
+    sub = pd.read_csv(out / "submission.csv", dtype=str, keep_default_na=False)
+    assert len(sub) == TEST and (sub["rle"] == "").all()
+    ship = ["kaggle", str(png_project), "--user", "alice", "--no-wheels", "--competition", "shapes-comp"]
+    refused = CliRunner().invoke(app, [*ship, "--no-pretrained", "--predict", "--budget", "9h", "--out-dir", str(out)])
+    assert refused.exit_code == 1 and "judged its folds worse than the empty masks (OOF Dice " in refused.output
+    assert "the empty masks' 0.8333" in refused.output and not (png_project / "kaggle").exists(), refused.output
+    doctor = CliRunner().invoke(app, ["doctor", str(out / "train.log")])  # an agent's reading of the run
+    assert doctor.exit_code == 1 and "STATUS: ACTION NEEDED" in doctor.output, doctor.output
+    assert "HAND-IN: the run hands in train.py's fallback, not its folds: the folds' OOF Dice " in doctor.output
 
 
 @pytest.mark.slow

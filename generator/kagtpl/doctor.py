@@ -35,6 +35,8 @@ VALIDATION = re.compile(r"^VALIDATION: batch_size=(\d+), [\d.]+% of GPU memory, 
 CHOSEN = ("small-data", "probe", "oom")  # set on purpose: a memory share under the target is headroom, not waste
 # a run short of disk (the project's caches.py, storage.atomic_write, growth.disk_room): said, and acted on
 DISK = ("too little disk (", ": the disk is full (", "(the disk has ", "CLEANUP: the disk refused ")
+# the run judged its folds worse than train.py's fallback on their OOF rows (the project's hand_in.py): handed in
+HAND_IN = "HAND-IN: the fallback: "
 DEFAULT_LOGS = ("output/train.log", "output/train_log.jsonl")  # what a project's train.py writes
 TASK_SPEED = {"image": 100, "tabular": 500}  # batches per minute the field notes expect
 
@@ -61,6 +63,7 @@ class Log:
     set_why: str = ""
     skipped: int = 0  # the JSON log's lines that are not JSON: a record cut short (a full disk, a kill)
     disk: list[str] = field(default_factory=list)  # the lines that say the disk was short (DISK)
+    fallback: str | None = None  # the HAND-IN line's verdict: the folds lost to train.py's fallback
 
 
 def parse(text: str) -> Log:
@@ -69,6 +72,8 @@ def parse(text: str) -> Log:
         line = line.strip()
         if any(words in line for words in DISK):
             log.disk.append(line)
+        if line.startswith(HAND_IN):
+            log.fallback = line.removeprefix(HAND_IN)
         if m := RESOURCES.search(line):
             log.cpus, log.batch, log.gpu, log.amp = int(m[1]), int(m[2]), m[3], m[4]
         elif m := VALIDATION.match(line):
@@ -158,6 +163,7 @@ class Report:
     warnings: list[str]
     status: str  # "ok" | "action"
     disk: list[str] = field(default_factory=list)  # DISK: lines, each an action
+    hand_in: list[str] = field(default_factory=list)  # HAND-IN: lines, an action: the fallback was handed in
 
     def lines(self) -> list[str]:
         out = [
@@ -169,6 +175,7 @@ class Report:
         ]
         out += [f"LOADER: {a}" for a in self.loader_advice]
         out += [f"DISK: {d}" for d in self.disk]
+        out += [f"HAND-IN: {h}" for h in self.hand_in]
         out += [f"WARNING: {w}" for w in self.warnings]
         out.append(f"STATUS: {'OK' if self.status == 'ok' else 'ACTION NEEDED'}")
         return out
@@ -212,7 +219,7 @@ def diagnose(log: Log, model: str | None = None) -> Report:
         warnings,
         "action" if needed or loader_advice(log) else "ok",
     )
-    return with_disk(report, log)
+    return with_hand_in(with_disk(report, log), log)
 
 
 def with_disk(report: Report, log: Log) -> Report:
@@ -226,6 +233,21 @@ def with_disk(report: Report, log: Log) -> Report:
         f"the run was short of disk{more}: {first}",
         "free space on the disk --out-dir is on (old runs' checkpoints, output/cache/ of other sizes), "
         "or pass --out-dir on a larger disk",
+    ]
+    report.status = "action"
+    return report
+
+
+def with_hand_in(report: Report, log: Log) -> Report:
+    """The report with HAND-IN: lines when the run judged its folds worse than train.py's fallback
+    on their OOF rows, so predict.py hands in the fallback: the verdict and the way out, an action
+    (a run at the right batch is not a run that is fine)."""
+    if log.fallback is None:
+        return report
+    report.hand_in = [
+        f"the run hands in train.py's fallback, not its folds: {log.fallback}",
+        "train longer (a larger run.py --budget, more --epochs) or check the learning rate and the labels, then "
+        "train again; --hand-in folds hands these folds in anyway",
     ]
     report.status = "action"
     return report
@@ -249,7 +271,7 @@ def cpu_report(log: Log, name: str | None, cls: str) -> Report:
         skipped_lines(log),
         "ok",
     )
-    return with_disk(report, log)
+    return with_hand_in(with_disk(report, log), log)
 
 
 def skipped_lines(log: Log) -> list[str]:

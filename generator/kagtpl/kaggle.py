@@ -141,9 +141,10 @@ def check_servable(project: Path, runs: Path, task: str, mode: str = "serve") ->
     hand_in = template_module("hand_in")
     verdict = hand_in.standing_fallback(runs)  # predict.py there keeps train.py's fallback; a notebook would not
     if verdict is not None:
+        what, than = hand_in.fallback_words(verdict)  # the training prior; segmentation's: the empty masks
         raise KagtplError(
-            f"--{mode}: the run in {runs} judged its folds worse than the training prior (OOF {verdict['metric']} "
-            f"{verdict['oof']:.4f}, the prior's {verdict['prior']:.4f}: {runs / hand_in.FILE}), and the notebook "
+            f"--{mode}: the run in {runs} judged its folds worse than {what} (OOF {verdict['metric']} "
+            f"{verdict['oof']:.4f}, {than} {verdict['prior']:.4f}: {runs / hand_in.FILE}), and the notebook "
             f"would hand them in: train again (a larger --budget), or delete {hand_in.FILE} to ship them anyway"
         )
     folds = [f for f in served_files(runs) if f.name.startswith(("model_fold", "tree_"))]  # those that load

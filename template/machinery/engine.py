@@ -33,6 +33,9 @@ The competition is a plain object (train.py's `Competition`) with:
                                              MLP, beside its boosters' lines)
     oof_averages: bool                       optional, True: grown seeds' OOF predictions average
                                              into oof.csv (False: boxes, mask statistics)
+    fallback_oof(y, pred) -> array           optional: train.py's fallback as OOF rows like `pred`, which
+                                             the folds must beat (hand_in.py; default: the training
+                                             prior); `fallback_name` says what it holds (the empty masks)
     predict_setup_s(model) -> float          optional: predict.py's seconds a fold beyond building
                                              it, for the reserve under a budget (audio: the export)
     tta_views: list[str]                     optional: every view predict.py may average, the plan's

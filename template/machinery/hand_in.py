@@ -8,8 +8,10 @@ least CONFIDENCE of them.
 - **Folds or the fallback.** The folds' OOF predictions against the training prior (what the
   fallback submission holds, the same for every row). Folds that lose (a budget of one epoch:
   OOF log loss 4.76 against the prior's 2.30 on ten classes) are not handed in: a HAND-IN line,
-  and predict.py keeps the fallback with one line. A table's MLP is judged with its boosters by
-  the blend, not alone; masks and boxes (no per-row probabilities) are not judged.
+  and predict.py keeps the fallback with one line. A competition whose fallback is not the prior
+  gives it as OOF rows of its own (`fallback_oof`; tasks.py names it): segmentation's empty masks,
+  which beat an undertrained model where most images have no mask. A table's MLP is judged
+  with its boosters by the blend, not alone; boxes are not judged (no box scores 0 on mAP).
 - **Grown seeds.** A fold's first seed alone against its grown seeds averaged in (growth.py), on
   the folds that have them: seeds that lose are left out of the OOF, the CV and predict.py's
   ensemble, as the GROW: OOF line says (a table's MLP went 0.9000 -> 0.8583 with its seeds kept).
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import tasks
 from .durations import process_age
 from .errors import KeptFallback, NothingTrained, RunError
 from .storage import atomic_write
@@ -71,13 +74,17 @@ def worse_share(score, y: np.ndarray, a: np.ndarray, b: np.ndarray, higher: bool
 
 
 def prior_score(comp, y: np.ndarray, pred: np.ndarray) -> tuple[float, np.ndarray] | None:
-    """The metric of the training prior on the OOF rows `y` (class frequencies, each tag's share,
-    or the mean, tiled like `pred`) and the tiled prior, or None where the task's OOF is not one
-    row of values a row, or the metric does not take a constant answer."""
+    """The metric of train.py's fallback on the OOF rows `y` and the fallback as OOF rows: the
+    competition's own (`comp.fallback_oof(y, pred)`: segmentation's empty masks), else the training
+    prior (class frequencies, each tag's share, or the mean, tiled like `pred`); None where the
+    task's OOF is not one row of values a row, or the metric does not take a constant answer."""
     import numpy as np
 
     from .submission import prior_prediction
 
+    if callable(own := getattr(comp, "fallback_oof", None)):
+        rows = own(y, pred)
+        return last_metric(comp)(y, rows), rows
     if not getattr(comp, "oof_averages", True) or getattr(comp, "oof_names_model", False) or pred.ndim != 2:
         return None
     n_classes = pred.shape[1] if len(comp.classes) and y.ndim == 1 else 0
@@ -152,13 +159,26 @@ def judge(comp, out: Path, y: np.ndarray, pred: np.ndarray, scores: dict) -> Non
     if share < CONFIDENCE:
         record(out, "fallback", None)
         return
+    what = fallback_of(comp)
     print(
-        f"HAND-IN: the fallback: the folds' OOF {name} {value:.4f} is worse than the training prior's {prior:.4f} on "
+        f"HAND-IN: the fallback: the folds' OOF {name} {value:.4f} is worse than {owner(what)} {prior:.4f} on "
         f"the same {len(y)} rows (in {share:.0%} of {n} paired bootstrap resamples); "
         f"predict.py keeps train.py's fallback ({FILE})"
     )
     judged = mtimes(Path(out).glob("model_fold*.pth"))
-    record(out, "fallback", {"metric": name, "oof": value, "prior": prior, "checkpoints": judged})
+    record(out, "fallback", {"metric": name, "oof": value, "prior": prior, "what": what, "checkpoints": judged})
+
+
+def fallback_of(comp) -> str:
+    """What train.py's fallback holds, in words: the task's (tasks.py: the empty masks), by the
+    competition's `describe`; the training prior where it names no task of the registry."""
+    task = getattr(comp, "describe", {}).get("task")
+    return tasks.BY_NAME[task].fallback if task in tasks.BY_NAME else tasks.PRIOR
+
+
+def owner(what: str) -> str:
+    """`what`'s, in words: the training prior's, the empty masks'."""
+    return what + ("'" if what.endswith("s") else "'s")
 
 
 def standing_fallback(out: Path) -> dict | None:
@@ -179,11 +199,20 @@ def check(out: Path, submission: str = "submission.csv") -> None:
     found = standing_fallback(out)
     if found is None:
         return
-    name, value, prior = found["metric"], found["oof"], found["prior"]
+    (name, value, prior), (what, than) = (found[k] for k in ("metric", "oof", "prior")), fallback_words(found)
     raise KeptFallback(
-        f"SUBMISSION: {Path(out) / submission} kept: train.py's fallback (the training prior), because the folds' "
-        f"OOF {name} {value:.4f} is worse than the prior's {prior:.4f} ({Path(out) / FILE}; delete it to hand in the folds)"
+        f"SUBMISSION: {Path(out) / submission} kept: train.py's fallback ({what}), because the folds' "
+        f"OOF {name} {value:.4f} is worse than {than} {prior:.4f} ({Path(out) / FILE}; delete it to hand in the folds)"
     )
+
+
+def fallback_words(verdict: dict) -> tuple[str, str]:
+    """(What the fallback a verdict kept holds, whose score it beat), in words: ("the training
+    prior", "the prior's") (also a verdict written before the fallback was named), ("the empty
+    masks", "the empty masks'")."""
+    what = verdict.get("what")
+    what = what if isinstance(what, str) and what else tasks.PRIOR
+    return what, "the prior's" if what == tasks.PRIOR else owner(what)
 
 
 def untrained(error: NothingTrained, in_run: bool, submission: str = "submission.csv") -> Exception:

@@ -21,16 +21,20 @@ class Task:
     pretrained: bool  # trains from pretrained weights a Kaggle kernel cannot download (kagtpl kaggle: --weights)
     image_size: bool  # reads images at a size it is given (--image-size)
     what: str  # one line, for kagtpl new's help and errors
+    # what train.py's fallback submission holds for every row, in words: the HAND-IN line's, predict.py's,
+    # serve.py's and run.py's (a run's folds that score worse than it on their OOF rows are not handed in)
+    fallback: str = "the training prior"
 
 
 TASKS = (
     Task("image", 5, 10, True, True, "image classification (timm)"),
     Task("tabular", 5, 50, False, False, "tables: LightGBM, XGBoost, CatBoost and an MLP, blended"),
     Task("text", 5, 4, False, False, "text: transformers encoders, decoder LLMs with LoRA"),
-    Task("segmentation", 5, 20, True, True, "masks (segmentation_models_pytorch), RLE submissions"),
-    Task("detection", 5, 20, True, True, "boxes (torchvision detectors), weighted box fusion"),
+    Task("segmentation", 5, 20, True, True, "masks (segmentation_models_pytorch), RLE submissions", "the empty masks"),
+    Task("detection", 5, 20, True, True, "boxes (torchvision detectors), weighted box fusion", "no boxes"),
     Task("audio", 5, 20, True, False, "audio: spectrogram CNNs over windows of recordings"),
 )
+PRIOR = Task.fallback  # class frequencies, each tag's share or the mean: every fallback but masks' and boxes'
 BY_NAME = {task.name: task for task in TASKS}
 NAMES = tuple(BY_NAME)
 # the image files the image-reading tasks read (what OpenCV decodes): kagtpl new detects by them, and
