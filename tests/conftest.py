@@ -417,10 +417,11 @@ def predict_streamed(project: Path, out: Path, data: Path, tmp_path: Path, free:
         pytest.skip("no mount namespace here (unshare -m): tmpfs needs one")
     source, dest = tmp_path / "streamed_source", tmp_path / "streamed"
     shutil.copytree(out, source, ignore=shutil.ignore_patterns("cache", ".train.lock"))
-    args = [str(tmp_path / "disk"), str(source), str(free), sys.executable, str(project), str(data), str(dest)]
+    env = forkpython(RUN_ENV, tmp_path, project_kind(project))  # warm, in the mount namespace (forkserver.py)
+    args = [str(tmp_path / "disk"), str(source), str(free), env["PYTHON"], str(project), str(data), str(dest)]
     r = subprocess.run(
         ["unshare", "-m", "sh", "-c", ON_A_FULL_DISK, "sh", *args],
-        cwd=project, env=RUN_ENV, capture_output=True, text=True, timeout=300,
+        cwd=project, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     assert "read as each batch asks, every fold again" in r.stdout and "CACHE: decoded" not in r.stdout, r.stdout

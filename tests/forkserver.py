@@ -44,6 +44,10 @@ interpreter as before. run.py's children alone were a quarter of the suite's CPU
 of imports. tests/test_budget.py starts its run.py as `python run.py` on purpose: a budget that holds
 with every interpreter's real start.
 
+A request also sends its client's mount namespace (/proc/self/ns/mnt): a client in another one (a
+test's `unshare -m` script, whose tmpfs mounts are full disks) gets a runner that joins it first
+(setns, as root, in the runner: single-threaded after its fork), so the runner sees the mounts a
+`python script` started there would, where it ran cold before (~4-5 s of imports a script).
 KAGTPL_TEST_FORKSERVER=0 turns it off: every script then starts as `python script`;
 KAGTPL_TEST_WARM_CHILDREN=0 turns off the warm children alone.
 """
@@ -173,7 +177,7 @@ def serve(path: str, kind: str | None = None) -> dict:
     print("ready", flush=True)
     while True:
         conn, _ = listener.accept()
-        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 5)
         conn.close()
         _reap()
         if os.fork() == 0:
@@ -191,12 +195,12 @@ def _reap() -> None:
 
 
 def _monitor(request: dict, fds: list[int]) -> dict:
-    stdin, stdout, stderr, status = fds
+    stdin, stdout, stderr, status, mounts = fds
     pid = os.fork()
     if pid == 0:
         os.close(status)
-        return _become_runner(request, stdin, stdout, stderr)
-    for fd in (stdin, stdout, stderr):
+        return _become_runner(request, stdin, stdout, stderr, mounts)
+    for fd in (stdin, stdout, stderr, mounts):
         os.close(fd)
     os.write(status, f"{pid}\n".encode())
     _, code = os.waitpid(pid, 0)
@@ -204,11 +208,27 @@ def _monitor(request: dict, fds: list[int]) -> dict:
     os._exit(0)
 
 
-def _become_runner(request: dict, stdin: int, stdout: int, stderr: int) -> dict:
+def _join_mounts(mounts: int) -> None:
+    """The client's mount namespace (`mounts`: its /proc/self/ns/mnt), when it is not this one: the
+    runner then sees its mounts (a test's tmpfs full disks). setns resets the root and the working
+    folder: _become_runner's chdir follows. A runner that cannot join (not root) exits 126 saying so."""
+    if os.fstat(mounts).st_ino != os.stat("/proc/self/ns/mnt").st_ino:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(mounts, 0x00020000) != 0:  # CLONE_NEWNS
+            why = os.strerror(ctypes.get_errno())
+            os.write(2, f"forkserver: cannot join the client's mount namespace: {why}\n".encode())
+            os._exit(126)
+    os.close(mounts)
+
+
+def _become_runner(request: dict, stdin: int, stdout: int, stderr: int, mounts: int) -> dict:
     for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
         os.dup2(fd, target)
     for fd in {stdin, stdout, stderr} - {0, 1, 2}:
         os.close(fd)
+    _join_mounts(mounts)
     if request["new_session"]:
         os.setsid()
     os.chdir(request["cwd"])
@@ -492,10 +512,12 @@ def request(path: str, argv, cwd, env: dict, stdio: tuple[int, int, int], new_se
     the status descriptor to read (the runner's pid, then its exit code) is returned."""
     status_r, status_w = os.pipe()
     message = {"argv": list(argv), "cwd": str(cwd), "env": dict(env), "new_session": new_session}
+    mounts = os.open("/proc/self/ns/mnt", os.O_RDONLY)  # the runner joins it when it is not the server's
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
         conn.connect(path)
-        socket.send_fds(conn, [json.dumps(message).encode()], [*stdio, status_w])
+        socket.send_fds(conn, [json.dumps(message).encode()], [*stdio, status_w, mounts])
     os.close(status_w)
+    os.close(mounts)
     return status_r
 
 

@@ -28,7 +28,16 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import ROOT, RUN_ENV, dry_run_into_output, predict_streamed, render, run_script, start_until
+from conftest import (
+    ROOT,
+    RUN_ENV,
+    dry_run_into_output,
+    forkpython,
+    predict_streamed,
+    render,
+    run_script,
+    start_until,
+)
 from kagtpl import table
 
 CASES: Counter = Counter()  # category -> cases tried by the single tests below (the lists count themselves)
@@ -755,8 +764,9 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     results, disks = tmp_path / "results", tmp_path / "disks"
     results.mkdir()
     short = "--folds 2 --epochs 1"  # 2 checkpoints of 1.5 MB (and the temporary copy of one)
-    script = FULL_DISK_RUNS.format(python=sys.executable, results=results, disks=disks, short=short)
-    r = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=image_project, env=RUN_ENV, timeout=600)
+    env = forkpython(RUN_ENV, tmp_path, "images")  # each script forked warm, in the script's mount namespace
+    script = FULL_DISK_RUNS.format(python=env["PYTHON"], results=results, disks=disks, short=short)
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=image_project, env=env, timeout=600)
     assert r.returncode == 0
     sample = pd.read_csv(digits_dir / "sample_submission.csv", dtype=str)
 

@@ -12,7 +12,7 @@ import sys
 import forkserver
 import pytest
 
-from conftest import RUN_ENV
+from conftest import FORKSERVER, RUN_ENV, forkpython
 
 pytestmark = [pytest.mark.slow, pytest.mark.onecore]  # real interpreters beside the fork server's, one at a time (21 s)
 
@@ -84,6 +84,28 @@ def test_a_forked_run_sees_what_python_script_would(server, probe):
     assert theirs["tmp"] == str(probe)  # the request's TMPDIR, not the server's /tmp (tempfile caches it)
     assert not theirs["hub"]  # the text project sets HF_HUB_OFFLINE before this is first imported
     assert real[1].splitlines()[1:] == forked[1].splitlines()[1:] == ["atexit ran"]  # a real exit
+
+
+MOUNTED = "import os, sys; st = os.statvfs('.'); open('made', 'w').close(); "
+MOUNTED += "print(st.f_blocks * st.f_frsize, os.path.ismount(os.getcwd()), os.getcwd(), 'torch' in sys.modules)"
+
+
+def test_a_script_in_a_mount_namespace_of_its_own_runs_its_python_in_it(tmp_path):
+    """A test's `unshare -m` script mounts a tmpfs (a full disk) and runs python there through the
+    fork server (tests/forkpython.py): the runner joins the script's mount namespace, so it sees the
+    mount, in its folder, as a `python` started there does, and writes into it. Such scripts ran
+    cold before (the runner would have seen the server's namespace: the machine's empty folder)."""
+    if not FORKSERVER or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no fork server, or no mount namespace here (unshare -m)")
+    disk, env = tmp_path / "disk", forkpython(RUN_ENV, tmp_path)
+    script = f'mkdir -p "{disk}" && mount -t tmpfs -o size=1m tmpfs "{disk}" && cd "{disk}" && rm -f made'
+    script += f' && "$PYTHON" -c "$CODE" && rm made && "{sys.executable}" -c "$CODE" && ls'
+    env["CODE"] = MOUNTED
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    forked, cold, made = r.stdout.splitlines()
+    assert forked == f"1048576 True {disk} True" and cold == f"1048576 True {disk} False"  # torch: the server's
+    assert made == "made" and not list(disk.iterdir())  # written on the tmpfs, which ended with the namespace
 
 
 def test_exit_codes_and_tracebacks_are_those_of_python_script(server, probe):

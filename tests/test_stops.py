@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 from test_run import assert_valid_submission
 
-from conftest import RUN_ENV, epoch_at_least, launch, render, run_script
+from conftest import RUN_ENV, epoch_at_least, forkpython, launch, render, run_script
 
 HANDED_FOLDS = "RUN: handed in {out}/submission.csv, predict.py's ensemble of the checkpoints"
 
@@ -411,7 +411,7 @@ def test_a_0_byte_checkpoint_is_skipped_by_predict_and_retrained_by_train(projec
 def test_an_output_folder_that_cannot_be_written_is_one_error_before_training(project, tmp_path, where):
     """Case 9: run.py, train.py and predict.py on an --out-dir that is a file, or on a read-only
     file system (a bind mount in a mount namespace of its own: root writes past a folder's mode)."""
-    out = tmp_path / "out"
+    out, env = tmp_path / "out", forkpython(RUN_ENV, tmp_path, "images")
     if where == "a file":
         out.write_text("not a folder")
         wrap = []
@@ -419,12 +419,11 @@ def test_an_output_folder_that_cannot_be_written_is_one_error_before_training(pr
         if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
             pytest.skip("no mount namespace here (unshare -m)")
         out.mkdir()
-        wrap = ["unshare", "-m", "sh", "-c", f'mount --bind -o ro "{out}" "{out}" && exec "$0" "$@"']
+        wrap = ["unshare", "-m", "sh", "-c", f'mount --bind -o ro "{out}" "{out}" && exec "$0" "$@"', env["PYTHON"]]
     for script in ("run.py", "train.py", "predict.py"):
         args = (script, "--device", "cpu", f"--out-dir={out}")
-        if wrap:  # a new interpreter inside unshare's mount namespace
-            r = subprocess.run([*wrap, sys.executable, *args], cwd=project, env=RUN_ENV, capture_output=True,
-                               text=True, timeout=120)  # fmt: skip
+        if wrap:  # through the fork server too, its runner in unshare's mount namespace (forkserver.py)
+            r = subprocess.run([*wrap, *args], cwd=project, env=env, capture_output=True, text=True, timeout=120)
         else:  # through the fork server (conftest.launch), its imports paid once: 12.2 s cold for the three
             r = run_script(project, *args, timeout=120, check=False)
         lines = r.stderr.strip().splitlines()

@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 from textdata import minilm_dir, one_layer_minilm
 from typer.testing import CliRunner
 
-from conftest import dry_run_into_output, needs_text, render, run_script, start_until
+from conftest import RUN_ENV, dry_run_into_output, forkpython, needs_text, render, run_script, start_until
 from kagtpl import detect, new
 from kagtpl.cli import app
 from kagtpl.template import hardware, text_sizing
@@ -207,8 +206,11 @@ def test_predict_on_a_full_disk_hands_in_the_folds(text_data, tmp_path):
     disk, results = tmp_path / "disk", tmp_path / "results"
     disk.mkdir()
     results.mkdir()
-    args = [str(disk), str(project / "output"), sys.executable, str(results)]
-    r = subprocess.run(["unshare", "-m", "sh", "-c", PREDICT_ON_A_FULL_DISK, "sh", *args], cwd=project, timeout=300)
+    env = forkpython(RUN_ENV, tmp_path, "text")  # warm, in the mount namespace (forkserver.py)
+    args = [str(disk), str(project / "output"), env["PYTHON"], str(results)]
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", PREDICT_ON_A_FULL_DISK, "sh", *args], cwd=project, env=env, timeout=300
+    )
     log = (results / "predict.log").read_text()
     assert r.returncode == 0 and (results / "rc").read_text().strip() == "0", log[-3000:]
     cached = r"^TOKENS: test \d+ texts tokenised in [\d.]+s, not cached: \S+/cache/tokens-test-\w+\.npz: the disk is"
