@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import JUDGED_ENV, RUN_ENV, render, run_script
+from kagtpl import table
 
 
 def log_loss(y, pred):
@@ -52,6 +53,17 @@ def test_folds_worse_than_the_prior_on_their_oof_rows_hand_in_the_fallback(proje
     later = tmp_path / "model_fold1.pth"
     os.utime(later, ns=(later.stat().st_atime_ns, later.stat().st_mtime_ns + 10**9))  # retrained since
     hand_in.check(tmp_path)  # a judgment of other checkpoints: ignored
+    tree = tmp_path / "test_lgbm_fold0.csv"  # a table's booster fold, by its test predictions (the blend's)
+    tree.write_text("id,p_a\n1,0.5\n")
+    hand_in.judge(COMP, tmp_path, y, confident_wrong, log_loss(y, confident_wrong))
+    judged = set(hand_in.read(tmp_path)["fallback"]["checkpoints"])
+    assert judged == {"model_fold0.pth", "model_fold1.pth", tree.name}
+    with pytest.raises(errors.KeptFallback):
+        hand_in.check(tmp_path)
+    os.utime(tree, ns=(tree.stat().st_atime_ns, tree.stat().st_mtime_ns + 10**9))  # the booster fitted again
+    hand_in.check(tmp_path)
+    tree.unlink()
+    capsys.readouterr()
     good = np.full((300, 3), 0.05)
     good[np.arange(300), y] = 0.9
     hand_in.judge(COMP, tmp_path, y, good, log_loss(y, good))  # better than the prior: the folds
@@ -77,9 +89,10 @@ def test_folds_worse_than_the_prior_on_their_oof_rows_hand_in_the_fallback(proje
             "no hand-in verdict applies (the folds and every grown seed count); "
             "a train.py run judges them again and writes it"
         )
-    # masks, boxes and a table's MLP (judged with its boosters by the blend) are not judged
+    # boxes, and a table's MLP alone (judged with its boosters by the blend: `whole`) are not judged
     assert hand_in.prior_score(SimpleNamespace(**vars(COMP), oof_averages=False), y, good) is None
-    assert hand_in.prior_score(SimpleNamespace(**vars(COMP), oof_names_model=True), y, good) is None
+    mlp = SimpleNamespace(**vars(COMP), oof_names_model=True)
+    assert hand_in.prior_score(mlp, y, good) is None and hand_in.prior_score(mlp, y, good, whole=True)[0] == prior
 
 
 def test_folds_no_better_than_the_prior_within_noise_are_handed_in(project_modules, capsys, tmp_path):
@@ -166,6 +179,36 @@ def test_no_model_at_all_keeps_this_runs_fallback_under_run_py_and_only_then(pro
     assert hand_in.untrained(none, in_run=True, submission="other.csv").__class__ is errors.RunError
     os.utime(tmp_path / "submission.csv", (1e9, 1e9))  # an earlier run's file (2001)
     assert type(hand_in.untrained(none, in_run=True)) is errors.RunError
+
+
+@pytest.mark.slow
+def test_a_tables_blend_worse_than_the_prior_hands_in_the_fallback(tmp_path):
+    """A table whose target is noise (the real table's labels shuffled), trained with the MLP alone
+    (`--models mlp`): its OOF log loss is above the training prior's. The MLP was never judged (a
+    table's models are judged together, by the blend) and was handed in; train.py now weighs the
+    blend predict.py makes on the OOF rows and judges it against the prior, as every task's folds."""
+    data = table.write_table(tmp_path / "data", "binary")
+    train = pd.read_csv(data / "train.csv")
+    train["target"] = np.random.default_rng(0).permutation(train["target"].to_numpy())
+    train.to_csv(data / "train.csv", index=False)
+    answers = {"task": "tabular", "gpu": "cpu", "problem": "binary", "metric": "logloss", "id_col": "row_id"}
+    project = render(tmp_path / "proj", data_dir=str(data), target="target", **answers)
+    out = tmp_path / "out"
+    log = run_script(project, "run.py", "--device", "cpu", "--models", "mlp", f"--out-dir={out}", env=JUDGED_ENV).stdout
+    oof = float(re.search(r"^OOF: logloss=([\d.]+) over \d+ rows from folds \[[\d, ]+\] \(mlp\)$", log, re.M)[1])
+    said = re.search(
+        r"^HAND-IN: the fallback: the folds' OOF logloss ([\d.]+) is worse than the training prior's ([\d.]+) on the "
+        r"same (\d+) rows \(in (\d+)% of \d+ paired bootstrap resamples\); predict\.py keeps train\.py's fallback",
+        log,
+        re.M,
+    )
+    assert said and float(said[1]) == oof > float(said[2]) and int(said[4]) >= 95, log[-3000:]
+    assert log.rstrip().splitlines()[-1] == (
+        f"RUN: handed in {out}/submission.csv, this run's fallback (the training prior): "
+        "predict.py kept it (its SUBMISSION line above says why)"
+    ), log[-2000:]
+    sub = pd.read_csv(out / "submission.csv")
+    assert sub["target"].nunique() == 1  # the prior, every row alike
 
 
 @pytest.mark.slow

@@ -10,8 +10,9 @@ least CONFIDENCE of them.
   OOF log loss 4.76 against the prior's 2.30 on ten classes) are not handed in: a HAND-IN line,
   and predict.py keeps the fallback with one line. A competition whose fallback is not the prior
   gives it as OOF rows of its own (`fallback_oof`; tasks.py names it): segmentation's empty masks,
-  which beat an undertrained model where most images have no mask. A table's MLP is judged
-  with its boosters by the blend, not alone; boxes are not judged (no box scores 0 on mAP).
+  which beat an undertrained model where most images have no mask. A table's models are judged
+  together, as the blend predict.py makes (blend.judge), never the MLP alone; the verdict then
+  covers the trees' fold test files too (JUDGED). Boxes are not judged (no box scores 0 on mAP).
 - **Grown seeds.** A fold's first seed alone against its grown seeds averaged in (growth.py), on
   the folds that have them: seeds that lose are left out of the OOF, the CV and predict.py's
   ensemble, as the GROW: OOF line says (a table's MLP went 0.9000 -> 0.8583 with its seeds kept).
@@ -73,11 +74,12 @@ def worse_share(score, y: np.ndarray, a: np.ndarray, b: np.ndarray, higher: bool
     return (worse / counted if counted else 0.0), counted
 
 
-def prior_score(comp, y: np.ndarray, pred: np.ndarray) -> tuple[float, np.ndarray] | None:
+def prior_score(comp, y: np.ndarray, pred: np.ndarray, whole: bool = False) -> tuple[float, np.ndarray] | None:
     """The metric of train.py's fallback on the OOF rows `y` and the fallback as OOF rows: the
     competition's own (`comp.fallback_oof(y, pred)`: segmentation's empty masks), else the training
     prior (class frequencies, each tag's share, or the mean, tiled like `pred`); None where the
-    task's OOF is not one row of values a row, or the metric does not take a constant answer."""
+    task's OOF is not one row of values a row, or the metric does not take a constant answer, or
+    `pred` is one model's among others (a table's MLP: `whole`, the blend of them all, is judged)."""
     import numpy as np
 
     from .submission import prior_prediction
@@ -85,7 +87,8 @@ def prior_score(comp, y: np.ndarray, pred: np.ndarray) -> tuple[float, np.ndarra
     if callable(own := getattr(comp, "fallback_oof", None)):
         rows = own(y, pred)
         return last_metric(comp)(y, rows), rows
-    if not getattr(comp, "oof_averages", True) or getattr(comp, "oof_names_model", False) or pred.ndim != 2:
+    one_of_many = getattr(comp, "oof_names_model", False) and not whole
+    if not getattr(comp, "oof_averages", True) or one_of_many or pred.ndim != 2:
         return None
     n_classes = pred.shape[1] if len(comp.classes) and y.ndim == 1 else 0
     try:
@@ -142,15 +145,25 @@ def mtimes(paths) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in sorted(paths) if p.is_file()}
 
 
-def still(out: Path, judged) -> bool:
-    """The files a verdict judged are all there, unchanged since."""
-    return isinstance(judged, dict) and bool(judged) and judged == mtimes(Path(out) / n for n in judged)
+# what a "fallback" verdict judged: the checkpoints, and a table's trees by their fold test predictions (the blend's)
+JUDGED = ("model_fold*.pth", "test_*_fold*.csv")
 
 
-def judge(comp, out: Path, y: np.ndarray, pred: np.ndarray, scores: dict) -> None:
+def judged(out: Path) -> dict[str, int]:
+    """The files a "fallback" verdict judges (JUDGED) and their modification times."""
+    return mtimes(p for pattern in JUDGED for p in Path(out).glob(pattern))
+
+
+def still(out: Path, files) -> bool:
+    """The files a verdict judged (`files`: name -> modification time) are all there, unchanged since."""
+    return isinstance(files, dict) and bool(files) and files == mtimes(Path(out) / n for n in files)
+
+
+def judge(comp, out: Path, y: np.ndarray, pred: np.ndarray, scores: dict, whole: bool = False) -> None:
     """The HAND-IN line and hand_in.json's "fallback" section, when the folds' OOF predictions
-    lose to the training prior's on the same rows (the paired bootstrap)."""
-    found = prior_score(comp, y, pred) if scores else None
+    lose to the training prior's on the same rows (the paired bootstrap). `whole`: `pred` is the
+    submission's whole answer, a table's blend of its models (blend.judge)."""
+    found = prior_score(comp, y, pred, whole) if scores else None
     if found is None:
         record(out, "fallback", None)
         return
@@ -165,8 +178,7 @@ def judge(comp, out: Path, y: np.ndarray, pred: np.ndarray, scores: dict) -> Non
         f"the same {len(y)} rows (in {share:.0%} of {n} paired bootstrap resamples); "
         f"predict.py keeps train.py's fallback ({FILE})"
     )
-    judged = mtimes(Path(out).glob("model_fold*.pth"))
-    record(out, "fallback", {"metric": name, "oof": value, "prior": prior, "what": what, "checkpoints": judged})
+    record(out, "fallback", {"metric": name, "oof": value, "prior": prior, "what": what, "checkpoints": judged(out)})
 
 
 def fallback_of(comp) -> str:
@@ -187,8 +199,8 @@ def standing_fallback(out: Path) -> dict | None:
     found = read(out).get("fallback")
     if not isinstance(found, dict) or not {"checkpoints", "metric", "oof", "prior"} <= found.keys():
         return None
-    judged = found["checkpoints"]
-    if not isinstance(judged, dict) or not judged or judged != mtimes(Path(out).glob("model_fold*.pth")):
+    files = found["checkpoints"]
+    if not isinstance(files, dict) or not files or files != judged(out):
         return None
     return found
 
@@ -251,9 +263,9 @@ def left_out(out: Path) -> set[str]:
     """The grown seeds' files (checkpoints, a booster's test files) a "seeds*" verdict left out,
     while they are unchanged."""
     names = set()
-    for section, judged in read(out).items():
-        if section.startswith("seeds") and still(out, judged):
-            names |= set(judged)
+    for section, files in read(out).items():
+        if section.startswith("seeds") and still(out, files):
+            names |= set(files)
     return names
 
 
