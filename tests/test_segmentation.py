@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 
@@ -363,6 +364,16 @@ def test_folds_worse_than_the_empty_masks_hand_in_the_fallback(png_project, tmp_
     refused = CliRunner().invoke(app, [*ship, "--no-pretrained", "--predict", "--budget", "9h", "--out-dir", str(out)])
     assert refused.exit_code == 1 and "judged its folds worse than the empty masks (OOF Dice " in refused.output
     assert "the empty masks' 0.8333" in refused.output and not (png_project / "kaggle").exists(), refused.output
+    # serve.py answers every call with the empty masks too (Kaggle's evaluation API: the package's stand-in gateway)
+    from test_serve import STANDIN, serve_env
+
+    shutil.copytree(STANDIN, data / "kaggle_evaluation")
+    flags = ["--device", "cpu", *where, "--data-paths", str(data / "sample_submission.csv")]
+    served = run_script(png_project, "serve.py", *flags, env=serve_env(STANDIN_BATCH_ROWS=2)).stdout
+    assert f"SERVE: every call is answered with the empty masks: {kept}" in served, served
+    answers = pd.read_parquet(png_project / "submission.parquet")
+    (png_project / "submission.parquet").unlink()  # the module's project: the file serve.py writes where it runs
+    assert len(answers) == TEST and (answers["rle"] == "").all(), answers
     doctor = CliRunner().invoke(app, ["doctor", str(out / "train.log")])  # an agent's reading of the run
     assert doctor.exit_code == 1 and "STATUS: ACTION NEEDED" in doctor.output, doctor.output
     assert "HAND-IN: the run hands in train.py's fallback, not its folds: the folds' OOF Dice " in doctor.output
