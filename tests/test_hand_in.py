@@ -209,6 +209,19 @@ def test_a_tables_blend_worse_than_the_prior_hands_in_the_fallback(tmp_path):
     ), log[-2000:]
     sub = pd.read_csv(out / "submission.csv")
     assert sub["target"].nunique() == 1  # the prior, every row alike
+    # LightGBM trained next into the same folder: the blend predict.py makes is of both (an earlier run's models
+    # join), judged as one; early stopping keeps the trees at the prior or better, so the blend is handed in
+    lgbm = ["--device", "cpu", "--models", "lgbm", f"--out-dir={out}"]
+    log = run_script(project, "run.py", *lgbm, env=JUDGED_ENV).stdout
+    assert "HAND-IN" not in log and "BLEND: member mlp: OOF logloss=" in log, log[-3000:]
+    assert re.search(r"^BLEND: weights .*lgbm.* -> OOF logloss=", log, re.M), log[-3000:]
+    assert re.search(r"^SUBMISSION: \S+ \(113 rows, \d+ fold\(s\) ensembled\)$", log, re.M), log[-3000:]
+    assert pd.read_csv(out / "submission.csv")["target"].nunique() > 1
+    # the MLP alone again (its folds complete: skipped): judged with the trees an earlier run left, as predict.py
+    # blends them, not alone (which would keep the fallback over a blend that is not worse than the prior)
+    log = run_script(project, "run.py", *lgbm[:2], "--models", "mlp", f"--out-dir={out}", env=JUDGED_ENV).stdout
+    assert "HAND-IN" not in log and "is complete, skipping (resume)" in log, log[-3000:]
+    assert re.search(r"^SUBMISSION: \S+ \(113 rows, \d+ fold\(s\) ensembled\)$", log, re.M), log[-3000:]
 
 
 @pytest.mark.slow
