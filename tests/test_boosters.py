@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -198,6 +199,25 @@ def test_predict_py_and_serve_py_take_the_same_tree_folds(tmp_path, capsys):
     assert folds["lgbm"]["fold1"][1][0] == out / "tree_lgbm_fold1.json" and folds["xgb"]["fold0"][1] is None
     said = capsys.readouterr().out
     assert "ENSEMBLE: left out test_lgbm_fold0_seed2.csv: a grown seed that lost on the OOF rows" in said
+    # train.py's judgment of the blend (blend.judge) takes the same members, and blends them as predict.py's weigh
+    # does: a member without an OOF set makes that the plain mean, which is not judged (judging the others alone kept
+    # the fallback over a blend it never scored)
+    assert m.blend.member_names(out) == ["lgbm", "lgbm-fe2", "xgb"]
+    y = np.random.default_rng(0).integers(0, 2, 200)
+    wrong = np.where(y[:, None] == np.arange(2), 0.05, 0.95)  # sure, and wrong
+    oof = pd.DataFrame({"row_id": [f"r{i}" for i in range(200)], "fold": 0, "target": y, "p_0": wrong[:, 0]})
+    oof["p_1"] = wrong[:, 1]
+    for name in ("lgbm", "lgbm-fe2"):
+        oof.to_csv(out / f"oof_{name}.csv", index=False)
+    comp = SimpleNamespace(classes=[0, 1], higher_is_better=False, describe={"task": "tabular"})
+    comp.score = lambda y, pred: {"logloss": float(-np.log(pred[np.arange(len(y)), y]).mean())}
+    args = SimpleNamespace(out_dir=str(out), id_col="row_id", signature=None, hand_in="judged", dry_run=False)
+    m.blend.judge(comp, args)  # xgb has no OOF set
+    assert "fallback" not in m.hand_in.read(out) and "HAND-IN" not in capsys.readouterr().out
+    oof.to_csv(out / "oof_xgb.csv", index=False)
+    m.blend.judge(comp, args)
+    assert capsys.readouterr().out.startswith("HAND-IN: the fallback: the folds' OOF logloss 2.9957 is worse than")
+    assert "test_xgb_fold0.csv" in m.hand_in.read(out)["fallback"]["checkpoints"]  # a tree fold: judged by its file
 
 
 @pytest.mark.slow
