@@ -8,6 +8,8 @@ its own; real processes on CPU."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import signal
@@ -588,7 +590,7 @@ def test_serving_never_raises_on_a_batch_without_ids_and_answers_an_empty_one(pr
     def fn(state, batch):
         return pd.DataFrame({"id": batch["id"], "p": 0.9})
 
-    answerer = serving.Answerer(fn, defaults, 5.0, 5.0)
+    answerer = serving.Answerer(fn, defaults, 5.0, 5.0, serving.tasks.get("image"))
     for batch in (pd.DataFrame({"other": [1, 2]}), None):
         answer = answerer(batch)
         assert list(answer.columns) == ["id", "p"] and list(answer["p"]) == [0.5] * len(answer)
@@ -597,6 +599,29 @@ def test_serving_never_raises_on_a_batch_without_ids_and_answers_an_empty_one(pr
     assert len(empty) == 0 and list(empty.columns) == ["id", "p"] and answerer.fallbacks == 2
     ok = answerer(pd.DataFrame({"id": ["a", "b"]}))
     assert list(ok["p"]) == [0.9, 0.9]
+
+
+def test_a_failed_call_of_masks_or_boxes_answers_none_not_the_last_images(project_modules):
+    """A served segmentation run answered a failed call with the last good answer's most common
+    RLE: another image's mask on every image of the batch, below the empty masks' score. Masks and
+    boxes answer train.py's fallback, in its words; a prior over rows still carries the last answer."""
+    serving = project_modules.serving
+    defaults = {"id_col": "id", "values": {"rle": ""}, "columns": ["id", "rle"], "signature": "s"}
+
+    def fn(state, batch):
+        if batch["id"].iloc[0] == "bad":
+            raise ValueError("a bad batch")
+        return pd.DataFrame({"id": batch["id"], "rle": "1 5"})
+
+    for task, kept in (("segmentation", ""), ("detection", ""), ("audio", "1 5")):
+        answerer = serving.Answerer(fn, defaults, 5.0, 5.0, serving.tasks.get(task))
+        assert list(answerer(pd.DataFrame({"id": ["a", "b"]}))["rle"]) == ["1 5", "1 5"]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            answer = answerer(pd.DataFrame({"id": ["bad", "c"]}))
+        assert list(answer["rle"]) == [kept, kept], (task, answer)
+        words = "the last good answer's values" if kept else serving.tasks.get(task).fallback
+        assert out.getvalue().strip().endswith(f"answered with the fallback ({words})"), out.getvalue()
 
 
 def test_the_kaggle_notebook_reads_the_competition_its_metadata_attaches(project_modules, monkeypatch, tmp_path):

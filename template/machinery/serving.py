@@ -9,7 +9,8 @@ after the notebook starts in the competitions seen so far); each call after the 
 limit of its own. Every answer here is checked before it goes out (the batch's rows, its ids in
 order); a call that raises, answers wrong, or is still running at 80% of its limit is answered
 with the fallback instead: the last good answer's values (each column's mean, or its most common
-value) for this batch's ids, or train.py's fallback (the training prior) before any good answer.
+value) for this batch's ids, or train.py's fallback (the training prior) before any good answer;
+for masks and boxes, always train.py's (the empty masks, no boxes: tasks.Task.carries_answers).
 It is machinery: `copier update` may replace it.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import tasks
 from .errors import TRAIN, RunError
 from .storage import atomic_write
 
@@ -159,10 +161,11 @@ class Answerer:
     """What the gateway calls, once per batch: `fn(state, *args, **kwargs)` (predict.py's
     predict_batch with its ensemble bound) in a worker thread, timed against the call's limit.
     `state` is one dict kept across calls, for a competition that streams (a rolling window,
-    lags); a call answered by the fallback may still finish later and update it."""
+    lags); a call answered by the fallback may still finish later and update it. `task`: the
+    registry's, whose fallback answers a failed call (tasks.Task.carries_answers)."""
 
-    def __init__(self, fn, defaults: dict, call_limit: float, first_limit: float):
-        self.fn, self.defaults = fn, defaults
+    def __init__(self, fn, defaults: dict, call_limit: float, first_limit: float, task: tasks.Task):
+        self.fn, self.defaults, self.task = fn, defaults, task
         self.limits = first_limit, call_limit
         self.pool = ThreadPoolExecutor(max_workers=1)  # one call at a time: a late one delays the next
         self.state: dict = {}
@@ -189,14 +192,15 @@ class Answerer:
             )
             return self.answer_fallback(batch, why)
         took = time.time() - t0
-        self.slowest, self.rows, self.last = max(self.slowest, took), self.rows + len(answer), answer
+        self.slowest, self.rows = max(self.slowest, took), self.rows + len(answer)
+        self.last = answer if self.task.carries_answers else None  # masks, boxes: never another image's
         if self.calls == 1 or self.calls % PROGRESS_EVERY == 0:
             print(f"SERVE: call {self.calls}: {len(answer)} rows in {took:.2f}s; {self.summary()}", flush=True)
         return like(batch, answer)
 
     def answer_fallback(self, batch, why: str):
         self.fallbacks += 1
-        source = "the last good answer's values" if self.last is not None else "the training prior"
+        source = "the last good answer's values" if self.last is not None else self.task.fallback
         print(f"WARNING: SERVE: call {self.calls} {why}: answered with the fallback ({source})", flush=True)
         answer = fallback(batch, self.defaults, self.last)
         self.rows += len(answer)

@@ -25,6 +25,13 @@ class Task:
     # serve.py's and run.py's (a run's folds that score worse than it on their OOF rows are not handed in)
     fallback: str = "the training prior"
 
+    @property
+    def carries_answers(self) -> bool:
+        """Whether serve.py answers a failed call with the last good answer's values (each column's
+        mean, or its most common value): a prior over rows, yes. A mask or a box belongs to its own
+        image: another image's pasted on this one scores below none, so those answer the fallback."""
+        return self.fallback == PRIOR
+
 
 TASKS = (
     Task("image", 5, 10, True, True, "image classification (timm)"),
