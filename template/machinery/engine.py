@@ -279,6 +279,8 @@ def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
                 planner.prediction.set_grown(queue.grown() - 1)
             if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, run, target):
                 return
+    if ok and queue is None:  # a fold worker's units end where the other workers' go on
+        print(growth.capped(planner.training_left()))
 
 
 def growth_fold(planner) -> tuple[float, int]:

@@ -93,6 +93,15 @@ def start(left: float, training_s: float, fold_s: float, predict_fold_s: float, 
     return fold_fits(left, fold_s, predict_fold_s) if fits is None else fits, f"{said}, {fold}"
 
 
+def capped(left: float, who: str = "") -> str:
+    """The line a growth that reached MAX_SEEDS of every fold ends with: the time it leaves is left
+    by the rule, not by a stop (a run's RUN line at 0.56 of its budget said nothing of why)."""
+    return (
+        f"GROW: done{who}: every fold has its {MAX_SEEDS} seeds (the cap: past ~5 a seed ensemble's gain is "
+        f"under its noise); {fmt_s(max(0.0, left))} training time left unspent"
+    )
+
+
 def fold_fits(left: float, fold_s: float, predict_fold_s: float) -> bool:
     """One more fold fits: its measured time and its share of prediction, within FIT_FRACTION of what is left."""
     return fold_s + predict_fold_s <= FIT_FRACTION * left
