@@ -4,8 +4,10 @@ preflight, and render-and-run on generated shapes data (real torchvision detecto
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -361,6 +363,26 @@ def test_a_row_per_box_submission_and_a_killed_run_resumed(tmp_path, box_data):
 
     log = run_script(project, "train.py", *FAST).stdout
     assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in log and "FOLD 1 DONE" in log
+
+
+def test_images_without_an_extension_are_named_by_their_whole_file_name(m, box_data, tmp_path):
+    """--image-ext '' with a row per box (the test images are every file of --test-dir): each test
+    id was the empty string (name[:-0]), so every image was predicted from a blank one and the
+    submission held no row; a .DS_Store in train/ stopped the preflight as an undecodable
+    negative. Now each file's whole name, hidden files and folders left out."""
+    data = Path(shutil.copytree(box_data["rows"], tmp_path / "data"))
+    for image in [*(data / "train").iterdir(), *(data / "test").iterdir()]:
+        image.rename(image.with_suffix(""))
+    for folder in ("train", "test"):
+        (data / folder / ".DS_Store").write_bytes(b"\0")
+        (data / folder / "thumbnails").mkdir()
+    found = detect.detect_detection(box_data["rows"], {})
+    args = argparse.Namespace(**{**found, "image_ext": ""}, missing_boxes="empty")
+    _, ids, paths = m.train.test_images(data, args)
+    assert ids == sorted(p.stem for p in (box_data["rows"] / "test").glob("*.png")) and len(ids) == TEST
+    assert paths == [str(data / "test" / i) for i in ids] and all(Path(p).is_file() for p in paths)
+    train, _, _ = m.train.training_rows(data, args, ["object"])
+    assert sorted(train["id"]) == sorted(p.stem for p in (box_data["rows"] / "train").glob("*.png")), train
 
 
 @pytest.mark.slow
