@@ -112,6 +112,23 @@ def test_nan_samples_are_silence_with_a_warning_naming_the_file(tmp_path, audio_
     assert f"WARNING: {tmp_path / 'holes.wav'}: 11 of 32000 samples are NaN or infinite: read as silence" in out, out
 
 
+def test_hidden_files_beside_the_clips_are_not_audio(tmp_path, sounds, audio_mod):
+    """macOS's ._<name> beside each clip (its metadata, under the clip's own .ogg) and a
+    .DS_Store: neither is a training clip nor a test recording."""
+    data = tmp_path / "data"
+    shutil.copytree(sounds / "folders", data)
+    clips = sorted(p for p in (data / "train_audio").rglob("*.ogg"))
+    recordings = sorted(p for p in (data / "test_soundscapes").iterdir())
+    for path in [*clips, *recordings]:
+        (path.parent / f"._{path.name}").write_bytes(b"\0\5\26\7 metadata")
+        (path.parent / ".DS_Store").write_bytes(b"\0")
+    mods, proj = audio_mod
+    assert sorted(mods.audio.recordings(data / "test_soundscapes")) == [p.stem for p in recordings]
+    train = import_project(proj, ("train",)).train
+    found = train.clips_from_folders(data / "train_audio")
+    assert sorted(found["path"]) == [str(p) for p in clips], found
+
+
 def test_soundscape_rows_cover_every_window_and_warn_of_a_short_recording(tmp_path, audio_mod, capsys):
     audio = audio_mod[0].audio
     sf.write(tmp_path / "long.ogg", np.zeros(12 * 8000, np.float32), 8000)  # 12 s: two 5 s windows (2.4 rounds down)

@@ -219,6 +219,22 @@ def test_preflight_names_the_file_of_each_bad_mask(tmp_path, m, shapes_data):
     assert not m.train.training_mask(args, row, "binary").any()  # empty masks allowed: read as empty
 
 
+def test_hidden_files_beside_the_images_are_not_training_images(tmp_path, m, shapes_data):
+    """A data folder packed on macOS holds ._<name> beside each file (its metadata, under the
+    file's own extension) and a .DS_Store: the preflight stopped on `train/._img0000.png: missing
+    or cannot be decoded as an image`. Hidden files and folders are not images."""
+    data = tmp_path / "data"
+    shutil.copytree(shapes_data["png"], data)
+    images = sorted(p.name for p in (data / "train").iterdir())
+    for name in images:
+        (data / "train" / f"._{name}").write_bytes(b"\0\5\26\7 metadata")
+    (data / "train" / ".DS_Store").write_bytes(b"\0")
+    (data / "train" / "sub.png").mkdir()
+    args = m.train.get_args(["--data-dir", str(data)])
+    rows = m.train.training_rows(data, args, ["rle"])
+    assert list(rows["id"]) == [n.removesuffix(".png") for n in images], list(rows["id"])
+
+
 def test_a_sample_with_an_extra_column_is_one_line_naming_the_file(tmp_path, m, shapes_data):
     """Issue 47: `id,rle,extra` passed kagtpl new, then crashed train.py with a pandas traceback
     (`sequence item 1: expected str instance, float found`). An extra column cannot be filled from

@@ -32,6 +32,15 @@ def test_an_image_competition_names_its_columns_classes_model_and_plan(tmp_path)
         jpg.rename(jpg.with_suffix(".png"))
     said = new(tmp_path, "png", "--task", "image", "--gpu", "t4", "--data", str(data))
     assert said["images"].startswith("60 in train/, 10 (.png: read as they are) in test/ (.jpg), trained"), said
+    # packed on macOS: a ._<name> beside each image (its metadata, under the image's own extension),
+    # a .DS_Store and a folder: none is an image, in the counts as in the scripts (images.listable)
+    for image in [*(data / "train").iterdir(), *(data / "test").iterdir()]:
+        (image.parent / f"._{image.name}").write_bytes(b"\0\5\26\7 metadata")
+    for folder in ("train", "test"):
+        (data / folder / ".DS_Store").write_bytes(b"\0")
+        (data / folder / "thumbs.jpg").mkdir()
+    said = new(tmp_path, "mac", "--task", "image", "--gpu", "t4", "--data", str(data))
+    assert said["images"].startswith("60 in train/, 10 (.png: read as they are) in test/ (.jpg), trained"), said
 
 
 def test_a_table_names_its_problem_metric_and_rows(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kagtpl import csvfile
 from kagtpl.errors import KagtplError
+from kagtpl.paths import data_files
 from kagtpl.template import tasks
 
 IMAGE_EXTS = tasks().IMAGE_EXTS  # the template's (machinery/tasks.py): what its scripts read
@@ -61,7 +62,7 @@ def median_side(folder: Path, ext: str, limit: int = 200) -> float | None:
     huge: list[tuple[Path, tuple[int, int]]] = []
     limit_px, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # headers only: nothing is decoded
     try:
-        for path in sorted(p for p in folder.glob(f"*{ext}") if p.is_file())[:limit]:
+        for path in data_files(folder, f"*{ext}")[:limit]:
             try:
                 with Image.open(path) as img:
                     sides += list(img.size)
@@ -355,7 +356,7 @@ def mask_values(folder: Path, limit: int = 50) -> str:
     from PIL import Image
 
     found: set[int] = set()
-    for path in sorted(p for p in folder.iterdir() if p.is_file())[:limit]:
+    for path in data_files(folder)[:limit]:
         try:
             with Image.open(path) as img:
                 band = img.convert("L") if img.mode == "1" else img.getchannel(0) if len(img.getbands()) > 1 else img
@@ -412,7 +413,7 @@ def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[st
     if mask_dir:
         if not (data / mask_dir).is_dir():
             raise KagtplError(f"--data {data}: mask folder {mask_dir!r} not found")
-        first = next((p for p in sorted((data / mask_dir).iterdir()) if p.is_file()), None)
+        first = next(iter(data_files(data / mask_dir)), None)
         mask_ext = o["mask_ext"] or (first.suffix if first is not None else ".png")
         values = o["mask_values"] or mask_values(data / mask_dir)
         if len(sample_cols) == 3 and len(str(values).split(",")) == 1:

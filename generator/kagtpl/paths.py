@@ -11,6 +11,16 @@ from pathlib import Path
 from kagtpl.errors import KagtplError
 
 
+def data_files(folder: Path, pattern: str = "*", deep: bool = False) -> list[Path]:
+    """The files of a data folder that `pattern` matches, sorted: no folder and no hidden file
+    (.DS_Store, and macOS's ._<name> beside each file, its metadata under the file's own extension),
+    as the project's scripts read them (images.listable); `deep`: in its folders too."""
+    if not folder.is_dir():
+        return []
+    found = folder.rglob(pattern) if deep else folder.glob(pattern)
+    return sorted(p for p in found if p.is_file() and not p.name.startswith("."))
+
+
 def check_writable_folder(folder: Path, flag: str) -> None:
     """`folder` is, or can be made as, a writable folder: its nearest existing ancestor is a
     writable folder (a file or a read-only place on the way is an error before anything is written)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kagtpl import csvfile
 from kagtpl.detect import IMAGE_EXTS
+from kagtpl.paths import data_files
 
 SHOWN_CLASSES = 5  # class names shown before "..."
 TEXT_SAMPLE = 2000  # rows read for the text lengths
@@ -59,7 +60,7 @@ def classes_text(values: list[str]) -> str:
 
 
 def count_files(folder: Path, ext: str) -> int:
-    return sum(1 for _ in folder.glob(f"*{ext}")) if folder.is_dir() else 0
+    return len(data_files(folder, f"*{ext}"))
 
 
 def count_images(folder: Path, ext: str) -> str:
@@ -68,15 +69,15 @@ def count_images(folder: Path, ext: str) -> str:
     found = count_files(folder, ext)
     if found or not folder.is_dir():
         return str(found)
-    other = [p.suffix for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTS and p.suffix != ext]
+    other = [p.suffix for p in data_files(folder) if p.suffix.lower() in IMAGE_EXTS and p.suffix != ext]
     return f"{len(other)} ({', '.join(sorted(set(other)))}: read as they are)" if other else "0"
 
 
 def audio_lines(data: Path, a: dict) -> list[str]:
     from kagtpl.detect_audio import AUDIO_EXTS
 
-    train = sum(1 for p in (data / a["train_dir"]).rglob("*") if p.suffix.lower() in AUDIO_EXTS)
-    test = sum(1 for p in (data / a["test_dir"]).glob("*") if p.suffix.lower() in AUDIO_EXTS)
+    train = sum(1 for p in data_files(data / a["train_dir"], deep=True) if p.suffix.lower() in AUDIO_EXTS)
+    test = sum(1 for p in data_files(data / a["test_dir"]) if p.suffix.lower() in AUDIO_EXTS)
     labels = (
         f"labels: {a['train_csv']}, file column {a['file_col']!r}, label column {a['label_col']!r}, secondary "
         f"{a['secondary_col'] or 'none'!r}  [--train-csv --label-col]"
