@@ -98,7 +98,7 @@ def capped(left: float, who: str = "") -> str:
     by the rule, not by a stop (a run's RUN line at 0.56 of its budget said nothing of why)."""
     return (
         f"GROW: done{who}: every fold has its {MAX_SEEDS} seeds (the cap: past ~5 a seed ensemble's gain is "
-        f"under its noise); {fmt_s(max(0.0, left))} training time left unspent"
+        f"under its noise); {fmt_s(max(0.0, left))} training time left"
     )
 
 
