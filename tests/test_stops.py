@@ -8,6 +8,7 @@ its own; real processes on CPU."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -622,6 +623,28 @@ def test_a_failed_call_of_masks_or_boxes_answers_none_not_the_last_images(projec
         assert list(answer["rle"]) == [kept, kept], (task, answer)
         words = "the last good answer's values" if kept else serving.tasks.get(task).fallback
         assert out.getvalue().strip().endswith(f"answered with the fallback ({words})"), out.getvalue()
+
+
+def test_a_failed_call_of_class_labels_answers_the_most_common_label_not_their_mean(project_modules, tmp_path):
+    """Class labels that are numbers (0-4, as Cassava's): a failed call was answered with the last
+    answer's mean, 2.6, no class at all. train.py's fallback writes serve_defaults.json saying its
+    values are labels, and the fallback then carries the most common label; numbers stay averaged."""
+    serving, artifacts = project_modules.serving, project_modules.artifacts
+    sample = pd.DataFrame({"image_id": ["a", "b", "c"], "label": [0, 0, 0]})
+    for submission, labels in (("label", True), ("probs", False)):
+        out = tmp_path / submission
+        out.mkdir()
+        args = argparse.Namespace(out_dir=str(out), start_time=time.time(), signature="s")
+        classes = [0, 1, 2, 3, 4] if submission == "label" else ["p"]
+        config = {"problem": "multiclass" if labels else "regression", "submission": submission}
+        y = np.array([3, 3, 1, 0, 3]) if labels else np.array([0.5, 1.5])
+        artifacts.fallback_submission(args, sample, y, classes, config)
+        assert serving.read_defaults(out)["labels"] is labels
+    defaults = serving.read_defaults(tmp_path / "label")
+    last = pd.DataFrame({"image_id": ["a", "b", "c", "d", "e"], "label": [4, 1, 4, 0, 4]})
+    assert list(serving.fallback(pd.DataFrame({"image_id": ["f", "g"]}), defaults, last)["label"]) == [4, 4]
+    numbers = {**defaults, "labels": False}
+    assert list(serving.fallback(pd.DataFrame({"image_id": ["f"]}), numbers, last)["label"]) == [2.6]
 
 
 def test_the_kaggle_notebook_reads_the_competition_its_metadata_attaches(project_modules, monkeypatch, tmp_path):

@@ -336,6 +336,6 @@ def fallback_submission(args, sample, y: np.ndarray, classes: list, config: dict
     if parallel.writes() and not parallel.fold_worker():
         out = Path(args.out_dir)
         path, since = out / "submission.csv", args.start_time  # one written since is this run's (started again)
-        sub = submission.write_fallback(path, sample, y, config or vars(args), classes, since)
-        if sub is not None:
-            serving.write_defaults(out, sub, args.signature)
+        made = submission.write_fallback(path, sample, y, config or vars(args), classes, since)
+        if made is not None:  # class labels (numbers too) carry their most common value in serve.py, not a mean
+            serving.write_defaults(out, made[0], args.signature, labels=made[1] == "label")

@@ -9,7 +9,7 @@ after the notebook starts in the competitions seen so far); each call after the 
 limit of its own. Every answer here is checked before it goes out (the batch's rows, its ids in
 order); a call that raises, answers wrong, or is still running at 80% of its limit is answered
 with the fallback instead: the last good answer's values (each column's mean, or its most common
-value) for this batch's ids, or train.py's fallback (the training prior) before any good answer;
+value: a class label's always) for this batch's ids, or train.py's fallback (the training prior) before any good answer;
 for masks and boxes, always train.py's (the empty masks, no boxes: tasks.Task.carries_answers).
 It is machinery: `copier update` may replace it.
 """
@@ -54,12 +54,15 @@ def process_start() -> float:
 # ----------------------------------------------------------------------------- the answers' shape
 
 
-def write_defaults(out_dir: Path, sub: pd.DataFrame, signature: str) -> None:
+def write_defaults(out_dir: Path, sub: pd.DataFrame, signature: str, labels: bool = False) -> None:
     """serve_defaults.json beside train.py's fallback submission: its id column and one row's
     values (the training prior is the same for every row), serve.py's answer before a good one,
-    and the run signature they were made under (check_run)."""
+    the run signature they were made under (check_run), and whether the values are class labels
+    (`labels`: a failed call's fallback is the last answer's most common label, never a mean: the
+    mean of labels 0-4 is no class)."""
     row = {c: (v.item() if hasattr(v, "item") else v) for c, v in sub.iloc[0, 1:].items()} if len(sub) else {}
-    text = json.dumps({"id_col": sub.columns[0], "values": row, "columns": list(sub.columns), "signature": signature})
+    found = {"id_col": sub.columns[0], "values": row, "columns": list(sub.columns), "signature": signature}
+    text = json.dumps({**found, "labels": labels})
     atomic_write(Path(out_dir) / DEFAULTS_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
@@ -105,14 +108,15 @@ def answer_frame(ids, columns: list) -> pd.DataFrame:
 
 
 def fallback(batch, defaults: dict, last: pd.DataFrame | None) -> pd.DataFrame:
-    """The batch's ids with the last good answer's values (a number column's mean, another's most
-    common value), or serve_defaults.json's before any good answer."""
-    id_col = defaults["id_col"]
+    """The batch's ids with the last good answer's values (a number column's mean; a class label's,
+    numbers too, or another column's most common value), or serve_defaults.json's before any good answer."""
+    id_col, labels = defaults["id_col"], defaults.get("labels") is True
     out = pd.DataFrame({id_col: batch_ids(batch, id_col)})
     for c in defaults["columns"][1:]:
         if last is not None and c in last.columns and len(last):
             column = last[c]
-            out[c] = column.mean() if pd.api.types.is_numeric_dtype(column) else column.mode().iloc[0]
+            averaged = pd.api.types.is_numeric_dtype(column) and not labels
+            out[c] = column.mean() if averaged else column.mode().iloc[0]
         else:
             out[c] = defaults["values"].get(c)
     return out

@@ -115,7 +115,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     `submission.earlier.csv` with a line, so that the file this run hands in is always this run's
     own; one written since is this run's (a train.py run.py started again), replaced where it is:
     moved, it would have taken the place of the earlier run's. predict.py replaces the fallback.
-    Returns it (None when there is none)."""
+    Returns it and its kind (fill's: "label", "number", ...), or None when there is none."""
     if config.get("submission") in EMPTY_KINDS:  # segmentation, detection: an empty mask, no box
         sub, kind = empty_prediction(sample, config["submission"]), config["submission"]
     else:
@@ -141,7 +141,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
         "box rows": "no box",
     }.get(kind, "class priors")
     print(f"SUBMISSION: {path} is a fallback ({what} for every row) until predict.py replaces it")
-    return sub
+    return sub, kind
 
 
 class FoldMean:
