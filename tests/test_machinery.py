@@ -405,7 +405,7 @@ def test_a_submission_of_these_rows_comes_first_under_a_deadline_for_every_layou
     out = tmp_path / "out"
     out.mkdir()
     m.storage.write_csv_atomic(pd.DataFrame({"id": ["a"], "x": [0.3], "y": [0.7]}), out / "submission.csv")
-    m.serving.write_defaults(out, pd.DataFrame({"id": ["a"], "x": [0.3], "y": [0.7]}), "s")
+    m.serving.write_defaults(out, pd.DataFrame({"id": ["a"], "x": [0.3], "y": [0.7]}), "distribution", "s")
     run = argparse.Namespace(out=out, train="python train.py")
     hidden = pd.DataFrame({"id": ["h1", "h2", "h3"], "x": 0.5, "y": 0.5})
     m.prediction.hand_in_first(argparse.Namespace(deadline=0, submission="submission.csv"), run, hidden)

@@ -627,8 +627,8 @@ def test_a_failed_call_of_masks_or_boxes_answers_none_not_the_last_images(projec
 
 def test_a_failed_call_of_class_labels_answers_the_most_common_label_not_their_mean(project_modules, tmp_path):
     """Class labels that are numbers (0-4, as Cassava's): a failed call was answered with the last
-    answer's mean, 2.6, no class at all. train.py's fallback writes serve_defaults.json saying its
-    values are labels, and the fallback then carries the most common label; numbers stay averaged."""
+    answer's mean, 2.6, no class at all. train.py's fallback writes serve_defaults.json with its
+    values' kind, and for labels the fallback carries the most common one; numbers stay averaged."""
     serving, artifacts = project_modules.serving, project_modules.artifacts
     sample = pd.DataFrame({"image_id": ["a", "b", "c"], "label": [0, 0, 0]})
     for submission, labels in (("label", True), ("probs", False)):
@@ -639,11 +639,11 @@ def test_a_failed_call_of_class_labels_answers_the_most_common_label_not_their_m
         config = {"problem": "multiclass" if labels else "regression", "submission": submission}
         y = np.array([3, 3, 1, 0, 3]) if labels else np.array([0.5, 1.5])
         artifacts.fallback_submission(args, sample, y, classes, config)
-        assert serving.read_defaults(out)["labels"] is labels
+        assert serving.read_defaults(out)["kind"] == ("label" if labels else "number")
     defaults = serving.read_defaults(tmp_path / "label")
     last = pd.DataFrame({"image_id": ["a", "b", "c", "d", "e"], "label": [4, 1, 4, 0, 4]})
     assert list(serving.fallback(pd.DataFrame({"image_id": ["f", "g"]}), defaults, last)["label"]) == [4, 4]
-    numbers = {**defaults, "labels": False}
+    numbers = {**defaults, "kind": "number"}
     assert list(serving.fallback(pd.DataFrame({"image_id": ["f"]}), numbers, last)["label"]) == [2.6]
 
 

@@ -337,5 +337,5 @@ def fallback_submission(args, sample, y: np.ndarray, classes: list, config: dict
         out = Path(args.out_dir)
         path, since = out / "submission.csv", args.start_time  # one written since is this run's (started again)
         made = submission.write_fallback(path, sample, y, config or vars(args), classes, since)
-        if made is not None:  # class labels (numbers too) carry their most common value in serve.py, not a mean
-            serving.write_defaults(out, made[0], args.signature, labels=made[1] == "label")
+        if made is not None:  # its kind: class labels (numbers too) carry their most common value in serve.py
+            serving.write_defaults(out, *made, args.signature)

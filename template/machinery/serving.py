@@ -54,15 +54,15 @@ def process_start() -> float:
 # ----------------------------------------------------------------------------- the answers' shape
 
 
-def write_defaults(out_dir: Path, sub: pd.DataFrame, signature: str, labels: bool = False) -> None:
+def write_defaults(out_dir: Path, sub: pd.DataFrame, kind: str, signature: str) -> None:
     """serve_defaults.json beside train.py's fallback submission: its id column and one row's
     values (the training prior is the same for every row), serve.py's answer before a good one,
-    the run signature they were made under (check_run), and whether the values are class labels
-    (`labels`: a failed call's fallback is the last answer's most common label, never a mean: the
-    mean of labels 0-4 is no class)."""
+    their kind (submission.fill's: "label" for class labels, whose failed call's fallback is the
+    last answer's most common label, never a mean: the mean of labels 0-4 is no class), and the
+    run signature they were made under (check_run)."""
     row = {c: (v.item() if hasattr(v, "item") else v) for c, v in sub.iloc[0, 1:].items()} if len(sub) else {}
-    found = {"id_col": sub.columns[0], "values": row, "columns": list(sub.columns), "signature": signature}
-    text = json.dumps({**found, "labels": labels})
+    found = {"id_col": sub.columns[0], "values": row, "columns": list(sub.columns), "kind": kind}
+    text = json.dumps({**found, "signature": signature})
     atomic_write(Path(out_dir) / DEFAULTS_FILE, lambda tmp: Path(tmp).write_text(text))
 
 
@@ -110,7 +110,7 @@ def answer_frame(ids, columns: list) -> pd.DataFrame:
 def fallback(batch, defaults: dict, last: pd.DataFrame | None) -> pd.DataFrame:
     """The batch's ids with the last good answer's values (a number column's mean; a class label's,
     numbers too, or another column's most common value), or serve_defaults.json's before any good answer."""
-    id_col, labels = defaults["id_col"], defaults.get("labels") is True
+    id_col, labels = defaults["id_col"], defaults.get("kind") == "label"
     out = pd.DataFrame({id_col: batch_ids(batch, id_col)})
     for c in defaults["columns"][1:]:
         if last is not None and c in last.columns and len(last):
