@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -233,6 +234,31 @@ def test_hidden_files_beside_the_images_are_not_training_images(tmp_path, m, sha
     args = m.train.get_args(["--data-dir", str(data)])
     rows = m.train.training_rows(data, args, ["rle"])
     assert list(rows["id"]) == [n.removesuffix(".png") for n in images], list(rows["id"])
+
+
+def test_carvanas_masks_named_id_mask_gif_are_found_and_read(tmp_path, m, shapes_data):
+    """Carvana's layout: train_masks/<id>_mask.gif. kagtpl new found no mask folder (GIF is not an
+    image extension) and, given --mask-dir, took the first file's suffix, .gif: every mask was
+    then "missing (--missing-mask empty reads it as empty)", advice that trains on empty masks.
+    Now the folder is found, the suffix read against the image ids, and a suffix no mask has is
+    one error naming the files there."""
+    from PIL import Image
+
+    data = tmp_path / "data"
+    shutil.copytree(shapes_data["png"], data)
+    for png in sorted((data / "train_masks").iterdir()):
+        Image.open(png).save(png.with_name(f"{png.stem}_mask.gif"))
+        png.unlink()
+    found = detect.detect_segmentation(data, {})
+    assert (found["mask_dir"], found["mask_ext"]) == ("train_masks", "_mask.gif"), found
+    flags = ["--data-dir", str(data), "--mask-values", found["mask_values"]]  # GIF: palette indices
+    args = m.train.get_args([*flags, "--mask-ext", found["mask_ext"]])
+    rows = m.train.training_rows(data, args, ["rle"])
+    assert len(rows) == TRAIN and all(Path(p).is_file() for p in rows["mask"])
+    assert sum(m.train.training_mask(args, row, "binary").any() for row in rows.itertuples()) > TRAIN // 2
+    args = m.train.get_args([*flags, "--mask-ext", ".gif"])
+    with pytest.raises(m.errors.DataError, match=r"no training image has its mask <id>\.gif in train_masks/ "):
+        m.train.training_rows(data, args, ["rle"])
 
 
 def test_a_sample_with_an_extra_column_is_one_line_naming_the_file(tmp_path, m, shapes_data):

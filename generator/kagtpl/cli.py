@@ -186,6 +186,10 @@ def new_cmd(
     mask_dir: Annotated[
         Optional[str], typer.Option(metavar="DIR", help="Segmentation: mask files' folder ('' = RLE in --train-csv).")
     ] = None,
+    mask_ext: Annotated[
+        Optional[str],
+        typer.Option(metavar="EXT", help="Segmentation: what a mask's name adds to its image's id: .png, _mask.gif."),
+    ] = None,
     mask_values: Annotated[
         Optional[str],
         typer.Option(metavar="VALUES", help="Segmentation: mask values, '255' binary or '1,2,3' classes."),
@@ -263,6 +267,7 @@ def new_cmd(
         "problem": problem,
         "text_cols": text_cols,
         "mask_dir": mask_dir,
+        "mask_ext": mask_ext,
         "mask_values": mask_values,
         "missing_mask": missing_mask,
         "rle_col": rle_col,

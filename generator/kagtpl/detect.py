@@ -348,6 +348,24 @@ SEGMENTATION_KEYS = (
 )  # fmt: skip
 MASK_DIRS = ("train_masks", "masks", "train_mask", "train_labels", "labels", "images/masks")
 RLE_CSVS = ("train.csv", "train_rle.csv", "train_masks.csv", "train_labels.csv")
+MASK_EXTS = (*IMAGE_EXTS, ".gif")  # what masks.read_mask (PIL) reads: Carvana's masks are <id>_mask.gif
+
+
+def has_masks(folder: Path) -> bool:
+    return any(p.suffix.lower() in MASK_EXTS for p in data_files(folder))
+
+
+def mask_suffix(masks: list[Path], stems: set[str]) -> str | None:
+    """What each mask file's name adds to its image's stem: '.png' for img1.png, '_mask.gif' for
+    Carvana's img1_mask.gif: the most common over up to 50 masks, each read against the longest
+    image stem it starts with; None when no mask starts with one."""
+    tails: dict[str, int] = {}
+    for mask in masks[:50]:
+        name = mask.name
+        cut = next((k for k in range(len(name) - 1, 0, -1) if name[:k] in stems), None)
+        if cut is not None:
+            tails[name[cut:]] = tails.get(name[cut:], 0) + 1
+    return max(tails, key=tails.get) if tails else None
 
 
 def mask_values(folder: Path, limit: int = 50) -> str:
@@ -409,12 +427,14 @@ def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[st
     found.update({k: o[k] for k in ("rle_order", "missing_mask", "metric", "arch") if o[k] is not None})
     mask_dir = o["mask_dir"]
     if mask_dir is None and not o["train_csv"]:
-        mask_dir = next((d for d in MASK_DIRS if has_images(data / d, None)), None)
+        mask_dir = next((d for d in MASK_DIRS if has_images(data / d, None) or has_masks(data / d)), None)
     if mask_dir:
         if not (data / mask_dir).is_dir():
             raise KagtplError(f"--data {data}: mask folder {mask_dir!r} not found")
-        first = next(iter(data_files(data / mask_dir)), None)
-        mask_ext = o["mask_ext"] or (first.suffix if first is not None else ".png")
+        found_masks = data_files(data / mask_dir)
+        stems = {p.name[: len(p.name) - len(ext)] for p in data_files(data / train_dir, f"*{ext}")}
+        first = found_masks[0].suffix if found_masks else ".png"
+        mask_ext = o["mask_ext"] or mask_suffix(found_masks, stems) or first
         values = o["mask_values"] or mask_values(data / mask_dir)
         if len(sample_cols) == 3 and len(str(values).split(",")) == 1:
             raise one_mask_extra_column(data / sample, sample_cols)

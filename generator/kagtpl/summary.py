@@ -119,7 +119,8 @@ def mask_lines(data: Path, a: dict) -> list[str]:
     if a.get("mask_dir"):
         values = str(a.get("mask_values", ""))
         kind = "binary" if "," not in values else f"{len(values.split(','))} classes"
-        masks = f"masks: files in {a['mask_dir']}/ ({kind}, values {values})  [--mask-dir --mask-values]"
+        named, flags = f"<id>{a.get('mask_ext', '')}", "[--mask-dir --mask-ext --mask-values]"
+        masks = f"masks: files in {a['mask_dir']}/ ({named}, {kind}, values {values})  {flags}"
     else:
         by_class = f", class column {a['class_col']!r}" if a.get("class_col") else " (binary)"
         masks = (
