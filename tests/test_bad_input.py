@@ -456,6 +456,31 @@ TABULAR_DATA_CASES = {
 }
 
 
+def test_one_hot_labels_train_as_one_label_and_a_row_without_one_1_names_its_line(
+    project_modules, digits_dir, tmp_path
+):
+    """--label-col '' reads a 0/1 column per class of the sample (Plant Pathology) as each row's
+    class; a row with two 1s (multi-label) or none stops the preflight naming its line."""
+    train = project_modules.train
+    data = Path(shutil.copytree(digits_dir, tmp_path / "data"))
+    labels = pd.read_csv(data / "labels.csv", dtype=str)
+    classes = list(pd.read_csv(data / "sample_submission.csv", nrows=0).columns[1:])
+    hot = pd.DataFrame({"id": labels["id"], **{c: (labels["breed"] == c).astype(int) for c in classes}})
+    hot.to_csv(data / "labels.csv", index=False)
+    args = train.get_args(["--data-dir", str(data), "--label-col", ""])
+    rows, _, found, _, probs = train.load_data(args)
+    assert found == classes and probs and args.label_col == ""
+    assert [classes[k] for k in rows["target"]] == list(labels["breed"])
+    for line in ("1", "0"):  # two 1s in row 3 (line 4), then none
+        spoiled = hot.copy()
+        spoiled.loc[2, classes] = [1 if line == "1" and k < 2 else 0 for k in range(len(classes))]
+        spoiled.to_csv(data / "labels.csv", index=False)
+        with pytest.raises(
+            project_modules.errors.DataError, match=r"labels.csv line 4 \(id \w+\): .*one-hot needs one 1"
+        ):
+            train.load_data(args)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(TABULAR_DATA_CASES))
 def test_bad_table_stops_preflight_naming_column_and_line(tabular_project, table_data, tmp_path, case):

@@ -43,6 +43,23 @@ def test_an_image_competition_names_its_columns_classes_model_and_plan(tmp_path)
     assert said["images"].startswith("60 in train/, 10 (.png: read as they are) in test/ (.jpg), trained"), said
 
 
+def test_one_hot_labels_are_read_as_the_samples_classes(tmp_path):
+    """Plant Pathology's layout: train.csv holds a 0/1 column per class of the sample, not one label
+    column: `cannot tell the label column among [...]; pass --label-col`, where any one column
+    named would have trained a wrong task. Now label_col '' (one-hot), said in the summary."""
+    data = demo.write_digits(tmp_path / "digits", n_train=60, n_test=10)
+    labels = (data / "labels.csv").read_text().splitlines()
+    classes = (data / "sample_submission.csv").read_text().splitlines()[0].split(",")[1:]
+    rows = [
+        ",".join([i, *("1" if c == label else "0" for c in classes)]) for i, label in (r.split(",") for r in labels[1:])
+    ]
+    (data / "labels.csv").write_text("\n".join([",".join(["id", *classes]), *rows]) + "\n")
+    said = new(tmp_path, "plants", "--task", "image", "--gpu", "t4", "--data", str(data))
+    assert said["labels"].startswith("labels.csv, id column 'id', one-hot (a 0/1 column per class), 60 rows"), said
+    assert said["classes"].startswith("10 (eight, five, four, nine, one, ...)  [the sample's columns]"), said
+    assert "label_col: ''\n" in (tmp_path / "plants" / ".copier-answers.yml").read_text()
+
+
 def test_a_table_names_its_problem_metric_and_rows(tmp_path):
     data = table.write_table(tmp_path / "table", "multiclass")
     said = new(tmp_path, "tab", "--task", "tabular", "--gpu", "cpu", "--data", str(data), "--competition", "my-comp")

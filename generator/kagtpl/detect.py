@@ -106,14 +106,16 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         raise KagtplError(f"{data / labels}: no id column {id_col!r} (columns: {label_cols})")
     others = [c for c in label_cols if c != id_col]
     label_col = o["label_col"]
-    if not label_col:
+    if label_col is None:
         if len(sample_cols) == 2 and sample_cols[1] in others:
             label_col = sample_cols[1]
         elif len(others) == 1:
             label_col = others[0]
+        elif len(sample_cols) > 2 and set(sample_cols[1:]) <= set(others):
+            label_col = ""  # one-hot: a 0/1 column per class of the sample (Plant Pathology)
         else:
             raise KagtplError(f"{data / labels}: cannot tell the label column among {others}; pass --label-col")
-    if label_col not in label_cols:
+    if label_col and label_col not in label_cols:
         raise KagtplError(f"{data / labels}: no label column {label_col!r} (columns: {label_cols})")
     ext = o["image_ext"]  # "" is an answer: images named by their id alone (some competitions ship them so)
     train_dir = _pick(data, o["train_dir"], TRAIN_DIRS, "training image folder", lambda p: has_images(p, ext))

@@ -101,9 +101,12 @@ def image_lines(data: Path, a: dict) -> list[str]:
     return [
         f"images: {train} in {a['train_dir']}/, {test} in {a['test_dir']}/ ({a['image_ext']}), trained at "
         f"{a['image_size']} px  [--train-dir --test-dir --image-ext --image-size]",
-        f"labels: {a['labels_csv']}, id column {a['id_col']!r}, label column {a['label_col']!r}, "
-        f"{len(labels[1])} rows  [--labels-csv --id-col --label-col]",
-        f"classes: {classes_text(column(labels, a['label_col']))}  [from the label column]",
+        f"labels: {a['labels_csv']}, id column {a['id_col']!r}, "
+        + (f"label column {a['label_col']!r}, " if a["label_col"] else "one-hot (a 0/1 column per class), ")
+        + f"{len(labels[1])} rows  [--labels-csv --id-col --label-col]",
+        f"classes: {classes_text(column(labels, a['label_col']))}  [from the label column]"
+        if a["label_col"]
+        else f"classes: {classes_text(read_csv(data / a['sample_submission'])[0][1:])}  [the sample's columns]",
         f"model: {a['model']}, "
         + (
             "from ImageNet weights (offline: train.py --weights FILE, or --no-pretrained)"
