@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import errno
+import json
 import os
 import re
 import shlex
@@ -33,6 +34,7 @@ from conftest import (
     RUN_ENV,
     dry_run_into_output,
     forkpython,
+    import_project,
     predict_streamed,
     render,
     run_script,
@@ -454,6 +456,62 @@ TABULAR_DATA_CASES = {
         "train.csv line 6: target 'target' is empty",
     ),
 }
+
+
+def binary_digits(digits_dir: Path, dest: Path, placeholder) -> Path:
+    """The digits as two classes (under 5, 5 and over) in one `label` column of train.csv, the
+    sample's one column `label` holding `placeholder` (0.5: Dogs vs. Cats Redux; 0: Histopathologic)."""
+    data = Path(shutil.copytree(digits_dir, dest))
+    names = "zero one two three four five six seven eight nine".split()
+    labels = pd.read_csv(data / "labels.csv", dtype=str)
+    labels["label"] = [int(names.index(b) >= 5) for b in labels.pop("breed")]
+    labels.to_csv(data / "train.csv", index=False)
+    (data / "labels.csv").unlink()
+    sample = pd.read_csv(data / "sample_submission.csv", dtype=str)
+    pd.DataFrame({"id": sample["id"], "label": placeholder}).to_csv(data / "sample_submission.csv", index=False)
+    return data
+
+
+def test_a_binary_samples_one_column_of_probabilities_is_filled_with_one(project_modules, digits_dir, tmp_path, capsys):
+    """Dogs vs. Cats Redux: train.csv `id,label` (0/1), the sample `id,label` with 0.5 in it: the
+    project wrote hard 0/1 labels, which log loss scores at ~34.5 a wrong row. A fraction in the
+    sample's one label column says probabilities: the second class's is written, the metric log
+    loss; whole numbers stay labels, with a line naming --submission positive for AUC."""
+    train = project_modules.train
+    for placeholder, kind in ((0.5, "positive"), (0, "label")):
+        data = binary_digits(digits_dir, tmp_path / f"data{placeholder}", placeholder)
+        flags = ["--data-dir", str(data), "--labels-csv", "train.csv", "--label-col", "label"]
+        rows, sample, classes, _, found = train.load_data(train.get_args(flags))
+        metric = train.competition_metric(found)[0]
+        assert (found, classes, metric) == (kind, ["0", "1"], "logloss" if placeholder else "Acc")
+        said = (
+            "SUBMISSION: labels ['0', '1'] in 'label'; scored on probabilities (AUC, log loss): --submission positive"
+        )
+        assert (said in capsys.readouterr().out) == (kind == "label")
+        assert train.load_data(train.get_args([*flags, "--submission", "positive"]))[4] == "positive"
+    labels = pd.read_csv(data / "train.csv", dtype=str)
+    labels.loc[0, "label"] = "2"  # a third class: one probability column cannot hold it
+    labels.to_csv(data / "train.csv", index=False)
+    with pytest.raises(project_modules.errors.DataError, match=r"one probability column needs 2 classes"):
+        train.load_data(train.get_args([*flags, "--submission", "positive"]))
+
+
+@pytest.mark.slow
+def test_a_binary_probability_submission_is_trained_predicted_and_served_as_one(digits_dir, tmp_path):
+    """The whole path of the 0.5 sample: train.py's fallback is the second class's share, predict.py
+    writes probabilities in (0, 1), serve_defaults.json says so for serve.py (predict.served_kind)."""
+    data = binary_digits(digits_dir, tmp_path / "data", 0.5)
+    project = render(tmp_path / "dogs", data_dir=str(data), labels_csv="train.csv", label_col="label")
+    dry_run_into_output(project, "--device", "cpu", "--no-pretrained")
+    out = project / "output"
+    defaults = json.loads((out / "serve_defaults.json").read_text())
+    share = float(pd.read_csv(data / "train.csv")["label"].mean())
+    assert defaults["kind"] == "probability" and defaults["values"]["label"] == pytest.approx(share), defaults
+    run_script(project, "predict.py", "--device", "cpu")
+    sub = pd.read_csv(out / "submission.csv")
+    assert list(sub.columns) == ["id", "label"] and sub["label"].between(0, 1).all() and (sub["label"] % 1 != 0).all()
+    predict = import_project(project, ("predict",)).predict
+    assert predict.served_kind(out, {"label_col": "label"}, ["id", "label"]) == "positive"
 
 
 def test_one_hot_labels_train_as_one_label_and_a_row_without_one_1_names_its_line(
