@@ -458,6 +458,27 @@ TABULAR_DATA_CASES = {
 }
 
 
+def test_class_folders_train_their_names_as_labels(project_modules, digits_dir, tmp_path):
+    """--labels-csv '' reads train/<class>/<image> (Plant Seedlings): each image's label is its
+    folder's name, its id <class>/<file>; hidden files are not images; no class folder is an error."""
+    train = project_modules.train
+    data = Path(shutil.copytree(digits_dir, tmp_path / "data"))
+    labels = pd.read_csv(data / "labels.csv", dtype=str)
+    for image_id, label in zip(labels["id"], labels["breed"], strict=True):
+        (data / "train" / label).mkdir(exist_ok=True)
+        (data / "train" / f"{image_id}.jpg").rename(data / "train" / label / f"{image_id}.jpg")
+        (data / "train" / label / ".DS_Store").write_bytes(b"\0")
+    (data / "labels.csv").unlink()
+    args = train.get_args(["--data-dir", str(data), "--labels-csv", ""])
+    rows, _, classes, _, kind = train.load_data(args)
+    assert kind == "probs" and len(rows) == len(labels) and sorted(classes) == sorted(set(labels["breed"]))
+    found = dict(zip(rows["id"], rows["breed"], strict=True))
+    assert found == {f"{b}/{i}.jpg": b for i, b in zip(labels["id"], labels["breed"], strict=True)}
+    assert all(Path(p).is_file() for p in rows["path"])
+    with pytest.raises(project_modules.errors.DataError, match=r"no <class>/<image> \(--labels-csv '' reads"):
+        train.load_data(train.get_args(["--data-dir", str(data), "--labels-csv", "", "--train-dir", "test"]))
+
+
 def binary_digits(digits_dir: Path, dest: Path, placeholder) -> Path:
     """The digits as two classes (under 5, 5 and over) in one `label` column of train.csv, the
     sample's one column `label` holding `placeholder` (0.5: Dogs vs. Cats Redux; 0: Histopathologic)."""

@@ -4,6 +4,7 @@ per task through the real CLI (Typer's runner, Copier's run_copy)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import textdata
 from typer.testing import CliRunner
@@ -58,6 +59,27 @@ def test_one_hot_labels_are_read_as_the_samples_classes(tmp_path):
     assert said["labels"].startswith("labels.csv, id column 'id', one-hot (a 0/1 column per class), 60 rows"), said
     assert said["classes"].startswith("10 (eight, five, four, nine, one, ...)  [the sample's columns]"), said
     assert "label_col: ''\n" in (tmp_path / "plants" / ".copier-answers.yml").read_text()
+
+
+def class_folders(digits: Path) -> Path:
+    """The digits as Plant Seedlings ships its images: train/<class>/<image>, no labels CSV."""
+    for line in (digits / "labels.csv").read_text().splitlines()[1:]:
+        image_id, label = line.split(",")
+        (digits / "train" / label).mkdir(exist_ok=True)
+        (digits / "train" / f"{image_id}.jpg").rename(digits / "train" / label / f"{image_id}.jpg")
+    (digits / "labels.csv").unlink()
+    return digits
+
+
+def test_class_folders_are_the_labels_without_a_labels_csv(tmp_path):
+    """Plant Seedlings: train/<class>/<image> and no labels CSV: `does not look like an image
+    competition: no labels CSV`. Now labels_csv '' (each folder's name is its images' label)."""
+    data = class_folders(demo.write_digits(tmp_path / "digits", n_train=60, n_test=10))
+    said = new(tmp_path, "seedlings", "--task", "image", "--gpu", "t4", "--data", str(data))
+    assert said["images"].startswith("60 in train/, 10 in test/ (.jpg), trained at 32 px"), said
+    assert said["labels"].startswith("class folders of train/ (<class>/<image>), id column 'id'"), said
+    assert said["classes"].startswith("10 (eight, five, four, nine, one, ...)  [the folders' names]"), said
+    assert "labels_csv: ''\n" in (tmp_path / "seedlings" / ".copier-answers.yml").read_text()
 
 
 def test_a_table_names_its_problem_metric_and_rows(tmp_path):

@@ -87,7 +87,10 @@ def image_size(data: Path, layout: dict, profile) -> tuple[int, str]:
     (`kagtpl new` records it, `kagtpl recommend --data` shows it)."""
     from kagtpl.template import hardware
 
-    side = median_side(data / layout["train_dir"], layout["image_ext"])
+    folder = data / layout["train_dir"]
+    if layout.get("labels_csv") == "":  # class folders: their images, the first class's standing for all
+        folder = next(iter(class_folders(folder)), folder)
+    side = median_side(folder, layout["image_ext"])
     return hardware().image_size_for(profile, side)
 
 
@@ -97,6 +100,8 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         raise KagtplError(f"--data {data}: no such folder")
     o = {k: overrides.get(k) for k in LAYOUT_KEYS}
     sample = _pick_submission(data, o["sample_submission"], "sample submission CSV", "an image")
+    if o["labels_csv"] == "" or (o["labels_csv"] is None and not any((data / c).is_file() for c in LABEL_CSVS)):
+        return class_folder_layout(data, o, sample)
     labels = _pick(data, o["labels_csv"], LABEL_CSVS, "labels CSV", Path.is_file)
     sample_cols, label_cols = _header(data / sample), _header(data / labels)
     if len(sample_cols) < 2:
@@ -125,6 +130,39 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
     return {
         "labels_csv": labels,
         "id_col": id_col,
+        "label_col": label_col,
+        "train_dir": train_dir,
+        "test_dir": test_dir,
+        "image_ext": ext,
+        "sample_submission": sample,
+    }
+
+
+def class_folders(folder: Path) -> list[Path]:
+    """The class folders of an image folder (Plant Seedlings: train/<class>/<image>): its
+    subfolders holding images; none when it holds images of its own."""
+    if not folder.is_dir() or any(f.suffix.lower() in IMAGE_EXTS for f in data_files(folder)):
+        return []
+    return [d for d in sorted(folder.iterdir()) if d.is_dir() and not d.name.startswith(".") and has_images(d, None)]
+
+
+def class_folder_layout(data: Path, o: dict, sample: str) -> dict[str, str]:
+    """No labels CSV: each training image's class is its folder's name (labels_csv ''). The id and
+    label columns are the sample's first two (the label's only matters for a label submission)."""
+    sample_cols = _header(data / sample)
+    if len(sample_cols) < 2:
+        raise KagtplError(f"{data / sample}: a sample submission needs an id column and at least one more")
+    what = f"labels CSV ({', '.join(LABEL_CSVS)}) or folder of class folders (<class>/<image>)"
+    train_dir = _pick(data, o["train_dir"], TRAIN_DIRS, what, class_folders)
+    classes = class_folders(data / train_dir)
+    ext = o["image_ext"]
+    test_dir = _pick(data, o["test_dir"], TEST_DIRS, "test image folder", lambda p: has_images(p, ext))
+    if ext is None:
+        ext = next((f.suffix for f in data_files(classes[0]) if f.suffix.lower() in IMAGE_EXTS), "")
+    label_col = o["label_col"] or (sample_cols[1] if len(sample_cols) == 2 else "label")
+    return {
+        "labels_csv": "",
+        "id_col": o["id_col"] or sample_cols[0],
         "label_col": label_col,
         "train_dir": train_dir,
         "test_dir": test_dir,

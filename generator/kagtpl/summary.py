@@ -96,17 +96,13 @@ def audio_lines(data: Path, a: dict) -> list[str]:
 
 
 def image_lines(data: Path, a: dict) -> list[str]:
-    labels = read_csv(data / a["labels_csv"])
-    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_images(data / a["test_dir"], a["image_ext"])
+    test = count_images(data / a["test_dir"], a["image_ext"])
+    train, labels, classes = image_labels(data, a)
     return [
         f"images: {train} in {a['train_dir']}/, {test} in {a['test_dir']}/ ({a['image_ext']}), trained at "
         f"{a['image_size']} px  [--train-dir --test-dir --image-ext --image-size]",
-        f"labels: {a['labels_csv']}, id column {a['id_col']!r}, "
-        + (f"label column {a['label_col']!r}, " if a["label_col"] else "one-hot (a 0/1 column per class), ")
-        + f"{len(labels[1])} rows  [--labels-csv --id-col --label-col]",
-        f"classes: {classes_text(column(labels, a['label_col']))}  [from the label column]"
-        if a["label_col"]
-        else f"classes: {classes_text(read_csv(data / a['sample_submission'])[0][1:])}  [the sample's columns]",
+        f"labels: {labels}  [--labels-csv --id-col --label-col]",
+        f"classes: {classes}",
         f"model: {a['model']}, "
         + (
             "from ImageNet weights (offline: train.py --weights FILE, or --no-pretrained)"
@@ -115,6 +111,28 @@ def image_lines(data: Path, a: dict) -> list[str]:
         )
         + "  [--model]",
     ]
+
+
+def image_labels(data: Path, a: dict) -> tuple[int, str, str]:
+    """(training images, where their labels are, the classes) for the image layouts: a label
+    column, one-hot columns (label_col ''), or class folders (labels_csv '')."""
+    if not a["labels_csv"]:
+        from kagtpl.detect import class_folders
+
+        folders = class_folders(data / a["train_dir"])
+        images = sum(count_files(d, a["image_ext"]) for d in folders)
+        where = f"class folders of {a['train_dir']}/ (<class>/<image>), id column {a['id_col']!r}"
+        return images, where, f"{classes_text([d.name for d in folders])}  [the folders' names]"
+    labels = read_csv(data / a["labels_csv"])
+    train = count_files(data / a["train_dir"], a["image_ext"])
+    where = f"{a['labels_csv']}, id column {a['id_col']!r}, " + (
+        f"label column {a['label_col']!r}, " if a["label_col"] else "one-hot (a 0/1 column per class), "
+    )
+    if a["label_col"]:
+        classes = f"{classes_text(column(labels, a['label_col']))}  [from the label column]"
+    else:
+        classes = f"{classes_text(read_csv(data / a['sample_submission'])[0][1:])}  [the sample's columns]"
+    return train, f"{where}{len(labels[1])} rows", classes
 
 
 def mask_lines(data: Path, a: dict) -> list[str]:
