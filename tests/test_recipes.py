@@ -40,13 +40,13 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
     project = render(tmp_path / "proj", data_dir=str(data))
     readme = (project / "README.md").read_text()
 
-    check = """    for i, (image_id, label) in enumerate(zip(train[args.id_col], train[args.label_col], strict=True)):
+    check = """    for i, (image_id, label) in enumerate(zip(train[args.id_col], train[label_col], strict=True)):
         if label not in classes:
             raise errors.DataError(
                 f"{labels_path} line {i + 2} (id {image_id}): label {label!r} is not a class of {sample_path.name}"
             )
 """
-    tags = """    tags = train[args.label_col].fillna("").str.split()
+    tags = """    tags = train[label_col].fillna("").str.split()
     for i, row_tags in enumerate(tags):
         if unknown := set(row_tags) - set(classes):
             raise errors.DataError(
@@ -54,11 +54,11 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
             )
 """
     apply(project, readme, "train.py", check, tags)
-    target = '    train["target"] = train[args.label_col].map({c: k for k, c in enumerate(classes)})\n'
+    target = '    train["target"] = train[label_col].map({c: k for k, c in enumerate(classes)})\n'
     multi_hot = '    train["target"] = [np.isin(classes, t).astype(np.float32) for t in tags]\n'
     apply(project, readme, "train.py", target, multi_hot)
     counts = (
-        "    counts = train[args.label_col].value_counts().to_dict()  # images per class: every fold needs some\n"
+        "    counts = train[label_col].value_counts().to_dict()  # images per class: every fold needs some\n"
         "    engine.check_folds(args.folds, labels_path, len(train), counts)\n"
     )
     rows_only = "    engine.check_folds(args.folds, labels_path, len(train))\n"
@@ -106,9 +106,9 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
         project,
         readme,
         "predict.py",
-        'kind = "distribution" if prob_columns else "label"',
-        'kind = "probability"',
-        documented='kind = "probability"',
+        "submission.write_submission(sub, sample, SUBMISSIONS[kind],",
+        'submission.write_submission(sub, sample, "probability",',
+        documented='`"probability"` for `SUBMISSIONS[kind]` in `submission.write_submission(...)`',
     )
 
     log = run_script(project, "train.py", *CPU, "--epochs", "2", "--folds", "2").stdout
