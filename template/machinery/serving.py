@@ -9,8 +9,9 @@ after the notebook starts in the competitions seen so far); each call after the 
 limit of its own. Every answer here is checked before it goes out (the batch's rows, its ids in
 order); a call that raises, answers wrong, or is still running at 80% of its limit is answered
 with the fallback instead: the last good answer's values (each column's mean, or its most common
-value: a class label's always) for this batch's ids, or train.py's fallback (the training prior) before any good answer;
-for masks and boxes, always train.py's (the empty masks, no boxes: tasks.Task.carries_answers).
+value: a class label's always) for this batch's ids, or train.py's fallback (the training prior)
+before any good answer; for masks and boxes, always train.py's (the empty masks, no boxes:
+tasks.Task.carries_answers).
 It is machinery: `copier update` may replace it.
 """
 
