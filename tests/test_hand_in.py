@@ -154,6 +154,32 @@ def test_grown_seeds_that_lose_on_the_oof_rows_are_left_out_of_the_ensemble(proj
     assert hand_in.left_out(tmp_path) == set()
 
 
+def test_no_validated_checkpoint_names_the_fallback_its_run_wrote(project_modules, tmp_path):
+    """predict.py with no validated checkpoint keeps train.py's fallback; its line said "the training
+    prior" for masks and boxes too. serve_defaults.json's kind names what the fallback holds."""
+    m = project_modules
+    ckpt = {
+        "model": {"w": torch.zeros(1)},
+        "config": {"signature": "s"},
+        "classes": ["a"],
+        "fold": 0,
+        "complete": False,
+    }
+    torch.save(ckpt, tmp_path / "model_fold0.pth")  # cut inside its first epoch: no val_loss
+    sample = pd.DataFrame({"id": ["x", "y"], "rle": ["", ""]})
+    for kind, words in (
+        ("rle", "no mask or box"),
+        ("box rows", "no mask or box"),
+        ("distribution", "the training prior"),
+    ):
+        m.serving.write_defaults(tmp_path, sample, kind, "s")
+        with pytest.raises(m.errors.KeptFallback, match=rf"so none is known to beat train.py's fallback \({words}\)$"):
+            m.storage.ensemble_checkpoints(tmp_path)
+    (tmp_path / "serve_defaults.json").write_text('{"id_col": "id", "val')  # cut short: the words most runs' have
+    with pytest.raises(m.errors.KeptFallback, match=r"fallback \(the training prior\)$"):
+        m.storage.ensemble_checkpoints(tmp_path)
+
+
 def test_no_model_at_all_keeps_this_runs_fallback_under_run_py_and_only_then(project_modules, tmp_path):
     """predict.py found no model. Under run.py (in_run: --after-train) with the fallback written since its
     process started (train.py's, after preflight: a budget or a stop ended train.py before its first
@@ -278,6 +304,7 @@ def test_predict_keeps_the_fallback_over_folds_judged_worse_or_never_validated(t
         "ENSEMBLE: left out model_fold0.pth, model_fold1.pth: never validated (stopped inside its first epoch)" in lines
     )
     assert lines[-1].startswith(f"SUBMISSION: {cut}/submission.csv kept: no checkpoint was validated")
+    assert lines[-1].endswith("so none is known to beat train.py's fallback (the training prior)"), lines[-1]
     assert (cut / "submission.csv").read_bytes() == fallback
     sub = pd.read_csv(cut / "submission.csv")
     assert (sub.iloc[:, 1:].to_numpy() == sub.iloc[0, 1:].to_numpy()).all()  # the prior, every row alike

@@ -188,6 +188,19 @@ def fallback_of(comp) -> str:
     return tasks.BY_NAME[task].fallback if task in tasks.BY_NAME else tasks.PRIOR
 
 
+def fallback_in(out: Path) -> str:
+    """What train.py's fallback in `out` holds, in words, by serve_defaults.json's kind (submission.fill's):
+    no mask or box for masks and boxes, else the training prior (also when no file reads back)."""
+    from .serving import read_defaults
+    from .submission import EMPTY_KINDS
+
+    try:
+        kind = read_defaults(out).get("kind")
+    except RunError:  # none, or cut short: the words most runs' fallback has
+        kind = None
+    return "no mask or box" if kind in EMPTY_KINDS else tasks.PRIOR
+
+
 def owner(what: str) -> str:
     """`what`'s, in words: the training prior's, the empty masks'."""
     return what + ("'" if what.endswith("s") else "'s")

@@ -398,7 +398,7 @@ def ensemble_checkpoints(out_dir: Path, required: bool = True) -> list[tuple[Pat
     if not found:
         raise KeptFallback(
             f"SUBMISSION: {Path(out_dir) / 'submission.csv'} kept: no checkpoint was validated, so none is known to "
-            "beat train.py's fallback (the training prior)"
+            f"beat train.py's fallback ({hand_in.fallback_in(out_dir)})"
         )
     cut = [p.name for p, c in found if c.get("seed_no", 1) > 1 and not c.get("complete")]
     if cut:  # growth.py's seeds count only for whole folds
