@@ -475,7 +475,16 @@ def test_class_folders_train_their_names_as_labels(project_modules, digits_dir, 
     found = dict(zip(rows["id"], rows["breed"], strict=True))
     assert found == {f"{b}/{i}.jpg": b for i, b in zip(labels["id"], labels["breed"], strict=True)}
     assert all(Path(p).is_file() for p in rows["path"])
-    with pytest.raises(project_modules.errors.DataError, match=r"no <class>/<image> \(--labels-csv '' reads"):
+    # Dogs vs. Cats Redux: no class folder, each file named <class>.<n>.jpg
+    for folder in sorted(p for p in (data / "train").iterdir() if p.is_dir()):
+        for k, image in enumerate(sorted(folder.glob("*.jpg"))):
+            image.rename(data / "train" / f"{folder.name}.{k}.jpg")
+        shutil.rmtree(folder)
+    rows, _, classes, _, _ = train.load_data(args)
+    assert sorted(classes) == sorted(set(labels["breed"])) and len(rows) == len(labels)
+    assert all(i.startswith(f"{b}.") for i, b in zip(rows["id"], rows["breed"], strict=True))
+    assert sorted(rows["breed"]) == sorted(labels["breed"]) and all(Path(p).is_file() for p in rows["path"])
+    with pytest.raises(project_modules.errors.DataError, match=r"no <class>/<image> or <class>\.<n> image"):
         train.load_data(train.get_args(["--data-dir", str(data), "--labels-csv", "", "--train-dir", "test"]))
 
 

@@ -80,6 +80,14 @@ def test_class_folders_are_the_labels_without_a_labels_csv(tmp_path):
     assert said["labels"].startswith("class folders of train/ (<class>/<image>), id column 'id'"), said
     assert said["classes"].startswith("10 (eight, five, four, nine, one, ...)  [the folders' names]"), said
     assert "labels_csv: ''\n" in (tmp_path / "seedlings" / ".copier-answers.yml").read_text()
+    # Dogs vs. Cats Redux: train/cat.0.jpg, train/dog.0.jpg, no labels CSV and no class folder
+    for folder in sorted(p for p in (data / "train").iterdir() if p.is_dir()):
+        for k, image in enumerate(sorted(folder.iterdir())):
+            image.rename(data / "train" / f"{folder.name}.{k}.jpg")
+        folder.rmdir()
+    said = new(tmp_path, "redux", "--task", "image", "--gpu", "t4", "--data", str(data))
+    assert said["labels"].startswith("the start of each file's name in train/ (<class>.<n>), id column 'id'"), said
+    assert said["classes"].startswith("10 (eight, five, four, nine, one, ...)  [the names]"), said
 
 
 def test_a_table_names_its_problem_metric_and_rows(tmp_path):

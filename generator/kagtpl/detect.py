@@ -146,19 +146,31 @@ def class_folders(folder: Path) -> list[Path]:
     return [d for d in sorted(folder.iterdir()) if d.is_dir() and not d.name.startswith(".") and has_images(d, None)]
 
 
+def name_classes(folder: Path) -> list[str]:
+    """The classes of an image folder whose files are named <class>.<n>.<ext> (Dogs vs. Cats:
+    cat.0.jpg, dog.0.jpg): at least two, and at most one for every three images (names unique
+    before their first dot are ids, not classes); none otherwise."""
+    names = [f.name for f in data_files(folder) if f.suffix.lower() in IMAGE_EXTS]
+    if not names or any(n.count(".") < 2 for n in names):
+        return []
+    found = sorted({n.split(".")[0] for n in names})
+    return found if 2 <= len(found) <= len(names) // 3 else []
+
+
 def class_folder_layout(data: Path, o: dict, sample: str) -> dict[str, str]:
-    """No labels CSV: each training image's class is its folder's name (labels_csv ''). The id and
-    label columns are the sample's first two (the label's only matters for a label submission)."""
+    """No labels CSV: each training image's class is its folder's name, or the start of its file's
+    (labels_csv ''). The id and label columns are the sample's first two (the label's only matters
+    for a label submission)."""
     sample_cols = _header(data / sample)
     if len(sample_cols) < 2:
         raise KagtplError(f"{data / sample}: a sample submission needs an id column and at least one more")
-    what = f"labels CSV ({', '.join(LABEL_CSVS)}) or folder of class folders (<class>/<image>)"
-    train_dir = _pick(data, o["train_dir"], TRAIN_DIRS, what, class_folders)
-    classes = class_folders(data / train_dir)
+    what = f"labels CSV ({', '.join(LABEL_CSVS)}), class folders (<class>/<image>) or <class>.<n> images"
+    train_dir = _pick(data, o["train_dir"], TRAIN_DIRS, what, lambda p: class_folders(p) or name_classes(p))
+    images = next(iter(class_folders(data / train_dir)), data / train_dir)
     ext = o["image_ext"]
     test_dir = _pick(data, o["test_dir"], TEST_DIRS, "test image folder", lambda p: has_images(p, ext))
     if ext is None:
-        ext = next((f.suffix for f in data_files(classes[0]) if f.suffix.lower() in IMAGE_EXTS), "")
+        ext = next((f.suffix for f in data_files(images) if f.suffix.lower() in IMAGE_EXTS), "")
     label_col = o["label_col"] or (sample_cols[1] if len(sample_cols) == 2 else "label")
     return {
         "labels_csv": "",

@@ -117,9 +117,13 @@ def image_labels(data: Path, a: dict) -> tuple[int, str, str]:
     """(training images, where their labels are, the classes) for the image layouts: a label
     column, one-hot columns (label_col ''), or class folders (labels_csv '')."""
     if not a["labels_csv"]:
-        from kagtpl.detect import class_folders
+        from kagtpl.detect import class_folders, name_classes
 
         folders = class_folders(data / a["train_dir"])
+        if not folders:  # <class>.<n>.<ext>
+            where = f"the start of each file's name in {a['train_dir']}/ (<class>.<n>), id column {a['id_col']!r}"
+            names = name_classes(data / a["train_dir"])
+            return count_files(data / a["train_dir"], a["image_ext"]), where, f"{classes_text(names)}  [the names]"
         images = sum(count_files(d, a["image_ext"]) for d in folders)
         where = f"class folders of {a['train_dir']}/ (<class>/<image>), id column {a['id_col']!r}"
         return images, where, f"{classes_text([d.name for d in folders])}  [the folders' names]"
