@@ -88,8 +88,8 @@ def image_size(data: Path, layout: dict, profile) -> tuple[int, str]:
     from kagtpl.template import hardware
 
     folder = data / layout["train_dir"]
-    if layout.get("labels_csv") == "":  # class folders: their images, the first class's standing for all
-        folder = next(iter(class_folders(folder)), folder)
+    if layout.get("labels_csv") == "":  # class folders, or <class>.<n> names
+        folder = image_folder(folder)
     side = median_side(folder, layout["image_ext"])
     return hardware().image_size_for(profile, side)
 
@@ -100,12 +100,13 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         raise KagtplError(f"--data {data}: no such folder")
     o = {k: overrides.get(k) for k in LAYOUT_KEYS}
     sample = _pick_submission(data, o["sample_submission"], "sample submission CSV", "an image")
-    if o["labels_csv"] == "" or (o["labels_csv"] is None and not any((data / c).is_file() for c in LABEL_CSVS)):
-        return class_folder_layout(data, o, sample)
-    labels = _pick(data, o["labels_csv"], LABEL_CSVS, "labels CSV", Path.is_file)
-    sample_cols, label_cols = _header(data / sample), _header(data / labels)
+    sample_cols = _header(data / sample)
     if len(sample_cols) < 2:
         raise KagtplError(f"{data / sample}: a sample submission needs an id column and at least one more")
+    if o["labels_csv"] == "" or (o["labels_csv"] is None and not any((data / c).is_file() for c in LABEL_CSVS)):
+        return class_folder_layout(data, o, sample, sample_cols)
+    labels = _pick(data, o["labels_csv"], LABEL_CSVS, "labels CSV", Path.is_file)
+    label_cols = _header(data / labels)
     id_col = o["id_col"] or (sample_cols[0] if sample_cols[0] in label_cols else label_cols[0])
     if id_col not in label_cols:
         raise KagtplError(f"{data / labels}: no id column {id_col!r} (columns: {label_cols})")
@@ -157,20 +158,22 @@ def name_classes(folder: Path) -> list[str]:
     return found if 2 <= len(found) <= len(names) // 3 else []
 
 
-def class_folder_layout(data: Path, o: dict, sample: str) -> dict[str, str]:
+def image_folder(folder: Path) -> Path:
+    """Where a training folder without a labels CSV keeps images to measure: its first class folder,
+    or itself (<class>.<n> names); the first class's images stand for all."""
+    return next(iter(class_folders(folder)), folder)
+
+
+def class_folder_layout(data: Path, o: dict, sample: str, sample_cols: list[str]) -> dict[str, str]:
     """No labels CSV: each training image's class is its folder's name, or the start of its file's
     (labels_csv ''). The id and label columns are the sample's first two (the label's only matters
     for a label submission)."""
-    sample_cols = _header(data / sample)
-    if len(sample_cols) < 2:
-        raise KagtplError(f"{data / sample}: a sample submission needs an id column and at least one more")
     what = f"labels CSV ({', '.join(LABEL_CSVS)}), class folders (<class>/<image>) or <class>.<n> images"
     train_dir = _pick(data, o["train_dir"], TRAIN_DIRS, what, lambda p: class_folders(p) or name_classes(p))
-    images = next(iter(class_folders(data / train_dir)), data / train_dir)
     ext = o["image_ext"]
     test_dir = _pick(data, o["test_dir"], TEST_DIRS, "test image folder", lambda p: has_images(p, ext))
     if ext is None:
-        ext = next((f.suffix for f in data_files(images) if f.suffix.lower() in IMAGE_EXTS), "")
+        ext = next((f.suffix for f in data_files(image_folder(data / train_dir)) if f.suffix.lower() in IMAGE_EXTS), "")
     label_col = o["label_col"] or (sample_cols[1] if len(sample_cols) == 2 else "label")
     return {
         "labels_csv": "",

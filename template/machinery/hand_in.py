@@ -189,15 +189,22 @@ def fallback_of(comp) -> str:
 
 
 def fallback_in(out: Path) -> str:
-    """What train.py's fallback in `out` holds, in words, by serve_defaults.json's kind (submission.fill's):
-    no mask or box for masks and boxes, else the training prior (also when no file reads back)."""
+    """What train.py's fallback in `out` holds, in words, by serve_defaults.json's kind (kind_words;
+    the training prior also when no file reads back)."""
     from .serving import read_defaults
-    from .submission import EMPTY_KINDS
 
     try:
         kind = read_defaults(out).get("kind")
     except RunError:  # none, or cut short: the words most runs' fallback has
         kind = None
+    return kind_words(kind)
+
+
+def kind_words(kind: str | None) -> str:
+    """What a fallback of submission.fill's `kind` holds, in words: no mask or box for masks and
+    boxes (submission.EMPTY_KINDS), else the training prior."""
+    from .submission import EMPTY_KINDS  # it imports this module
+
     return "no mask or box" if kind in EMPTY_KINDS else tasks.PRIOR
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import locks, planner, room, serving
+from . import hand_in, locks, planner, room, serving
 from .errors import TRAIN, DataError, RunError
 from .storage import read_csv
 
@@ -381,7 +381,7 @@ def hand_in_first(path: Path, rows, defaults: dict, kind: str = "") -> None:
         return
     empty = kind in EMPTY_KINDS
     room.write_csv(empty_prediction(rows, kind) if empty else serving.fallback(rows, defaults, None), path)
-    what = "no mask or box" if empty else "the training prior"
+    what = hand_in.kind_words(kind)
     said = "no box" if kind == "box rows" else f"{what} for all {len(rows)} rows"  # a row per box: none
     print(f"SUBMISSION: {path} holds {said} until the folds replace it")
 
