@@ -362,12 +362,61 @@ def pytest_runtest_protocol(item, nextitem):
             with open(TURNSTILE, "a") as turnstile:  # alone: held until the machine is ours; shared: passed through
                 fcntl.flock(turnstile, fcntl.LOCK_EX)
                 fcntl.flock(held.enter_context(open(MACHINE_LOCK, "a")), mode)
+        held.enter_context(time_limit(item.nodeid))
         if item.get_closest_marker("slow") is not None:
             # both fork servers (plain, image tasks') started before the test's own clock: a test that
             # times run.py from outside timed the start of the image server too (~10 s of imports) when
             # it was that worker's first image script (a 90 s growth run measured 90.8 s, RUN said 0.89)
             warm_launcher()
         yield  # the file's close releases the lock
+
+
+# A test (its fixtures' setup and teardown included) that has not ended in TEST_LIMIT_S fails with
+# where it waited: every thread of this worker, and every process on the machine with the kernel
+# call it sleeps in. CI once sat 80 minutes on 885 of 887 tests, a test blocked where nothing
+# bounded it, until the run's own 90-minute limit ended it with no word of which. The longest test
+# took 44 s (the full suite's junit, 2026-12-05); a module's fixture trains up to ~80 s before it.
+# The machine's lock is taken before the clock starts: an `alone` test may wait out a neighbour's.
+TEST_LIMIT_S = 420
+
+
+class Hung(Exception):
+    """A test past TEST_LIMIT_S (raised in it by SIGALRM, so pytest reports it as the test's failure)."""
+
+
+def where_everything_waits() -> str:
+    """This worker's threads (faulthandler) and the machine's processes, each with its wchan."""
+    import faulthandler
+
+    with tempfile.TemporaryFile("w+") as stacks:
+        faulthandler.dump_traceback(stacks, all_threads=True)
+        stacks.seek(0)
+        threads = stacks.read()
+    ps = subprocess.run(
+        ["ps", "-ww", "-eo", "pid,ppid,pgid,stat,wchan:24,etimes,args", "--forest"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    processes = "\n".join(line[:300] for line in ps.stdout.splitlines() if not line.rstrip().endswith("]"))
+    return f"this worker's threads:\n{threads}\nthe processes (wchan: the kernel call each sleeps in):\n{processes}"
+
+
+@contextlib.contextmanager
+def time_limit(name: str, seconds: int = TEST_LIMIT_S):
+    def fire(signum, frame):
+        signal.alarm(60)  # the test's own cleanup (its finally: kill, wait) gets a minute, then fails too
+        raise Hung(f"{name} did not end in {seconds} s\n{where_everything_waits()}")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    outer, start = signal.alarm(seconds), time.monotonic()  # an enclosing limit's seconds left
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.alarm(max(1, round(outer - (time.monotonic() - start))))
 
 
 def pytest_sessionfinish(session, exitstatus):

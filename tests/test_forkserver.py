@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -271,3 +272,29 @@ def test_a_parent_with_an_openmp_pool_starts_its_children_as_new_interpreters(tm
     assert proc.returncode == 0, err[-2000:]
     child = json.loads(out.splitlines()[0])
     assert child["code"] == 0 and child["out"].split() == ["False", "2"], child
+
+
+def test_a_test_blocked_past_its_limit_fails_naming_where_everything_waits():
+    """conftest.time_limit, around every test: a read on a pipe that no line ever reaches (as
+    start_until's on a script that hangs) is ended by SIGALRM, and the failure gives this worker's
+    stacks and the machine's processes; then the test's own limit (the enclosing one) runs on."""
+    import conftest
+
+    around = signal.getsignal(signal.SIGALRM)
+    assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # this test's own limit
+
+    reader, writer = os.pipe()
+    quiet = subprocess.Popen(["sleep", "30"], stdout=writer)
+    os.close(writer)
+    try:
+        with pytest.raises(conftest.Hung) as hung, conftest.time_limit("the blocked test", 1):
+            os.read(reader, 1)
+    finally:
+        quiet.kill()
+        quiet.wait()
+        os.close(reader)
+    report = str(hung.value)
+    assert report.startswith("the blocked test did not end in 1 s\n"), report[:300]
+    assert "os.read(reader, 1)" in report or "test_a_test_blocked_past_its_limit" in report, report[:3000]
+    assert re.search(rf"^\s*{quiet.pid} .* sleep 30$", report, re.M), report[-3000:]
+    assert signal.getsignal(signal.SIGALRM) is around and signal.getitimer(signal.ITIMER_REAL)[0] > 0
