@@ -343,7 +343,7 @@ MACHINE_LOCK, TURNSTILE = (Path(f"/tmp/kagtpl-tests-{RUN_UID}.{name}") for name 
 
 
 def _lock_mode(item) -> int | None:
-    """How a test holds the machine (flock's mode), or None: not at all."""
+    """How a test holds the machine (lockf's mode), or None: not at all."""
     if item.get_closest_marker("alone") is not None:
         return fcntl.LOCK_EX
     if item.get_closest_marker("slow") is not None and item.get_closest_marker("onecore") is None:
@@ -359,9 +359,13 @@ def _lock_mode(item) -> int | None:
 def pytest_runtest_protocol(item, nextitem):
     with contextlib.ExitStack() as held:
         if (mode := _lock_mode(item)) is not None:
-            with open(TURNSTILE, "a") as turnstile:  # alone: held until the machine is ours; shared: passed through
-                fcntl.flock(turnstile, fcntl.LOCK_EX)
-                fcntl.flock(held.enter_context(open(MACHINE_LOCK, "a")), mode)
+            # lockf (POSIX), not flock: the lock is this process's alone. A child it forks (a DataLoader
+            # worker of a test that runs torch in this process) shares a flock's open file and held the
+            # machine for as long as it lived, past its test's end; an `alone` test would then wait for ever.
+            with time_limit(f"{item.nodeid} waiting for the machine", 2 * TEST_LIMIT_S):
+                with open(TURNSTILE, "a") as turnstile:  # alone: held until the machine is ours; shared: passed through
+                    fcntl.lockf(turnstile, fcntl.LOCK_EX)
+                    fcntl.lockf(held.enter_context(open(MACHINE_LOCK, "a+")), mode)  # a+: LOCK_SH reads
         held.enter_context(time_limit(item.nodeid))
         if item.get_closest_marker("slow") is not None:
             # both fork servers (plain, image tasks') started before the test's own clock: a test that
@@ -399,7 +403,18 @@ def where_everything_waits() -> str:
         timeout=30,
     )
     processes = "\n".join(line[:300] for line in ps.stdout.splitlines() if not line.rstrip().endswith("]"))
-    return f"this worker's threads:\n{threads}\nthe processes (wchan: the kernel call each sleeps in):\n{processes}"
+    return (
+        f"this worker's threads:\n{threads}\nthe processes (wchan: the kernel call each sleeps in):\n{processes}\n"
+        f"the machine's locks (pid {os.getpid()} is this worker):\n{lock_holders()}"
+    )
+
+
+def lock_holders() -> str:
+    """The lines of /proc/locks on MACHINE_LOCK and TURNSTILE: each lock's mode and its process."""
+    inodes = {f":{path.stat().st_ino} ": path.name for path in (MACHINE_LOCK, TURNSTILE) if path.exists()}
+    locks = Path("/proc/locks").read_text().splitlines() if Path("/proc/locks").exists() else []
+    held = [f"{name}: {line}" for line in locks for inode, name in inodes.items() if inode in line]
+    return "\n".join(held) or "none"
 
 
 @contextlib.contextmanager
