@@ -141,3 +141,18 @@ def test_image_size_from_the_images_median_side(tmp_path):
     assert hw.image_size_for(hw.PROFILES["a10"], 161)[0] == 192
     assert hw.image_size_for(hw.PROFILES["t4"], None) == (224, "the t4 profile's default")
     assert detect.median_side(tmp_path, ".jpg") is None  # no such images
+
+
+def test_class_folders_are_measured_from_every_class_in_turn(tmp_path):
+    """train/<class>/<image> (Plant Seedlings): the median side is taken over every class's images,
+    in turn up to the limit, where the first class's images stood for all."""
+    from PIL import Image
+
+    for k, (name, side) in enumerate([("alpha", 40), ("beta", 200), ("gamma", 200)]):
+        (tmp_path / name).mkdir()
+        for i in range(4 + k):
+            Image.new("RGB", (side, side)).save(tmp_path / name / f"{i}.png")
+    (tmp_path / "beta" / "._0.png").write_bytes(b"\0" * 8)  # macOS's metadata: no image, not measured
+    assert detect.median_side(tmp_path, ".png") == 200  # 4 images of 40, 11 of 200
+    assert detect.median_side(tmp_path, ".png", limit=3) == 200  # one of each class: 40, 200, 200
+    assert [p.parent.name for p in detect.sampled(tmp_path, ".png", 4)] == ["alpha", "beta", "gamma", "alpha"]

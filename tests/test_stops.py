@@ -623,6 +623,17 @@ def test_a_failed_call_of_masks_or_boxes_answers_none_not_the_last_images(projec
         assert list(answer["rle"]) == [kept, kept], (task, answer)
         words = "the last good answer's values" if kept else serving.tasks.get(task).fallback
         assert out.getvalue().strip().endswith(f"answered with the fallback ({words})"), out.getvalue()
+    # the long format (id, class, rle): each row keeps the class its batch gave, where the first
+    # sample row's class ("ellipse", serve_defaults.json's) stood on every row
+    long = {"id_col": "id", "values": {"class": "ellipse", "rle": ""}, "columns": ["id", "class", "rle"], "kind": "rle"}
+    batch = pd.DataFrame({"id": ["a", "a", "b"], "class": ["ellipse", "rectangle", "rectangle"]})
+    answerer = serving.Answerer(fn, long, 5.0, 5.0, serving.tasks.get("segmentation"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        answer = answerer(batch.assign(id=["bad", "a", "b"]))
+    assert answer.to_dict("list") == {"id": ["bad", "a", "b"], "class": list(batch["class"]), "rle": [""] * 3}
+    assert list(serving.prior_answer(long, {}, batch)["class"]) == list(batch["class"])
+    labels = {"id_col": "id", "values": {"class": "x", "p": 0.5}, "columns": ["id", "class", "p"], "kind": "label"}
+    assert list(serving.prior_answer(labels, {}, batch)["class"]) == ["x"] * 3  # a prediction, not the batch's
 
 
 def test_a_failed_call_of_class_labels_answers_the_most_common_label_not_their_mean(project_modules, tmp_path):

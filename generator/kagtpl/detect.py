@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 from pathlib import Path
@@ -62,7 +63,7 @@ def median_side(folder: Path, ext: str, limit: int = 200) -> float | None:
     huge: list[tuple[Path, tuple[int, int]]] = []
     limit_px, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # headers only: nothing is decoded
     try:
-        for path in data_files(folder, f"*{ext}")[:limit]:
+        for path in sampled(folder, ext, limit):
             try:
                 with Image.open(path) as img:
                     sides += list(img.size)
@@ -82,15 +83,21 @@ def median_side(folder: Path, ext: str, limit: int = 200) -> float | None:
     return statistics.median(sides) if sides else None
 
 
+def sampled(folder: Path, ext: str, limit: int) -> list[Path]:
+    """Up to `limit` of a folder's `ext` files; of class folders (train/<class>/<image>), taken from
+    every class in turn: Plant Seedlings' classes differ in size (a median of the first class's
+    images alone stood for all twelve)."""
+    per_class = [data_files(d, f"*{ext}") for d in class_folders(folder)] or [data_files(folder, f"*{ext}")]
+    in_turn = (p for row in itertools.zip_longest(*per_class) for p in row if p is not None)
+    return list(itertools.islice(in_turn, limit))
+
+
 def image_size(data: Path, layout: dict, profile) -> tuple[int, str]:
     """The image size for a profile from the training images of a detected layout, and why
     (`kagtpl new` records it, `kagtpl recommend --data` shows it)."""
     from kagtpl.template import hardware
 
-    folder = data / layout["train_dir"]
-    if layout.get("labels_csv") == "":  # class folders, or <class>.<n> names
-        folder = image_folder(folder)
-    side = median_side(folder, layout["image_ext"])
+    side = median_side(data / layout["train_dir"], layout["image_ext"])
     return hardware().image_size_for(profile, side)
 
 
@@ -159,8 +166,8 @@ def name_classes(folder: Path) -> list[str]:
 
 
 def image_folder(folder: Path) -> Path:
-    """Where a training folder without a labels CSV keeps images to measure: its first class folder,
-    or itself (<class>.<n> names); the first class's images stand for all."""
+    """Where a training folder without a labels CSV keeps images to name their extension by: its
+    first class folder, or itself (<class>.<n> names)."""
     return next(iter(class_folders(folder)), folder)
 
 

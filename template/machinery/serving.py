@@ -110,11 +110,19 @@ def answer_frame(ids, columns: list) -> pd.DataFrame:
 
 def fallback(batch, defaults: dict, last: pd.DataFrame | None) -> pd.DataFrame:
     """The batch's ids with the last good answer's values (a number column's mean; a class label's,
-    numbers too, or another column's most common value), or serve_defaults.json's before any good answer."""
+    numbers too, or another column's most common value), or serve_defaults.json's before any good
+    answer. Masks and boxes (submission.EMPTY_KINDS) answer in their last column: a column before it
+    that the batch carries is the batch's, as predict_batch keeps it (a long format's class: id,
+    class, rle), not one class on every row."""
+    from .submission import EMPTY_KINDS  # it imports this module
+
     id_col, labels = defaults["id_col"], defaults.get("kind") == "label"
     out = pd.DataFrame({id_col: batch_ids(batch, id_col)})
+    given = batch_frame(batch) if len(out) and defaults.get("kind") in EMPTY_KINDS else None
     for c in defaults["columns"][1:]:
-        if last is not None and c in last.columns and len(last):
+        if given is not None and c in given.columns and c != defaults["columns"][-1]:
+            out[c] = given[c].to_numpy()
+        elif last is not None and c in last.columns and len(last):
             column = last[c]
             averaged = pd.api.types.is_numeric_dtype(column) and not labels
             out[c] = column.mean() if averaged else column.mode().iloc[0]
@@ -132,11 +140,18 @@ def prior_answer(defaults: dict, _state: dict, batch, *_args, **_kwargs) -> pd.D
 def batch_ids(batch, id_col: str) -> np.ndarray:
     """The batch's ids as sent; a batch that is not a frame (None), or has no id column, gets a
     row per row with no id (the gateway will say what it wanted): the fallback never raises."""
-    try:
-        frame = to_pandas(batch)
-        return frame[id_col].to_numpy() if id_col in frame.columns else np.full(len(frame), None, dtype=object)
-    except (AttributeError, TypeError, ValueError):
+    frame = batch_frame(batch)
+    if frame is None:
         return np.array([], dtype=object)
+    return frame[id_col].to_numpy() if id_col in frame.columns else np.full(len(frame), None, dtype=object)
+
+
+def batch_frame(batch) -> pd.DataFrame | None:
+    """The batch as a pandas frame, or None where it is not one."""
+    try:
+        return to_pandas(batch)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def batch_rows(batch) -> int | None:
