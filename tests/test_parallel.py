@@ -271,15 +271,17 @@ def test_ddp_ranks_take_the_smallest_probed_batch(table_project, tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_sigterm_to_one_rank_stops_both_at_the_same_step(table_project):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_ddp_sigterm_to_one_rank_stops_both_at_the_same_step(table_project, sig):
     """The signal reaches one rank only; the other learns it from the next all-reduce, both save and
-    exit 0 (a rank that left while the other waited in a collective would hang the run)."""
+    exit 0 (a rank that left while the other waited in a collective would hang the run). SIGHUP (the
+    terminal closed) votes as SIGTERM: its reason, no stop of the vote's, raised in the collective."""
     project, _ = table_project
     args = [*TORCHRUN[1:], "train.py", "--device", "cpu", "--folds", "2", "--epochs", "5000", "--patience", "5000"]
     proc, seen = start_until(project, args, epoch_at_least(20), env=ONE_THREAD)
     ranks = children(proc.pid)  # torchrun's two worker processes
     assert len(ranks) == 2, ranks
-    os.kill(ranks[-1], signal.SIGTERM)
+    os.kill(ranks[-1], sig)
     seen += proc.stdout.readlines()
     assert proc.wait(timeout=60) == 0, "".join(seen[-40:])
     log = "".join(seen)

@@ -144,6 +144,91 @@ def test_run_py_stopped_alone_leaves_no_orphan_and_hands_in_the_folds(project, d
     nothing_left(out)
 
 
+def on_a_terminal(project: Path, argv: list[str]) -> tuple[subprocess.Popen, int]:
+    """`argv` on a pseudo-terminal that is its session's controlling terminal, as a command typed
+    over SSH (a new interpreter: the fork server's pipes are no terminal). Returns the process and
+    the terminal's master end, whose close is the connection's drop."""
+    master, slave = os.openpty()
+
+    def take_the_terminal():  # after setsid (start_new_session): the slave becomes the controlling terminal
+        import fcntl
+        import termios
+
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=project,
+            env=RUN_ENV,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=take_the_terminal,
+        )
+    finally:
+        os.close(slave)
+    return proc, master
+
+
+def read_terminal(master: int, found, timeout: float = 120) -> str:
+    """The terminal's output until a line for which `found(line)` is true."""
+    text, t_end = "", time.time() + timeout
+    while time.time() < t_end:
+        try:
+            chunk = os.read(master, 4096).decode(errors="replace")
+        except OSError:  # EIO: every process holding the terminal has ended
+            chunk = ""
+        if not chunk:
+            break
+        text += chunk.replace("\r\n", "\n").replace("\r", "\n").replace("\x1b[K", "")  # a progress line's returns
+        if any(found(line) for line in text.splitlines()):
+            return text
+    raise AssertionError(f"the terminal never showed the line awaited:\n{text[-3000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["run.py", "train.py", "nohup train.py"])
+def test_a_closed_terminal_is_a_stop_that_hands_in_the_trained_folds(project, digits_dir, tmp_path, command):
+    """An SSH connection dropped under a run typed at its prompt: the kernel sends SIGHUP to the
+    session's leader, the shell to its job's process group, and every write to the terminal fails
+    (EIO). Before, SIGHUP's default ended run.py and predict.py where they stood and train.py died
+    of its next print (OSError 5): the training prior was handed in beside three trained boosters
+    and two MLP folds. Now a hangup is a stop: train.py saves and ends, predict.py hands in the
+    folds, and the lines go on in train.log. Under nohup (SIGHUP ignored) the run goes on to its end."""
+    out, *nohup = tmp_path / "out", *command.split()[:-1]
+    script = command.split()[-1]
+    plan = ["--budget", "60s"] if script == "run.py" else ["--epochs", "2"] if nohup else []
+    argv = [*nohup, sys.executable, script, "--device", "cpu", f"--out-dir={out}", *plan]
+    proc, master = on_a_terminal(project, argv)
+    try:
+        if nohup:  # its lines go to nohup.out; it ignores SIGHUP once it runs python, not before
+            seen = read_terminal(master, lambda line: "nohup: " in line)
+            log, t_end = out / "train.log", time.time() + 120
+            while not (log.exists() and "Epoch 1: " in log.read_text()) and time.time() < t_end:
+                time.sleep(0.1)
+        else:
+            seen = read_terminal(master, epoch_at_least(2))
+    finally:
+        os.close(master)  # the connection drops: SIGHUP to the session's leader
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGHUP)  # the shell's SIGHUP to its job
+    code = proc.wait(timeout=120)
+    (project / "nohup.out").unlink(missing_ok=True)
+    log = (out / "train.log").read_text()
+    assert code == 0 and "Traceback" not in log, seen[-2000:] + log[-3000:]
+    if nohup:
+        assert "STOPPED" not in log and re.search(r"^DONE: 3 folds", log, re.M), log[-3000:]  # 2 epochs each
+    else:  # run.py's train.py is stopped by run.py (SIGTERM); one typed alone, by the hangup itself
+        stopped = "SIGTERM" if script == "run.py" else "SIGHUP (the terminal closed)"
+        assert re.search(rf"^STOPPED: {re.escape(stopped)}; exiting 0 so predict.py runs", log, re.M), log[-3000:]
+        assert "FOLD 1 (" not in log  # nothing trained on past the stop
+    if script == "run.py":
+        from_folds(project, out, digits_dir)  # predict.py, in run.py's group, lived on to hand them in
+    nothing_left(out)
+
+
 @pytest.mark.slow
 def test_run_py_killed_before_the_first_checkpoint_leaves_the_fallback_without_an_error(project, digits_dir, tmp_path):
     """Case 2 before any fold: SIGKILL to run.py while train.py reads its data. train.py (SIGTERM with

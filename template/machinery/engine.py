@@ -70,7 +70,7 @@ from .machine import (
     print_start,
     profile,
 )
-from .planner import fmt_s
+from .planner import SIGNALLED, fmt_s
 from .runflags import (
     FLAG_RANGES,
     Given,
@@ -383,7 +383,7 @@ def train_on_workers(comp, run: Run, run_id: str) -> tuple[list[int], list[str]]
 def lost_folds(result: dict, planner) -> list[str]:
     """A line for each fold worker that died (not of the SIGTERM this train.py forwarded: a worker
     that exited on it saved its fold)."""
-    forwarded = planner.stop_reason == "SIGTERM"
+    forwarded = planner.stop_reason in SIGNALLED
     return [
         f"fold worker {tag} exited {code}, fold(s) {folds or 'none'} lost"
         for tag, code, folds in result["failed"]

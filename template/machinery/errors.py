@@ -7,6 +7,7 @@ half-written file (every write is atomic). It is machinery: `copier update` may 
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import re
@@ -85,12 +86,18 @@ def one_line_errors(parser) -> None:
     parser.error = error
 
 
+# A write whose reader is gone: a pipe's (EPIPE, ECONNRESET), or a terminal that hung up (EIO: the
+# SSH connection dropped; every write to it fails from then on)
+LOST_READER = (errno.EPIPE, errno.ECONNRESET, errno.EIO)
+
+
 class Unbroken:
     """stdout or stderr that outlives its reader. A notebook cell streams run.py's lines; when the
     kernel is stopped (a container's SIGTERM to its process group), the pipe has no reader and the
     next print raises BrokenPipeError: run.py, predict.py or train.py would die with the
-    submission not yet handed in. From the first lost write on, the stream's file descriptor is
-    /dev/null and the run goes on (train.py's lines still reach train.log)."""
+    submission not yet handed in. A closed terminal's next write raises EIO (OSError 5): train.py
+    died of it beside its saved folds. From the first lost write on, the stream's file descriptor
+    is /dev/null and the run goes on (train.py's lines still reach train.log)."""
 
     def __init__(self, stream):
         self.stream = stream
@@ -98,14 +105,18 @@ class Unbroken:
     def write(self, text: str) -> int:
         try:
             return self.stream.write(text)
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError as e:
+            if e.errno not in LOST_READER:
+                raise
             self.lost()
             return len(text)
 
     def flush(self) -> None:
         try:
             self.stream.flush()
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError as e:
+            if e.errno not in LOST_READER:
+                raise
             self.lost()
 
     def lost(self) -> None:

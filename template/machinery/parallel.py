@@ -126,7 +126,7 @@ def writes() -> bool:
     return rank() == 0
 
 
-STOPS = (None, "deadline", "SIGTERM")  # stop reasons as numbers, for the collective
+STOPS = (None, "deadline", "SIGTERM")  # stop reasons as numbers, for the collective; another signal votes as SIGTERM
 
 
 def agree_plan(planner, device: torch.device) -> bool:
@@ -140,7 +140,8 @@ def agree_plan(planner, device: torch.device) -> bool:
     counts in the next call, on every rank at once. Every stop decision under DDP goes through here."""
     if not ddp():
         return planner.stop_reason is not None
-    t = on_device([-STOPS.index(planner.stop_reason), planner.folds, planner.epochs], device)
+    reason = planner.stop_reason
+    t = on_device([-(STOPS.index(reason) if reason in STOPS else 2), planner.folds, planner.epochs], device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     stop, folds, epochs = (int(v) for v in t.tolist())  # the one sync of the vote
     planner.agreed(folds, epochs)

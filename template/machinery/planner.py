@@ -65,6 +65,11 @@ def make_planner(
 
 
 EARLY_STOPS: list[str] = []  # a SIGTERM that came before the planner existed (keep_early_stops): handed to it
+# The terminal closed (an SSH connection dropped, a terminal window shut): the kernel or the shell
+# sends SIGHUP, whose default ended the run where it stood; it is a stop like SIGTERM. Not under
+# `nohup` (SIGHUP ignored, as it asks: the run goes on to its end).
+HANGUP = "SIGHUP (the terminal closed)"
+SIGNALLED = ("SIGTERM", HANGUP)  # stops sent to the run from outside: its fold workers are told (SIGTERM)
 
 
 def keep_early_stops() -> None:
@@ -79,12 +84,14 @@ def keep_early_stops() -> None:
 
 
 def install_stop_signals(request_stop) -> None:
-    """SIGTERM (a container's stop) ends training like the deadline: save, then exit 0; one that
-    came before (keep_early_stops) is asked now. Ctrl-C (SIGINT) too, once: the run saves and
+    """SIGTERM (a container's stop) and SIGHUP (the terminal closed: HANGUP) end training like the
+    deadline: save, then exit 0; a SIGTERM that came before (keep_early_stops) is asked now. Ctrl-C (SIGINT) too, once: the run saves and
     says so instead of a 40-line traceback; a second Ctrl-C interrupts at once (errors.main turns
     it into one line)."""
     signal.signal(signal.SIGTERM, lambda *_: request_stop("SIGTERM"))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a script that skipped keep_early_stops
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:  # nohup's SIG_IGN is kept
+        signal.signal(signal.SIGHUP, lambda *_: request_stop(HANGUP))
     if EARLY_STOPS:
         request_stop(EARLY_STOPS.pop())
         EARLY_STOPS.clear()

@@ -355,8 +355,11 @@ def work(study, storage_obj, search: Search, space, train_main) -> int:
         stop["signal"] = True
 
     failures = in_a_row = 0
+    hangup = signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # not under nohup (ignored: the search goes on)
     while True:
         signal.signal(signal.SIGTERM, on_sigterm)  # each trial's planner takes SIGTERM; it is ours between them
+        if hangup:  # and SIGHUP (the terminal closed), as the planner's
+            signal.signal(signal.SIGHUP, on_sigterm)
         said_stale(fail_stale_trials(study, storage_obj))  # a worker killed mid-trial: its trial counts out
         if reason := why_stop(study, search, stop, failures, in_a_row):
             print(f"TUNE STOP: {reason}", flush=True)
@@ -364,7 +367,7 @@ def work(study, storage_obj, search: Search, space, train_main) -> int:
         state, stopped_by = run_trial(study, search, space, train_main)
         failures += state == "FAIL"
         in_a_row = in_a_row + 1 if state == "FAIL" else 0
-        if stopped_by == "SIGTERM":
+        if stopped_by in time_planner.SIGNALLED:
             stop["signal"] = True
         elif stopped_by == "deadline":
             stop["deadline"] = True

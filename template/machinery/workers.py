@@ -15,7 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from . import hardware, orphans
+from . import errors, hardware, orphans
+from . import planner as time_planner
 from .gpu import SHARE_ENV
 from .parallel import RUN_ID_ENV, WORKER_ENV
 
@@ -85,18 +86,14 @@ def visible_gpu(index: int) -> str:
 
 def relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
     """Copy a child's lines to stdout with a [tag] prefix until the child ends. If the reader of
-    stdout goes away (`| head`, a closed terminal), stdout becomes /dev/null and the copying goes
-    on: a child whose pipe filled up (64 KB, seconds of epoch lines) would block in its next
-    print, past its deadline and its SIGTERM (two fold workers were seen stuck for 10 minutes)."""
+    stdout goes away (`| head`, a closed terminal), stdout becomes /dev/null (errors.Unbroken,
+    which run_tagged makes it) and the copying goes on: a child whose pipe filled up (64 KB,
+    seconds of epoch lines) would block in its next print, past its deadline and its SIGTERM
+    (two fold workers were seen stuck for 10 minutes)."""
     for line in proc.stdout:
         with lock:
-            try:
-                sys.stdout.write(f"[{tag}] {line}")
-                sys.stdout.flush()
-            except BrokenPipeError:
-                null = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(null, sys.stdout.fileno())
-                os.close(null)
+            sys.stdout.write(f"[{tag}] {line}")
+            sys.stdout.flush()
 
 
 def run_tagged(workers: list[tuple[list[str], dict, str]], stopping, announce: str | None = None) -> list:
@@ -105,6 +102,7 @@ def run_tagged(workers: list[tuple[list[str], dict, str]], stopping, announce: s
     turns true (a container stop: each saves its work), and wait for all. `announce` prints
     "{announce}: {tag} started, pid {pid}" as each starts. Returns [(process, tag)]."""
     lock, procs = threading.Lock(), []
+    errors.keep_printing()
     for cmd, env, tag in workers:
         proc = subprocess.Popen(
             cmd,
@@ -162,7 +160,7 @@ def run_fold_workers(
         cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--device={flag}", f"--start-time={start_time}"]
         cmd += ["--no-grow"] if again else []
         workers.append((cmd, env, tag))
-    procs = run_tagged(workers, lambda: planner.stop_reason == "SIGTERM", announce="PARALLEL")
+    procs = run_tagged(workers, lambda: planner.stop_reason in time_planner.SIGNALLED, announce="PARALLEL")
     claims = queue.claims()
     failed = [
         (tag, p.returncode, sorted(k for k, pid in claims.items() if pid == p.pid)) for p, tag in procs if p.returncode
@@ -199,9 +197,11 @@ def tune_worker_env(i: int, k: int, gpus: int) -> dict:
 
 def run_tune_workers(k: int, gpus: int, start: float) -> list[int]:
     """Start k copies of this tune.py as workers on the shared study, relay their lines with a
-    [tuneN] prefix, forward SIGTERM, wait. Returns their exit codes."""
+    [tuneN] prefix, forward SIGTERM (and SIGHUP's stop, unless nohup ignores it), wait. Returns their exit codes."""
     stop = {}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(signal=True))
+    hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL else []
+    for sig in (signal.SIGTERM, *hangup):
+        signal.signal(sig, lambda *_: stop.update(signal=True))
     cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--tune-start={start}"]  # one deadline for all
     procs = run_tagged([(cmd, tune_worker_env(i, k, gpus), f"tune{i}") for i in range(k)], lambda: bool(stop))
     return [p.returncode for p, _ in procs]
