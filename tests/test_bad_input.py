@@ -843,6 +843,11 @@ cp -r "{disks}/e/out" "{results}/e_out"
 # file written again: a temporary copy beside it) fits once the test cache is removed
 used=$(df -k "{disks}/f" | tail -1 | awk '{{print $3}}') && mount -o remount,size=$((used + 1600))k "{disks}/f"
 run f train.py --device cpu {short} --no-grow --image-size 128 --out-dir "{disks}/f/out"
+# g: stdout sent to a file on a full disk (`nohup python run.py &` writes nohup.out beside the project), the run's
+# folder on another: every print is refused
+disk "{disks}/g" 64k && leave "{disks}/g" 1024
+"{python}" run.py --device cpu {short} --out-dir "{results}/g_out" > "{disks}/g/nohup.out" 2>&1
+echo $? > "{results}/g.rc"
 """
 
 
@@ -961,6 +966,12 @@ def test_a_full_disk_costs_no_trained_fold(image_project, digits_dir, tmp_path):
     assert sorted(f.name for f in (results / "e_out" / "cache").iterdir()) == ["train_128px.json", "train_128px.u8"]
     assert "FOLD 1: model_fold1.pth is complete, skipping (resume)" in log and "DONE: 2 folds" in log, log[-3000:]
     trained_submission(results / "d_out")
+    # g: the console's disk full from the first line: the run goes on and hands in its folds, its lines in train.log
+    # (before: train.py died of its next print, OSError 28, and the training prior was handed in, exit 1)
+    log = (results / "g_out" / "train.log").read_text()
+    assert (results / "g.rc").read_text().strip() == "0" and "Traceback" not in log, log[-3000:]
+    assert "DONE: 2 folds" in log
+    trained_submission(results / "g_out")
 
 
 @pytest.mark.slow

@@ -155,6 +155,7 @@ def on_a_terminal(project: Path, argv: list[str]) -> tuple[subprocess.Popen, int
         import termios
 
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a login shell's command has it, under a `nohup pytest` too
 
     try:
         proc = subprocess.Popen(

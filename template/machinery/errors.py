@@ -87,17 +87,20 @@ def one_line_errors(parser) -> None:
 
 
 # A write whose reader is gone: a pipe's (EPIPE, ECONNRESET), or a terminal that hung up (EIO: the
-# SSH connection dropped; every write to it fails from then on)
-LOST_READER = (errno.EPIPE, errno.ECONNRESET, errno.EIO)
+# SSH connection dropped; every write to it fails from then on); or whose file's disk is full
+# (`nohup python run.py &` writes nohup.out beside the project, on the disk its checkpoints fill)
+LOST_READER = (errno.EPIPE, errno.ECONNRESET, errno.EIO, errno.ENOSPC, errno.EDQUOT)
 
 
 class Unbroken:
     """stdout or stderr that outlives its reader. A notebook cell streams run.py's lines; when the
     kernel is stopped (a container's SIGTERM to its process group), the pipe has no reader and the
     next print raises BrokenPipeError: run.py, predict.py or train.py would die with the
-    submission not yet handed in. A closed terminal's next write raises EIO (OSError 5): train.py
-    died of it beside its saved folds. From the first lost write on, the stream's file descriptor
-    is /dev/null and the run goes on (train.py's lines still reach train.log)."""
+    submission not yet handed in. A closed terminal's next write raises EIO (OSError 5), and one to
+    a file on a full disk ENOSPC: train.py died of either beside its saved folds. From the first
+    lost write on, the stream's file descriptor is /dev/null (what was still buffered goes there,
+    not into a failed flush at the interpreter's exit) and the run goes on (train.py's lines still
+    reach train.log where its disk has room)."""
 
     def __init__(self, stream):
         self.stream = stream
