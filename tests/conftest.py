@@ -261,6 +261,7 @@ def launch(project: Path, args, env: dict, stderr, new_session: bool = False):
             stderr=stderr,
             text=True,
             start_new_session=new_session,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),  # as the fork server's runners have it
         )
     return server_for(env, project_kind(project)).popen(args, project, env, stderr, new_session)
 

@@ -234,6 +234,9 @@ def _become_runner(request: dict, stdin: int, stdout: int, stderr: int, mounts: 
     os.chdir(request["cwd"])
     _take_environ(request["env"])
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # run_script's report on a script that hangs
+    # SIGHUP at its default, as a command typed at a terminal has it, though pytest (and so this server)
+    # runs under `nohup`: a script that inherits an ignored SIGHUP rightly trains on through a hangup
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     _reseed()
     subprocess.Popen._execute_child = _execute_child  # its children: warm where they can be
     SERVER["import_env"] = import_env(request["env"], SERVER["kind"])  # the server's, as conftest.server_for matched it

@@ -361,17 +361,28 @@ def test_a_killed_search_resumes_its_study(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_running_trial_and_the_search_exits_0_with_its_results(tmp_path):
+@pytest.mark.parametrize(
+    ("sig", "reason"),
+    [(signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP (the terminal closed)")],
+    ids=["TERM", "HUP"],
+)
+def test_sigterm_stops_the_running_trial_and_the_search_exits_0_with_its_results(tmp_path, sig, reason):
+    """A container's stop (SIGTERM to the whole process group), or a closed terminal (SIGHUP: the
+    shell's to its job), ends the running trial with its save and starts no other."""
     project = tabular_project(tmp_path)
     cmd = ["tune.py", "--trials", "50", "--device", "cpu", "--epochs", "60", "--patience", "60", "--pruner", "none"]
     proc, seen = start_until(project, cmd, "TUNE: trial=1 ")
     log = project / "output/tune/trial_0002/train.log"
     while "Epoch 1:" not in (log.read_text() if log.exists() else ""):  # trial 2 is training (on any machine)
         time.sleep(0.1)
-    out = stop_group(proc, seen)  # a container's stop reaches the whole process group
+    if sig == signal.SIGTERM:
+        out = stop_group(proc, seen)  # a container's stop reaches the whole process group
+    else:
+        os.killpg(proc.pid, sig)
+        out = "".join(seen) + proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out
-    assert re.search(r"^TUNE: trial=2 state=PRUNED .* reason=SIGTERM$", out, re.M), out
-    assert re.search(r"^TUNE STOP: SIGTERM", out, re.M) and "TUNE: trial=3 " not in out, out
+    assert re.search(rf"^TUNE: trial=2 state=PRUNED .* reason={re.escape(reason)}$", out, re.M), out
+    assert re.search(rf"^TUNE STOP: {re.escape(reason)}", out, re.M) and "TUNE: trial=3 " not in out, out
     assert json.loads((project / "output/best_params.json").read_text())["trial"] in (0, 1)
 
 

@@ -90,7 +90,8 @@ def install_stop_signals(request_stop) -> None:
     it into one line)."""
     signal.signal(signal.SIGTERM, lambda *_: request_stop("SIGTERM"))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a script that skipped keep_early_stops
-    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:  # nohup's SIG_IGN is kept
+    # SIGHUP: nohup's SIG_IGN is kept; tune.py's handler between trials is taken over, as SIGTERM's is
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
         signal.signal(signal.SIGHUP, lambda *_: request_stop(HANGUP))
     if EARLY_STOPS:
         request_stop(EARLY_STOPS.pop())

@@ -320,14 +320,14 @@ def tune_line(number: int, state: str, value, steps: int, seconds: float, params
 
 
 def why_stop(study, search: Search, stop: dict, failures: int, in_a_row: int) -> str | None:
-    """None to start another trial; else why not: the trial count, SIGTERM, the budget (the
+    """None to start another trial; else why not: the trial count, SIGTERM or SIGHUP, the budget (the
     median complete trial's duration must fit in what is left), or repeated failures (failed
     trials do not count toward --trials: without this rule a search whose every new trial fails
     would never end)."""
     import optuna
 
     if stop.get("signal"):
-        return "SIGTERM: no new trial (the running one saved what it had)"
+        return f"{stop['signal']}: no new trial (the running one saved what it had)"
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
     trials = study.get_trials(deepcopy=False, states=states)
     if len(trials) >= search.trials:
@@ -351,15 +351,15 @@ def work(study, storage_obj, search: Search, space, train_main) -> int:
     the study's storage (open_storage), where a killed worker's trial is counted out."""
     stop = {}
 
-    def on_sigterm(*_):
-        stop["signal"] = True
+    def on_signal(signum, _frame):
+        stop["signal"] = time_planner.HANGUP if signum == signal.SIGHUP else "SIGTERM"
 
     failures = in_a_row = 0
-    hangup = signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # not under nohup (ignored: the search goes on)
+    hangup = signal.getsignal(signal.SIGHUP) != signal.SIG_IGN  # not under nohup (ignored: the search goes on)
     while True:
-        signal.signal(signal.SIGTERM, on_sigterm)  # each trial's planner takes SIGTERM; it is ours between them
+        signal.signal(signal.SIGTERM, on_signal)  # each trial's planner takes SIGTERM; it is ours between them
         if hangup:  # and SIGHUP (the terminal closed), as the planner's
-            signal.signal(signal.SIGHUP, on_sigterm)
+            signal.signal(signal.SIGHUP, on_signal)
         said_stale(fail_stale_trials(study, storage_obj))  # a worker killed mid-trial: its trial counts out
         if reason := why_stop(study, search, stop, failures, in_a_row):
             print(f"TUNE STOP: {reason}", flush=True)
@@ -368,7 +368,7 @@ def work(study, storage_obj, search: Search, space, train_main) -> int:
         failures += state == "FAIL"
         in_a_row = in_a_row + 1 if state == "FAIL" else 0
         if stopped_by in time_planner.SIGNALLED:
-            stop["signal"] = True
+            stop["signal"] = stopped_by
         elif stopped_by == "deadline":
             stop["deadline"] = True
         write_best(study, search)
