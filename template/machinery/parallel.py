@@ -141,7 +141,8 @@ def agree_plan(planner, device: torch.device) -> bool:
     if not ddp():
         return planner.stop_reason is not None
     reason = planner.stop_reason
-    t = on_device([-(STOPS.index(reason) if reason in STOPS else 2), planner.folds, planner.epochs], device)
+    vote = STOPS.index(reason if reason in STOPS else "SIGTERM")
+    t = on_device([-vote, planner.folds, planner.epochs], device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     stop, folds, epochs = (int(v) for v in t.tolist())  # the one sync of the vote
     planner.agreed(folds, epochs)

@@ -85,9 +85,9 @@ def keep_early_stops() -> None:
 
 def install_stop_signals(request_stop) -> None:
     """SIGTERM (a container's stop) and SIGHUP (the terminal closed: HANGUP) end training like the
-    deadline: save, then exit 0; a SIGTERM that came before (keep_early_stops) is asked now. Ctrl-C (SIGINT) too, once: the run saves and
-    says so instead of a 40-line traceback; a second Ctrl-C interrupts at once (errors.main turns
-    it into one line)."""
+    deadline: save, then exit 0; a SIGTERM that came before (keep_early_stops) is asked now.
+    Ctrl-C (SIGINT) too, once: the run saves and says so instead of a 40-line traceback; a second
+    Ctrl-C interrupts at once (errors.main turns it into one line)."""
     signal.signal(signal.SIGTERM, lambda *_: request_stop("SIGTERM"))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a script that skipped keep_early_stops
     # SIGHUP: nohup's SIG_IGN is kept; tune.py's handler between trials is taken over, as SIGTERM's is

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import errors, hardware, orphans
+from . import hardware, orphans
 from . import planner as time_planner
 from .gpu import SHARE_ENV
 from .parallel import RUN_ID_ENV, WORKER_ENV
@@ -86,8 +86,8 @@ def visible_gpu(index: int) -> str:
 
 def relay(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
     """Copy a child's lines to stdout with a [tag] prefix until the child ends. If the reader of
-    stdout goes away (`| head`, a closed terminal), stdout becomes /dev/null (errors.Unbroken,
-    which run_tagged makes it) and the copying goes on: a child whose pipe filled up (64 KB,
+    stdout goes away (`| head`, a closed terminal), stdout becomes /dev/null (errors.Unbroken, as
+    every entry script's errors.main makes it) and the copying goes on: a child whose pipe filled up (64 KB,
     seconds of epoch lines) would block in its next print, past its deadline and its SIGTERM
     (two fold workers were seen stuck for 10 minutes)."""
     for line in proc.stdout:
@@ -102,7 +102,6 @@ def run_tagged(workers: list[tuple[list[str], dict, str]], stopping, announce: s
     turns true (a container stop: each saves its work), and wait for all. `announce` prints
     "{announce}: {tag} started, pid {pid}" as each starts. Returns [(process, tag)]."""
     lock, procs = threading.Lock(), []
-    errors.keep_printing()
     for cmd, env, tag in workers:
         proc = subprocess.Popen(
             cmd,
