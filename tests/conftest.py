@@ -397,17 +397,22 @@ def where_everything_waits() -> str:
         faulthandler.dump_traceback(stacks, all_threads=True)
         stacks.seek(0)
         threads = stacks.read()
+    return (
+        f"this worker's threads:\n{threads}\nthe processes:\n{machine_processes()}\n"
+        f"the machine's locks (pid {os.getpid()} is this worker):\n{lock_holders()}"
+    )
+
+
+def machine_processes() -> str:
+    """Every process on the machine as a forest, with its wchan (the kernel call it sleeps in); not
+    the kernel's own threads."""
     ps = subprocess.run(
         ["ps", "-ww", "-eo", "pid,ppid,pgid,stat,wchan:24,etimes,args", "--forest"],
         capture_output=True,
         text=True,
         timeout=30,
     )
-    processes = "\n".join(line[:300] for line in ps.stdout.splitlines() if not line.rstrip().endswith("]"))
-    return (
-        f"this worker's threads:\n{threads}\nthe processes (wchan: the kernel call each sleeps in):\n{processes}\n"
-        f"the machine's locks (pid {os.getpid()} is this worker):\n{lock_holders()}"
-    )
+    return "\n".join(line[:300] for line in ps.stdout.splitlines() if not line.rstrip().endswith("]"))
 
 
 def lock_holders() -> str:
@@ -514,11 +519,7 @@ def hang_report(proc) -> str:
     if running:
         proc.send_signal(signal.SIGUSR2)
         time.sleep(2)
-    ps = subprocess.run(
-        ["ps", "-ww", "-eo", "pid,ppid,pgid,stat,etimes,args", "--forest"], capture_output=True, text=True
-    )
-    lines = ps.stdout.splitlines()
-    processes = "\n".join(line[:300] for line in lines if not line.rstrip().endswith("]"))  # not the kernel's threads
+    processes = machine_processes()
     proc.kill()
     try:
         out, err = proc.communicate(timeout=10)

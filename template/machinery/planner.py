@@ -72,6 +72,11 @@ HANGUP = "SIGHUP (the terminal closed)"
 SIGNALLED = ("SIGTERM", HANGUP)  # stops sent to the run from outside: its fold workers are told (SIGTERM)
 
 
+def under_nohup() -> bool:
+    """SIGHUP is ignored (nohup, inherited through exec): a hangup is no stop, and the run goes on."""
+    return signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+
+
 def keep_early_stops() -> None:
     """A run's first step (runflags.begin): a SIGTERM from here until the planner exists is kept
     for it, not fatal, so the run still reaches its preflight's fallback submission and then ends
@@ -90,8 +95,7 @@ def install_stop_signals(request_stop) -> None:
     Ctrl-C interrupts at once (errors.main turns it into one line)."""
     signal.signal(signal.SIGTERM, lambda *_: request_stop("SIGTERM"))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a script that skipped keep_early_stops
-    # SIGHUP: nohup's SIG_IGN is kept; tune.py's handler between trials is taken over, as SIGTERM's is
-    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+    if not under_nohup():  # tune.py's handler between trials is taken over, as SIGTERM's is
         signal.signal(signal.SIGHUP, lambda *_: request_stop(HANGUP))
     if EARLY_STOPS:
         request_stop(EARLY_STOPS.pop())

@@ -355,7 +355,7 @@ def work(study, storage_obj, search: Search, space, train_main) -> int:
         stop["signal"] = time_planner.HANGUP if signum == signal.SIGHUP else "SIGTERM"
 
     failures = in_a_row = 0
-    hangup = signal.getsignal(signal.SIGHUP) != signal.SIG_IGN  # not under nohup (ignored: the search goes on)
+    hangup = not time_planner.under_nohup()  # under nohup the search goes on
     while True:
         signal.signal(signal.SIGTERM, on_signal)  # each trial's planner takes SIGTERM; it is ours between them
         if hangup:  # and SIGHUP (the terminal closed), as the planner's

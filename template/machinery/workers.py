@@ -198,7 +198,7 @@ def run_tune_workers(k: int, gpus: int, start: float) -> list[int]:
     """Start k copies of this tune.py as workers on the shared study, relay their lines with a
     [tuneN] prefix, forward SIGTERM (and SIGHUP's stop, unless nohup ignores it), wait. Returns their exit codes."""
     stop = {}
-    hangup = [signal.SIGHUP] if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL else []
+    hangup = [] if time_planner.under_nohup() else [signal.SIGHUP]
     for sig in (signal.SIGTERM, *hangup):
         signal.signal(sig, lambda *_: stop.update(signal=True))
     cmd = [sys.executable, sys.argv[0], *sys.argv[1:], f"--tune-start={start}"]  # one deadline for all
