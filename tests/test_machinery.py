@@ -595,6 +595,35 @@ def test_an_experiments_row_the_disk_refuses_is_one_warning(project_modules, tmp
     assert r.stdout.rstrip().endswith("went on") and "running (pid 1)" in (tmp_path / "experiments.csv").read_text()
 
 
+KEPT_LOGS = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from machinery import logs
+tmp = Path(sys.argv[2])
+logs.keep_log(tmp / "not made" / "predict.log")  # predict.py on a folder nothing wrote
+(tmp / "refused" / "run.log").mkdir(parents=True)  # a name the file cannot take
+logs.keep_log(tmp / "refused" / "run.log")
+logs.keep_log(tmp / "run.log")
+print("RUN: handed in it")
+print("RUN FAILED: not really", file=sys.stderr)
+"""
+
+
+def test_run_py_and_predict_py_keep_their_lines_where_the_folder_takes_them(project_modules, tmp_path):
+    """run.log and predict.log (logs.keep_log): what was handed in, kept where a closed terminal took the
+    console. A folder that is not there is not made; a file it refuses is one WARNING and the run goes on."""
+    project = Path(project_modules.logs.__file__).parents[1]
+    r = subprocess.run(
+        [sys.executable, "-c", KEPT_LOGS, str(project), str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (tmp_path / "not made").exists()
+    refused = f"WARNING: {tmp_path / 'refused' / 'run.log'}: Is a directory; this log is in the console only"
+    assert r.stdout.splitlines() == [refused, "RUN: handed in it"], r.stdout
+    assert (tmp_path / "run.log").read_text() == "RUN: handed in it\nRUN FAILED: not really\n"
+
+
 def test_a_full_disks_room_comes_from_the_runs_cache_alone(project_modules, tmp_path):
     """room.free_cache, which gives a refused submission or checkpoint its room (tests/test_bad_input.py's case
     d, on a real full disk): the files of out/cache go (a checkpoint's: the test set's alone), a live writer's

@@ -100,15 +100,24 @@ def from_folds(project: Path, out: Path, digits_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_container_stop_hands_in_the_trained_folds(project, digits_dir, tmp_path):
+@pytest.mark.parametrize("reader", ["kept", "gone"])
+def test_a_container_stop_hands_in_the_trained_folds(project, digits_dir, tmp_path, reader):
     """Case 1: SIGTERM to every process of the group (`timeout`, a container's stop): train.py
-    saves fold 0, and run.py and predict.py live on to hand it in."""
+    saves fold 0, and run.py and predict.py live on to hand it in. With the reader gone first (a
+    notebook's kernel stopped: the cell that streamed run.py's lines is gone with it), every
+    script's console is /dev/null from its first lost write, and what was handed in is read from
+    run.log and predict.log, as the lines would have said it."""
     out = tmp_path / "out"
     proc = start_run(project, out, "--budget", "60s")
     seen = read_until(proc, epoch_at_least(2), [])
+    if reader == "gone":
+        proc.stdout.close()  # the next write of run.py, train.py or predict.py to it fails with EPIPE
     os.killpg(proc.pid, signal.SIGTERM)
-    log = rest(proc, seen)
-    assert proc.wait(timeout=60) == 0, log[-3000:]
+    log = rest(proc, seen) if reader == "kept" else ""
+    code = proc.wait(timeout=120)
+    if reader == "gone":  # the files hold each script's lines: train.py's, then predict.py's, then run.py's
+        log = "".join((out / name).read_text() for name in ("train.log", "predict.log", "run.log"))
+    assert code == 0 and "Traceback" not in log, log[-3000:]
     assert "RUN: SIGTERM: training ends (save and exit), then predict.py hands in the checkpoints" in log
     assert re.search(r"^STOPPED: SIGTERM; exiting 0 so predict.py runs", log, re.M), log[-3000:]
     assert re.search(r"^SUBMISSION: \S+ \(40 rows, 1 fold\(s\) ensembled\)$", log, re.M), log[-3000:]
@@ -200,7 +209,8 @@ def test_a_closed_terminal_is_a_stop_that_hands_in_the_trained_folds(project, di
     (EIO). Before, SIGHUP's default ended run.py and predict.py where they stood and train.py died
     of its next print (OSError 5): the training prior was handed in beside three trained boosters
     and two MLP folds. Now a hangup is a stop: train.py saves and ends, predict.py hands in the
-    folds, and the lines go on in train.log. Under nohup (SIGHUP ignored) the run goes on to its end."""
+    folds, and the lines go on in train.log, run.log and predict.log. Under nohup (SIGHUP ignored) the
+    run goes on to its end."""
     out, *nohup = tmp_path / "out", *command.split()[:-1]
     script = command.split()[-1]
     plan = ["--budget", "60s"] if script == "run.py" else ["--epochs", "2"] if nohup else []
@@ -230,6 +240,11 @@ def test_a_closed_terminal_is_a_stop_that_hands_in_the_trained_folds(project, di
         assert "FOLD 1 (" not in log  # nothing trained on past the stop
     if script == "run.py":
         from_folds(project, out, digits_dir)  # predict.py, in run.py's group, lived on to hand them in
+        # what was handed in, which the closed terminal never showed: run.log and predict.log keep it
+        said = (out / "run.log").read_text()
+        assert "RUN: SIGHUP (the terminal closed): training ends (save and exit)" in said, said
+        assert f"RUN: handed in {out / 'submission.csv'}, predict.py's ensemble" in said, said
+        assert f"SUBMISSION: {out / 'submission.csv'}" in (out / "predict.log").read_text()
     nothing_left(out)
 
 

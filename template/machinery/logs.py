@@ -208,6 +208,19 @@ def log_to(path: Path) -> None:
         setattr(sys, name, Tee(stream, file))
 
 
+def keep_log(path: Path) -> None:
+    """log_to for run.py's run.log and predict.py's predict.log: the lines that say what was handed
+    in, kept where a closed terminal or a stopped notebook kernel took the console. A folder that is
+    not there is not made (predict.py on a folder nothing wrote writes nothing); one that refuses
+    the file is one WARNING, and the lines stay in the console."""
+    if not path.parent.is_dir():
+        return
+    try:
+        log_to(path)
+    except OSError as e:
+        print(f"WARNING: {path}: {e.strerror}; this log is in the console only", flush=True)
+
+
 def end_line(path: Path) -> None:
     """A newline after the file's last line when it has none (an earlier run's last record cut short
     by a full disk): this run's first record starts a line of its own, not the cut one's end."""
