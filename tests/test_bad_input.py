@@ -40,7 +40,7 @@ from conftest import (
     run_script,
     start_until,
 )
-from kagtpl import table
+from kagtpl import demo, table
 
 CASES: Counter = Counter()  # category -> cases tried by the single tests below (the lists count themselves)
 
@@ -85,6 +85,10 @@ def _conflicted_project(t: Path) -> str:
     return str(project)
 
 
+def _digits(t: Path) -> str:
+    return str(demo.write_digits(t / "digits", n_train=20, n_test=5))
+
+
 # (arguments given the test's folder, the message's words). Security cases are marked: they try
 # to write outside the destination.
 CLI_CASES = [
@@ -127,6 +131,18 @@ CLI_CASES = [
         "no such folder",
     ),
     (lambda t: ["doctor", str(t / "missing.log")], "no such log file"),
+    (
+        lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--submission", "label"],
+        "--submission is for image competitions; tables and text write labels with --metric accuracy",
+    ),
+    (
+        lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--submission", "prob"],
+        "--submission 'prob': one of auto, probs, label, positive",
+    ),
+    (  # a probability column per class (the digits' ten): one column of the second's cannot hold them
+        lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", _digits(t), "--submission", "positive"],
+        "--submission positive writes one probability column after the id; ",
+    ),
 ]
 SECURITY_CLI_CASES = [
     (lambda t: ["new", "../evil", "--task", "image", "--gpu", "t4"], "invalid project name '../evil'"),
@@ -527,11 +543,17 @@ def test_a_binary_samples_one_column_of_probabilities_is_filled_with_one(project
 
 
 @pytest.mark.slow
-def test_a_binary_probability_submission_is_trained_predicted_and_served_as_one(digits_dir, tmp_path):
+@pytest.mark.parametrize("placeholder,answers", [(0.5, {}), (0, {"submission": "positive"})])
+def test_a_binary_probability_submission_is_trained_predicted_and_served_as_one(
+    digits_dir, tmp_path, placeholder, answers
+):
     """The whole path of the 0.5 sample: train.py's fallback is the second class's share, predict.py
-    writes probabilities in (0, 1), serve_defaults.json says so for serve.py (predict.served_kind)."""
-    data = binary_digits(digits_dir, tmp_path / "data", 0.5)
-    project = render(tmp_path / "dogs", data_dir=str(data), labels_csv="train.csv", label_col="label")
+    writes probabilities in (0, 1), serve_defaults.json says so for serve.py (predict.served_kind).
+    A sample of 0s (Histopathologic Cancer Detection, scored by AUC) says nothing: `kagtpl new
+    --submission positive` renders the answer as train.py's default, so run.py and a Kaggle
+    notebook, which pass no flag, write the probability too."""
+    data = binary_digits(digits_dir, tmp_path / "data", placeholder)
+    project = render(tmp_path / "dogs", data_dir=str(data), labels_csv="train.csv", label_col="label", **answers)
     dry_run_into_output(project, "--device", "cpu", "--no-pretrained")
     out = project / "output"
     defaults = json.loads((out / "serve_defaults.json").read_text())

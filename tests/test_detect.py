@@ -39,6 +39,7 @@ def test_dog_breed_layout(tmp_path):
         "test_dir": "test",
         "image_ext": ".jpg",
         "sample_submission": "sample_submission.csv",
+        "submission": "auto",  # train.py reads the sample (kagtpl new --submission names it)
     }
 
 

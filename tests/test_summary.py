@@ -26,6 +26,7 @@ def test_an_image_competition_names_its_columns_classes_model_and_plan(tmp_path)
     assert said["images"].startswith("60 in train/, 10 in test/ (.jpg), trained at 32 px  [--train-dir")
     assert said["labels"].startswith("labels.csv, id column 'id', label column 'breed', 60 rows  [--labels-csv")
     assert said["classes"].startswith("10 (eight, five, four, nine, one, ...)")
+    assert said["submission"] == "auto: a probability column per class (the sample's columns)  [--submission]"
     assert said["model"].startswith("efficientnet_b4, from ImageNet weights (offline: train.py --weights")
     assert said["plan"].startswith("3 folds x 10 epochs, batch from the t4 profile's rule, budget 9h  [--folds")
     assert said["competition"] == "none named (kagtpl kaggle will need one)  [--competition]"
@@ -42,6 +43,28 @@ def test_an_image_competition_names_its_columns_classes_model_and_plan(tmp_path)
         (data / folder / "thumbs.jpg").mkdir()
     said = new(tmp_path, "mac", "--task", "image", "--gpu", "t4", "--data", str(data))
     assert said["images"].startswith("60 in train/, 10 (.png: read as they are) in test/ (.jpg), trained"), said
+
+
+def test_a_binary_sample_of_0s_says_how_to_hand_in_the_probability(tmp_path):
+    """Histopathologic Cancer Detection: train_labels `id,label` (0/1), the sample `id,label` of 0s,
+    scored by AUC. The 0s cannot say probability or label: the summary names --submission positive,
+    and `kagtpl new --submission positive` renders it as train.py's default (the answers keep it)."""
+    data = demo.write_digits(tmp_path / "digits", n_train=60, n_test=10)
+    rows = (data / "labels.csv").read_text().splitlines()[1:]
+    high = ("five", "six", "seven", "eight", "nine")
+    labels = [f"{i},{int(breed in high)}" for i, breed in (r.split(",") for r in rows)]
+    (data / "labels.csv").write_text("\n".join(["id,label", *labels]) + "\n")
+    ids = [r.split(",")[0] for r in (data / "sample_submission.csv").read_text().splitlines()[1:]]
+    (data / "sample_submission.csv").write_text("\n".join(["id,label", *(f"{i},0" for i in ids)]) + "\n")
+    said = new(tmp_path, "cancer", "--task", "image", "--gpu", "t4", "--data", str(data))
+    assert said["submission"].startswith("auto: the sample's 'label' holds a label, or the second class's"), said
+    assert said["submission"].endswith("(0/1 labels scored by AUC: --submission positive)  [--submission]"), said
+    flags = ["--task", "image", "--gpu", "t4", "--data", str(data)]
+    said = new(tmp_path, "cancer-auc", *flags, "--submission", "positive")
+    assert said["submission"] == "positive: one column of the second class's probability  [--submission]", said
+    project = tmp_path / "cancer-auc"
+    assert "submission: positive\n" in (project / ".copier-answers.yml").read_text()
+    assert '    "submission": "positive",  # auto:' in (project / "train.py").read_text()
 
 
 def test_one_hot_labels_are_read_as_the_samples_classes(tmp_path):

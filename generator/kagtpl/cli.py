@@ -163,6 +163,14 @@ def new_cmd(
     sample_submission: Annotated[
         Optional[str], typer.Option(metavar="SAMPLE_SUBMISSION", help="Override the sample submission CSV.")
     ] = None,
+    submission: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="KIND",
+            help="Image: what submission.csv holds: auto (from the sample), probs, label, or positive (one column of "
+            "the second class's probability: AUC on 0/1 labels, where the sample holds 0s).",
+        ),
+    ] = None,
     train_csv: Annotated[
         Optional[str], typer.Option(metavar="TRAIN_CSV", help="Tables: override the training table.")
     ] = None,
@@ -261,6 +269,7 @@ def new_cmd(
         "test_dir": test_dir,
         "image_ext": image_ext,
         "sample_submission": sample_submission,
+        "submission": submission,
         "train_csv": train_csv,
         "test_csv": test_csv,
         "target": target,

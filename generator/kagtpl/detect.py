@@ -16,7 +16,12 @@ IMAGE_EXTS = tasks().IMAGE_EXTS  # the template's (machinery/tasks.py): what its
 LABEL_CSVS = ("labels.csv", "train.csv", "train_labels.csv")
 TRAIN_DIRS = ("train", "train_images", "images/train", "images")
 TEST_DIRS = ("test", "test_images", "images/test")
-LAYOUT_KEYS = ("labels_csv", "id_col", "label_col", "train_dir", "test_dir", "image_ext", "sample_submission")
+LAYOUT_KEYS = (
+    "labels_csv", "id_col", "label_col", "train_dir", "test_dir", "image_ext", "sample_submission", "submission",
+)  # fmt: skip
+# what an image submission holds (train.py's --submission): auto reads the sample; positive is one column of
+# the second of two classes' probability (AUC on 0/1 labels, where the sample's 0s cannot say it)
+IMAGE_SUBMISSIONS = ("auto", "probs", "label", "positive")
 
 
 def _header(path: Path) -> list[str]:
@@ -110,8 +115,9 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
     sample_cols = _header(data / sample)
     if len(sample_cols) < 2:
         raise KagtplError(f"{data / sample}: a sample submission needs an id column and at least one more")
+    submission = image_submission(o["submission"], data / sample, sample_cols)
     if o["labels_csv"] == "" or (o["labels_csv"] is None and not any((data / c).is_file() for c in LABEL_CSVS)):
-        return class_folder_layout(data, o, sample, sample_cols)
+        return {**class_folder_layout(data, o, sample, sample_cols), "submission": submission}
     labels = _pick(data, o["labels_csv"], LABEL_CSVS, "labels CSV", Path.is_file)
     label_cols = _header(data / labels)
     id_col = o["id_col"] or (sample_cols[0] if sample_cols[0] in label_cols else label_cols[0])
@@ -143,7 +149,21 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         "test_dir": test_dir,
         "image_ext": ext,
         "sample_submission": sample,
+        "submission": submission,
     }
+
+
+def image_submission(given: str | None, sample: Path, columns: list[str]) -> str:
+    """--submission for an image project (one of IMAGE_SUBMISSIONS, new.py checked; auto when not
+    given), checked against the sample: one probability column is the sample's one column after the id."""
+    if given is None:
+        return "auto"
+    if given == "positive" and len(columns) != 2:
+        raise KagtplError(
+            f"--submission positive writes one probability column after the id; {sample} has {len(columns) - 1} "
+            f"({', '.join(columns[1:])})"
+        )
+    return given
 
 
 def class_folders(folder: Path) -> list[Path]:

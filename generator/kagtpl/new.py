@@ -180,6 +180,10 @@ def copier_data(answers: NewAnswers) -> dict:
         if named is not None:
             data["model"] = named
     overrides = {**answers.layout, "metric": answers.metric}
+    if overrides.get("submission") is not None and task != "image":  # tables and text: --metric decides it
+        raise KagtplError("--submission is for image competitions; tables and text write labels with --metric accuracy")
+    if overrides.get("submission") not in (None, *detect.IMAGE_SUBMISSIONS):
+        raise KagtplError(f"--submission {overrides['submission']!r}: one of {', '.join(detect.IMAGE_SUBMISSIONS)}")
     detector, keys = DETECTORS[task]
     if answers.data is not None:
         folder = paths.data_folder(answers.data)

@@ -103,6 +103,7 @@ def image_lines(data: Path, a: dict) -> list[str]:
         f"{a['image_size']} px  [--train-dir --test-dir --image-ext --image-size]",
         f"labels: {labels}  [--labels-csv --id-col --label-col]",
         f"classes: {classes}",
+        f"submission: {image_submission(data, a)}  [--submission]",
         f"model: {a['model']}, "
         + (
             "from ImageNet weights (offline: train.py --weights FILE, or --no-pretrained)"
@@ -111,6 +112,27 @@ def image_lines(data: Path, a: dict) -> list[str]:
         )
         + "  [--model]",
     ]
+
+
+IMAGE_SUBMISSIONS = {  # train.py's --submission, in words
+    "probs": "a probability column per class",
+    "label": "one label column",
+    "positive": "one column of the second class's probability",
+}
+
+
+def image_submission(data: Path, a: dict) -> str:
+    """What submission.csv will hold: the answer, or (auto) what train.py reads from the sample."""
+    kind = a.get("submission", "auto")
+    if kind != "auto":
+        return f"{kind}: {IMAGE_SUBMISSIONS[kind]}"
+    columns = read_csv(data / a["sample_submission"])[0]
+    if len(columns) > 2:
+        return f"auto: {IMAGE_SUBMISSIONS['probs']} (the sample's columns)"
+    return (
+        f"auto: the sample's {columns[1]!r} holds a label, or the second class's probability where it holds a "
+        "fraction (0/1 labels scored by AUC: --submission positive)"
+    )
 
 
 def image_labels(data: Path, a: dict) -> tuple[int, str, str]:
