@@ -122,6 +122,21 @@ def test_dry_run_then_predict(project, digits_dir):
     assert empty == f"no runs recorded yet in output/experiments.csv: other folders have runs: {way}", empty
 
 
+def test_a_dry_run_on_rows_in_class_order_validates_a_sample_of_each_fold(project, digits_dir, tmp_path):
+    """A dry run validates 2 batches of each fold. On rows in class order (a labels file sorted by
+    label, class folders) those were the fold's first rows, one class or a few, and the OOF line
+    said Acc=0.0000 of a path that works. Now they are a seeded sample of the fold (fold.dry_run_rows)."""
+    data = Path(shutil.copytree(digits_dir, tmp_path / "data"))
+    labels = pd.read_csv(data / "labels.csv", dtype=str)
+    labels.sort_values("breed", kind="stable").to_csv(data / "labels.csv", index=False)
+    out = tmp_path / "out"
+    run_script(project, "train.py", "--dry-run", *CPU, f"--data-dir={data}", f"--out-dir={out}")
+    for k in (0, 1):
+        oof = pd.read_csv(out / f"oof_fold{k}.csv")
+        # 2 batches of 16 of the fold's 120 rows (12 of each of 10 classes): its first 32 held 3 classes
+        assert len(oof) == 32 and oof["target"].nunique() >= 6, oof["target"].value_counts()
+
+
 def test_a_dry_run_after_training_touches_nothing_the_run_made(project, digits_dir):
     """Issue 47: both READMEs list the dry run first under "Use"; run in that order on a trained
     project it overwrote model_fold0.pth and model_fold1.pth with 1-epoch models and moved the

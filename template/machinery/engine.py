@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 from . import artifacts, experiments, growth, logs, parallel, serving, storage, tta_views, workers
 from .artifacts import copy_oof, fallback_submission, fixed_folds, read_targets, target_columns
 from .errors import RunError
-from .fold import Fold, train_fold, watchers_started, watchers_stopped, watching
+from .fold import Fold, dry_run_rows, train_fold, watchers_started, watchers_stopped, watching
 from .gpu import describe_gpu, device_memory, seed_everything
 from .machine import (
     Batching,
@@ -195,7 +195,7 @@ def train_folds(comp, splits, run: Run) -> list[int]:
         else:
             first = not planner.times.epoch_s  # the first fold this process trains: probe, Model line, estimate
             planner.times.begin_fold(k)
-            fold = comp.fold(k, trn_idx, val_idx)
+            fold = comp.fold(k, trn_idx, dry_run_rows(val_idx, k) if args.dry_run else val_idx)
             best = train_fold(comp, fold, len(trn_idx), run, first)
             planner.end_fold(k, first)
             planner.times.val_curves.append(fold.val_losses)  # growth's evidence for more epochs

@@ -229,11 +229,22 @@ def first_step_lines(machine: Machine, batching: Batching) -> None:
     print(*logs.memory_used_lines(machine.monitor.peak(), batching.size, batching.why), sep="\n")
 
 
+DRY_RUN_BATCHES = 2  # a dry run validates this many batches of each fold: the whole path, not a score
+
+
+def dry_run_rows(val_idx, k: int) -> np.ndarray:
+    """A dry run's validation rows, in a shuffled order (seeded by the fold): its DRY_RUN_BATCHES
+    are a sample of the fold, not its first rows. Rows in class order (class folders, a sorted
+    labels file) had them hold one or two classes, and the OOF line said Acc=0.0000."""
+    return np.random.default_rng(k).permutation(np.asarray(val_idx))
+
+
 def validate(comp, fold: Fold, bare, valid_batches, run: Run, epoch: int, timing) -> tuple:
     """The validation pass on the bare model; after the first epoch its speed becomes the
     prediction estimate (the planner's reserve). Returns (targets, predictions), every rank's."""
     (t0, train_time, model_s), machine, planner = timing, run.machine, run.planner
-    pred = predict(comp.predict, bare, valid_batches, machine, max_batches=2 if run.args.dry_run else None)
+    dry = DRY_RUN_BATCHES if run.args.dry_run else None
+    pred = predict(comp.predict, bare, valid_batches, machine, max_batches=dry)
     if epoch == 1:  # validation speed -> the prediction estimate -> the reserve
         valid_s = time.time() - t0 - train_time
         setup = getattr(comp, "predict_setup_s", None) if planner.budget else None  # audio: the ONNX export
