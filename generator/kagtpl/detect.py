@@ -19,9 +19,14 @@ TEST_DIRS = ("test", "test_images", "images/test")
 LAYOUT_KEYS = (
     "labels_csv", "id_col", "label_col", "train_dir", "test_dir", "image_ext", "sample_submission", "submission",
 )  # fmt: skip
-# what an image submission holds (train.py's --submission): auto reads the sample; positive is one column of
-# the second of two classes' probability (AUC on 0/1 labels, where the sample's 0s cannot say it)
-IMAGE_SUBMISSIONS = ("auto", "probs", "label", "positive")
+# what an image submission holds (train.py's --submission), in words: auto reads the sample; positive is for
+# AUC on 0/1 labels, where the sample's 0s cannot say it
+IMAGE_SUBMISSIONS = {
+    "auto": "from the sample",
+    "probs": "a probability column per class",
+    "label": "one label column",
+    "positive": "one column of the second class's probability",
+}
 
 
 def _header(path: Path) -> list[str]:

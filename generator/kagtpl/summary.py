@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 from kagtpl import csvfile
-from kagtpl.detect import IMAGE_EXTS
+from kagtpl.detect import IMAGE_EXTS, IMAGE_SUBMISSIONS
 from kagtpl.paths import data_files
 
 SHOWN_CLASSES = 5  # class names shown before "..."
@@ -112,13 +112,6 @@ def image_lines(data: Path, a: dict) -> list[str]:
         )
         + "  [--model]",
     ]
-
-
-IMAGE_SUBMISSIONS = {  # train.py's --submission, in words
-    "probs": "a probability column per class",
-    "label": "one label column",
-    "positive": "one column of the second class's probability",
-}
 
 
 def image_submission(data: Path, a: dict) -> str:
