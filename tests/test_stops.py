@@ -440,6 +440,7 @@ def test_a_folder_another_train_py_holds_is_written_by_nobody(project, tmp_path)
             assert len(lines) == 1 and f"{out} is in use by another train.py (pid {first.pid})" in lines[0], r.stderr
             assert r.stdout == ""  # nothing started, nothing read
         assert (out / "submission.csv").stat().st_mtime_ns == mark
+        assert not (out / "run.log").exists() and not (out / "predict.log").exists()  # their logs too
     finally:
         first.kill()
         first.wait()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import gpu, hand_in, hardware, logs, room, serving, storage, submission
+from . import gpu, hand_in, hardware, room, serving, storage, submission
 from .errors import NothingTrained, one_line_errors
 from .machine import Machine, inference_machine, profile
 from .runflags import check_flags, given_flags, train_command
@@ -82,9 +82,7 @@ def start(args, required: bool = True, preload: tuple[str, ...] = ()) -> Start:
     reading), the ensemble's checkpoints (storage.ensemble_checkpoints: the fallback's verdict,
     the folds left out) and stale temp files of killed runs swept. `required=False` (the table,
     whose trees need no checkpoint): with none, the config train.py wrote beside its models. No
-    model at all under run.py: this run's fallback stays (hand_in.untrained). Its lines also go to
-    <out-dir>/predict.log, written anew each run (logs.keep_log)."""
-    logs.keep_log(Path(args.out_dir) / "predict.log")
+    model at all under run.py: this run's fallback stays (hand_in.untrained)."""
     supervised = submission.wait_for_train(args.after_train, Path(args.out_dir), preload)
     device = gpu.resolve_device(args.device)
     out, data, train = Path(args.out_dir), Path(args.data_dir), train_command(args)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import hand_in, locks, planner, room, serving
+from . import hand_in, locks, logs, planner, room, serving
 from .errors import TRAIN, DataError, RunError
 from .storage import read_csv
 
@@ -424,26 +424,24 @@ def wait_for_train(after_train: bool, out_dir: Path, preload: tuple[str, ...] = 
     holds. When run.py dies instead (its stdin ends without `go`), train.py gets SIGTERM with it (a
     parent-death signal) and saves: predict.py waits for train.py's lock on the folder, then hands
     in the checkpoints itself.
-    Then, under run.py or not, it holds the folder's lock while it predicts: a folder another
-    train.py trains in is a RunError, written into by nobody. Returns whether run.py is there to
+    Then, under run.py or not, it holds the folder's lock while it predicts (a folder another
+    train.py trains in is a RunError, written into by nobody), and its lines go to predict.log
+    there too, written anew (logs.keep_log). Returns whether run.py is there to
     stop it at the budget (`FoldClock.hard_stop`)."""
-    out_dir = Path(out_dir)
-    if not after_train:
-        if out_dir.is_dir():
-            locks.lock_output(out_dir, "predict.py")
-        return False
-    import_beside(preload)
-    say_ready()
-    ready = planner.process_age()
-    t0 = time.time()
-    try:
-        word = sys.stdin.readline().strip()
-    except (OSError, ValueError):  # no stdin at all
-        word = ""
+    out_dir, word = Path(out_dir), None  # None: not run.py's (no `go` to wait for)
+    if after_train:
+        import_beside(preload)
+        say_ready()
+        ready, t0 = planner.process_age(), time.time()
+        try:
+            word = sys.stdin.readline().strip()
+        except (OSError, ValueError):  # no stdin at all
+            word = ""
+        if word != "go":
+            print("PREDICT: run.py ended before train.py did: waiting for train.py to save, then predicting on its own")
+    if out_dir.is_dir():
+        locks.lock_output(out_dir, "predict.py", wait=0.0 if word in (None, "go") else ORPHAN_WAIT_S)
+        logs.keep_log(out_dir / "predict.log")  # its holder's alone: a predict.py refused the folder writes none
     if word == "go":
         print(f"PREDICT: started beside train.py: ready in {ready:.1f}s, then waited {time.time() - t0:.1f}s for it")
-    else:
-        print("PREDICT: run.py ended before train.py did: waiting for train.py to save, then predicting on its own")
-    if out_dir.is_dir():
-        locks.lock_output(out_dir, "predict.py", wait=0.0 if word == "go" else ORPHAN_WAIT_S)
     return word == "go"
