@@ -136,6 +136,26 @@ def test_errors_are_one_red_line(tmp_path):
     assert r.returncode == 1 and "no GPU memory line" in r.stderr
 
 
+def test_run_py_s_and_predict_py_s_logs_are_named_with_train_py_s_beside_them(tmp_path):
+    """run.log and predict.log hold no training: the doctor said "no GPU memory line" of them. Now it
+    names whose log it is and the train.log beside it; a console of all three scripts is read as before."""
+    out = tmp_path / "output"
+    out.mkdir()
+    logs = {
+        "run.log": "RUN: train 69.0s, predict 1.0s, total 70.0s\nRUN: handed in output/submission.csv, ...\n",
+        "predict.log": "PREDICT: started beside train.py\nPRECISION: off (CPU)\nSUBMISSION: output/submission.csv\n",
+    }
+    for name, text in logs.items():
+        (out / name).write_text(text)
+        r = doctor(out / name)
+        who = name.replace(".log", ".py")
+        said = f"error: {out / name} is {who}'s log, not train.py's: kagtpl doctor {out / 'train.log'}"
+        assert r.returncode == 1 and r.stderr.strip() == said, r.stderr
+    console = tmp_path / "nohup.out"  # train.py's lines among them: the doctor reads them
+    console.write_text((LOGS / "kagtpl_drop.log").read_text() + logs["predict.log"] + logs["run.log"])
+    assert "STATUS: " in doctor(console).stdout
+
+
 @pytest.mark.parametrize(
     "pct,size,row",
     [

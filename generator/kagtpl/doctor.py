@@ -338,9 +338,26 @@ def find_log(path: Path | None) -> Path:
     return path
 
 
+# run.py's RUN lines and predict.py's (run.log, predict.log beside train.log): logs with none of train.py's
+OTHER_WORDS = ("RUN", "PREDICT", "ENSEMBLE", "SUBMISSION")
+TRAIN_WORDS = ("RESOURCES", "BATCH", "FOLD", "Epoch", "DONE", "STOPPED", "DRY RUN", "PARALLEL", "COMPILE")
+
+
+def check_train_log(path: Path, text: str) -> None:
+    """A log of run.py's or predict.py's lines alone (run.log, predict.log) is named as such, with
+    train.py's beside it: the doctor reads training, and said "no GPU memory line" there. A console
+    that holds all three scripts' lines (nohup.out) is train.py's too."""
+    firsts = {line.split(":")[0] for line in text.splitlines()}
+    if any(w.startswith(TRAIN_WORDS) for w in firsts) or not any(w.startswith(OTHER_WORDS) for w in firsts):
+        return
+    who = "run.py" if any(w.startswith("RUN") for w in firsts) else "predict.py"
+    raise KagtplError(f"{path} is {who}'s log, not train.py's: kagtpl doctor {paths.shell(path.parent / 'train.log')}")
+
+
 def run(path: Path | None, model: str | None, as_json: bool, plot: Path | None) -> int:
     path = find_log(path)
     text = path.read_text(errors="replace")
+    check_train_log(path, text)
     log = parse_records(text) if path.suffix == ".jsonl" else parse(text)
     report = diagnose(log, model)
     if plot is not None:
