@@ -446,6 +446,39 @@ def test_a_folder_another_train_py_holds_is_written_by_nobody(project, tmp_path)
         first.wait()
 
 
+HOLD_RUN_LOCK = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from machinery import locks
+locks.lock_output(locks.Path(sys.argv[2]), "run.py", name=locks.RUN_LOCK)
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_a_second_run_py_started_with_the_first_is_one_error(project, tmp_path):
+    """Two run.py started at one instant on one folder both passed the check for a train.py before
+    either train.py took the folder: both started train.py and predict.py, the second's train.py was
+    refused, and its run.py ended with RUN FAILED lines after its own predict.py was refused too,
+    both writing one run.log. run.py now holds a lock of its own (locks.RUN_LOCK) from its check on:
+    here a process that holds it, as the first run.py does, and the second run.py is one ERROR line."""
+    out = tmp_path / "out"
+    out.mkdir()
+    hold = [sys.executable, "-c", HOLD_RUN_LOCK, str(project), str(out)]
+    first = subprocess.Popen(hold, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        r = run_script(project, "run.py", "--device", "cpu", f"--out-dir={out}", check=False)
+        assert r.returncode == 1 and r.stdout == "", r.stdout[-2000:] + r.stderr[-2000:]
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"ERROR: {out} is in use by another run.py (pid {first.pid})" in lines[0], r.stderr
+        assert sorted(p.name for p in out.iterdir()) == [".run.lock"]  # nothing started, nothing written
+    finally:
+        first.kill()
+        first.wait()
+
+
 @pytest.mark.slow
 def test_a_train_py_hung_past_the_safety_net_says_the_fallback_stayed(project, tmp_path):
     """Case 5: train.py hangs after its fallback (it ignores SIGTERM), is killed past the safety

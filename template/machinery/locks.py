@@ -17,21 +17,24 @@ from .errors import RunError
 
 _LOCKS = []  # the open lock files: the OS releases a lock when its process ends, however it ends
 LOCK_FILE = ".train.lock"
+RUN_LOCK = ".run.lock"  # run.py's own, held for its whole run: its train.py and predict.py take LOCK_FILE in turn
 
 
-def lock_output(out_dir: Path, who: str = "train.py", wait: float = 0.0) -> None:
+def lock_output(out_dir: Path, who: str = "train.py", wait: float = 0.0, name: str = LOCK_FILE) -> None:
     """One writer per output folder: a second train.py would overwrite the first's checkpoints,
     and a predict.py would write its submission into a folder a train.py is still training in.
     A POSIX lock (lockf) on out_dir/.train.lock, held to the process's end: the OS releases it
     however the process ends, so it is never stale; unlike flock, forked DataLoader workers do
     not inherit it (a killed run's workers, still exiting, would hold it for seconds). `wait`:
-    seconds to wait for the holder to end (predict.py after run.py died: its train.py saves)."""
+    seconds to wait for the holder to end (predict.py after run.py died: its train.py saves).
+    `name`: RUN_LOCK for run.py's, so two run.py started at one instant (both past check_free
+    before either train.py locks) are one run and one ERROR line."""
     try:
         import fcntl
     except ImportError:  # Windows: no lock
         return
     try:
-        f = open(Path(out_dir) / LOCK_FILE, "a+")  # noqa: SIM115 (held open: the lock is the open file)
+        f = open(Path(out_dir) / name, "a+")  # noqa: SIM115 (held open: the lock is the open file)
     except OSError as e:
         raise RunError(f"--out-dir {out_dir}: cannot be written ({e.strerror}); pass a folder you can write") from None
     t_end = time.time() + wait
