@@ -117,8 +117,9 @@ def fallback(batch, defaults: dict, last: pd.DataFrame | None) -> pd.DataFrame:
     from .submission import EMPTY_KINDS  # it imports this module
 
     id_col, labels = defaults["id_col"], defaults.get("kind") == "label"
-    out = pd.DataFrame({id_col: batch_ids(batch, id_col)})
-    given = batch_frame(batch) if len(out) and defaults.get("kind") in EMPTY_KINDS else None
+    frame = batch_frame(batch)  # converted once: its ids, and the columns masks and boxes echo
+    out = pd.DataFrame({id_col: batch_ids(frame, id_col)})
+    given = frame if len(out) and defaults.get("kind") in EMPTY_KINDS else None
     for c in defaults["columns"][1:]:
         if given is not None and c in given.columns and c != defaults["columns"][-1]:
             out[c] = given[c].to_numpy()
@@ -137,10 +138,10 @@ def prior_answer(defaults: dict, _state: dict, batch, *_args, **_kwargs) -> pd.D
     return fallback(batch, defaults, None)
 
 
-def batch_ids(batch, id_col: str) -> np.ndarray:
-    """The batch's ids as sent; a batch that is not a frame (None), or has no id column, gets a
-    row per row with no id (the gateway will say what it wanted): the fallback never raises."""
-    frame = batch_frame(batch)
+def batch_ids(frame: pd.DataFrame | None, id_col: str) -> np.ndarray:
+    """The batch's ids as sent (`frame`: batch_frame's); a batch that is not a frame (None), or has
+    no id column, gets a row per row with no id (the gateway will say what it wanted): the fallback
+    never raises."""
     if frame is None:
         return np.array([], dtype=object)
     return frame[id_col].to_numpy() if id_col in frame.columns else np.full(len(frame), None, dtype=object)
@@ -197,7 +198,8 @@ class Answerer:
         limit = self.limits[self.calls > 0]
         self.calls += 1
         if batch_rows(batch) == 0:  # a legal empty batch: an empty answer, not a failure
-            return like(batch, answer_frame(batch_ids(batch, self.defaults["id_col"]), self.defaults["columns"]))
+            ids = batch_ids(batch_frame(batch), self.defaults["id_col"])
+            return like(batch, answer_frame(ids, self.defaults["columns"]))
         t0 = time.time()
         future = self.pool.submit(self.fn, self.state, batch, *args, **kwargs)
         try:
