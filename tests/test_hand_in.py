@@ -114,6 +114,33 @@ def test_folds_no_better_than_the_prior_within_noise_are_handed_in(project_modul
     assert "HAND-IN" not in capsys.readouterr().out and "fallback" not in hand_in.read(tmp_path)
 
 
+def test_the_judge_stops_once_the_folds_cannot_lose_with_the_verdict_of_every_resample(project_modules):
+    """judge's bootstrap (`decided`) ends once the folds have scored no worse than the prior in more
+    resamples than a loser may (10 of 200): the verdict of all 200 resamples, in ~11 where the folds
+    win. Checked against every resample on folds that win by far, lose by far, and sit on the line."""
+    hand_in = project_modules.hand_in
+    rng = np.random.default_rng(2)
+    y = rng.choice(3, size=200)
+    uniform = np.full((200, 3), 1 / 3)
+    metric = hand_in.last_metric(COMP)
+    verdicts = set()
+    for shift in (-0.6, -0.15, -0.05, 0.0, 0.02, 0.05, 0.1, 0.6):  # the true class's share over the prior's 1/3
+        sure = np.clip(1 / 3 + shift + rng.normal(0, 0.2, 200), 0.02, 0.98)
+        pred = np.repeat(((1 - sure) / 2)[:, None], 3, axis=1)
+        pred[np.arange(200), y] = sure
+        full, n_full = hand_in.worse_share(metric, y, pred, uniform, False)
+        quick, n_quick = hand_in.worse_share(metric, y, pred, uniform, False, decided=True)
+        loses = full >= hand_in.CONFIDENCE
+        assert loses == (quick >= hand_in.CONFIDENCE), (shift, full, quick, n_quick)
+        assert n_quick == (n_full if loses else n_quick) and n_quick <= n_full, (shift, n_quick, n_full)
+        verdicts.add((loses, n_quick < n_full))
+    assert verdicts == {(True, False), (False, True)}, verdicts  # both verdicts met, and the quick one saved work
+    sure = np.full(200, 0.9)  # far better than the prior: decided at the 11th resample
+    pred = np.repeat(((1 - sure) / 2)[:, None], 3, axis=1)
+    pred[np.arange(200), y] = sure
+    assert hand_in.worse_share(metric, y, pred, uniform, False, decided=True) == (0.0, hand_in.LOSER_NOT_WORSE + 1)
+
+
 def test_grown_seeds_that_lose_on_the_oof_rows_are_left_out_of_the_ensemble(project_modules, tmp_path, capsys):
     """Item 4: the grown seeds averaged in against the first seed alone, paired on the same rows:
     seeds that lose (the table's MLP: 0.9000 -> 0.8583) are left out of the OOF and of predict.py's
