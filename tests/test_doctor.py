@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kagtpl.template import profiles
+from kagtpl.template import hardware, profiles
 
 LOGS = Path(__file__).parent / "logs"
 
@@ -180,17 +180,24 @@ def test_memory_drop_warning_edge():
     assert profiles().memory_drop_warning(76.0, 56.1) is None
 
 
-def test_a_cpu_log_is_read_and_said_to_have_no_gpu(tmp_path):
+# the line of a CPU run by the rule (machinery/hardware.py's flag_loader, written as logs.resource_lines writes it)
+CPU_LOADER = f"num_workers=0, prefetch_factor=None, persistent_workers=False ({hardware().CPU_TRAINS})"
+
+
+@pytest.mark.parametrize("loader", ["num_workers=1, prefetch_factor=4, persistent_workers=True", CPU_LOADER])
+def test_a_cpu_log_is_read_and_said_to_have_no_gpu(tmp_path, loader):
+    """...with the CPU rule's loader (no worker: the CPU trains) or --workers 1: no LOADER advice."""
     log = tmp_path / "cpu.log"
     log.write_text(
         "RESOURCES: 2 CPU cores, batch=32, GPU=none, Mixed Precision=OFF\nGPU Memory: none\n"
-        "DataLoader: num_workers=1, prefetch_factor=4, persistent_workers=True\n"
+        f"DataLoader: {loader}\n"
         "Model: resnet18 (11.2M params, small model)\nGPU Memory Used: none (CPU run)\n"
         "Epoch 1: Loss=2.3943, ValLoss=2.3102, Acc=0.0938, LR=1.00e-03, Time=1.6s, Throughput=18 samples/s, GPU=none\n"
     )
     r = doctor(log)
     assert r.returncode == 0, r.stderr
     assert "MEMORY: CPU run: no GPU memory to check" in r.stdout and "STATUS: OK" in r.stdout
+    assert "LOADER" not in r.stdout, r.stdout
 
 
 def test_a_run_short_of_disk_is_an_action_naming_what_stopped_it(tmp_path):

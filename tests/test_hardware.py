@@ -50,6 +50,18 @@ def test_workers_rule(cpus, workers, prefetch):
     assert hw.loader_settings(cpus, on_cuda=False)["pin_memory"] is False
 
 
+def test_where_the_cpu_trains_the_rule_gives_no_loader_worker_and_a_flag_still_does(monkeypatch):
+    """--workers -1 (the rule) on the CPU: none, the line's note says why; on a card: the usable
+    CPUs less one; --workers N: N anywhere. `kagtpl recommend --gpu cpu` says the same."""
+    monkeypatch.setattr(hw, "usable_cpus", lambda: 4)
+    cpu = hw.flag_loader(-1, "cpu")  # the DataLoader line's note: test_run.py's dry run
+    assert (cpu["num_workers"], cpu["prefetch_factor"], cpu["persistent_workers"]) == (0, None, False)
+    assert hw.flag_loader(-1, "cuda")["num_workers"] == 3  # --workers 2 on the CPU: test_machinery's loader
+    rec = hw.recommend(hw.PROFILES["cpu"], "resnet18", 224, cpus=4)
+    assert rec.loader["num_workers"] == 0 and rec.why["num_workers"] == hw.CPU_TRAINS
+    assert hw.recommend(hw.PROFILES["t4"], "resnet18", 224, cpus=4).loader["num_workers"] == 3
+
+
 @pytest.mark.parametrize(
     "gpu,mode", [("t4", "fp16"), ("v100", "fp16"), ("p100", "fp32"), ("a10", "bf16"), ("h100", "bf16"), ("cpu", "off")]
 )

@@ -1010,7 +1010,7 @@ def test_a_killed_loader_workers_pass_goes_on_in_order_on_half_the_workers(proje
     restarting = project_modules.loader_restarts.RestartingLoader
     # as the scripts make them: 2 persistent workers, their socket folder made first (a killed worker's
     # own would stay in /tmp: loader_sockets.py)
-    settings = project_modules.hardware.flag_loader(2, on_cuda=False)
+    settings = project_modules.hardware.flag_loader(2, "cpu")
     loader = restarting(SlowRows(), batch_size=2, **settings)
     rows = []
     for k, batch in enumerate(loader):

@@ -19,11 +19,13 @@ from .readback import last_byte
 
 
 def resource_lines(cpus: int, batch: int, gpu_name: str, amp_on: bool, total_gb: float, loader: dict) -> list[str]:
+    """`loader`'s note (a table's in-memory batching), else on the CPU without workers why none."""
+    note = loader.get("note") or (hardware.CPU_TRAINS if gpu_name == "none" and not loader["num_workers"] else "")
     return [
         f"RESOURCES: {cpus} CPU cores, batch={batch}, GPU={gpu_name}, Mixed Precision={'ON' if amp_on else 'OFF'}",
         f"GPU Memory: {total_gb:.1f} GB" if gpu_name != "none" else "GPU Memory: none",
         f"DataLoader: num_workers={loader['num_workers']}, prefetch_factor={loader['prefetch_factor']}, "
-        f"persistent_workers={loader['persistent_workers']}" + (f" ({loader['note']})" if loader.get("note") else ""),
+        f"persistent_workers={loader['persistent_workers']}" + (f" ({note})" if note else ""),
     ]
 
 

@@ -42,7 +42,9 @@ def parser(doc: str, data_dir: str, out_dir: str, test_data: str, models: str = 
 def loader_flags(p: argparse.ArgumentParser, batch_help: str, workers_help: str = "") -> None:
     """--batch-size and --workers, for the tasks that read their test set through a DataLoader."""
     p.add_argument("--batch-size", type=int, default=0, help=batch_help)
-    p.add_argument("--workers", type=int, default=-1, help="-1 = min(12, usable CPUs - 1)" + workers_help)
+    p.add_argument(
+        "--workers", type=int, default=-1, help="-1 = min(12, usable CPUs - 1); none on the CPU" + workers_help
+    )
 
 
 def tta_flag(p: argparse.ArgumentParser, what: str = "average with a horizontal flip") -> None:
@@ -108,8 +110,8 @@ def hand_in_first(args, run: Start, rows, kind: str = "") -> None:
 
 
 def loader(args, device: torch.device) -> dict:
-    """The test set's DataLoader settings: --workers, or min(12, usable CPUs - 1)."""
-    return hardware.flag_loader(args.workers, device.type == "cuda")
+    """The test set's DataLoader settings: --workers, or min(12, usable CPUs - 1); none on the CPU."""
+    return hardware.flag_loader(args.workers, device.type)
 
 
 def machine(args, run: Start) -> tuple[dict, hardware.Profile, Machine]:

@@ -72,7 +72,7 @@ def add_batch_flags(p, batch_size: int, effective: int, example: str = "", worke
     p.add_argument("--batch-size", type=int, default=batch_size, help=f"0 = rule{example}; halve if you OOM")
     p.add_argument("--accum-steps", type=int, default=0, help=f"0 = rule: top the batch up to an effective {effective}")
     if workers:
-        p.add_argument("--workers", type=int, default=-1, help="-1 = min(12, usable CPUs - 1)")
+        p.add_argument("--workers", type=int, default=-1, help="-1 = min(12, usable CPUs - 1); none on the CPU")
     p.add_argument(
         "--autoscale",
         action=argparse.BooleanOptionalAction,

@@ -71,12 +71,12 @@ class Run:
 def start(args, device: torch.device, side: int, decoder: str | None = None) -> Run:
     """The run for this card's profile (engine.profile) and hardware.recommend's batch,
     accumulation and memory layout for --model at `side` px (a segmentation `decoder` shrinks the
-    batch): the loader's workers (--workers, else the usable CPUs less one), the machine, the
+    batch): the loader's workers (--workers, else the usable CPUs less one; none on the CPU), the machine, the
     batching at the rule's LR, the start lines (RESOURCES, GPU Memory, DataLoader, BATCH) and the
     time planner."""
     profile = engine.profile(args.gpu, device)
     rec = hardware.recommend(profile, args.model, side, hardware.usable_cpus(), args.batch_size, decoder)
-    loader = hardware.flag_loader(args.workers, device.type == "cuda")
+    loader = hardware.flag_loader(args.workers, device.type)
     machine = engine.make_machine(device, args.amp, loader, rec.channels_last)
     accum = args.accum_steps or rec.accum_steps
     batching = Batching(rec.batch_size, accum, hardware.scaled_lr(args.lr, rec.batch_size * accum))
