@@ -126,6 +126,9 @@ def test_a_container_stop_hands_in_the_trained_folds(project, digits_dir, tmp_pa
     nothing_left(out)
 
 
+ORPHAN_LINE = "PREDICT: run.py ended before train.py did: waiting for train.py to save, then predicting on its own\n"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_run_py_stopped_alone_leaves_no_orphan_and_hands_in_the_folds(project, digits_dir, tmp_path, sig):
@@ -145,6 +148,10 @@ def test_run_py_stopped_alone_leaves_no_orphan_and_hands_in_the_folds(project, d
     if sig == signal.SIGKILL:
         assert code == -signal.SIGKILL
         assert "PREDICT: run.py ended before train.py did: waiting for train.py to save" in log, log[-3000:]
+        # ...and predict.log has it first, though it was said before predict.py held the folder
+        kept = (out / "predict.log").read_text()
+        assert kept.startswith(ORPHAN_LINE) and kept.count(ORPHAN_LINE) == 1, kept
+        assert log.count(ORPHAN_LINE) == 1, log[-3000:]  # the console's once
     else:
         assert code == 0, log[-3000:]
         assert log.rstrip().splitlines()[-1].startswith(HANDED_FOLDS.format(out=out)), log[-2000:]
@@ -262,6 +269,7 @@ def test_run_py_killed_before_the_first_checkpoint_leaves_the_fallback_without_a
     log = rest(proc, seen)
     assert proc.wait(timeout=60) == -signal.SIGKILL
     assert "PREDICT: run.py ended before train.py did: waiting for train.py to save" in log, log[-3000:]
+    assert (out / "predict.log").read_text().startswith(ORPHAN_LINE)  # what it kept, and why, in its log too
     assert re.search(r"^STOPPED: SIGTERM; exiting 0 so predict.py runs", log, re.M), log[-3000:]
     assert "ERROR" not in log and "first (nothing was written)" not in log, log[-3000:]
     kept = f"SUBMISSION: {out}/submission.csv kept: train.py saved no model in this run, so its fallback is handed in"

@@ -171,12 +171,16 @@ class Tee:
         self.stream, self.file = stream, file
 
     def write(self, text: str) -> int:
+        self.to_file(text)  # first: a reader gone from the pipe (EPIPE) must not cost the log
+        return self.stream.write(text)
+
+    def to_file(self, text: str) -> None:
+        """`text` in the log alone (a line the console already has)."""
         if not self.file.closed:
             try:
-                self.file.write(text)  # first: a reader gone from the pipe (EPIPE) must not cost the log
+                self.file.write(text)
             except OSError as e:
                 self.stop_log(e)
-        return self.stream.write(text)
 
     def flush(self) -> None:
         if not self.file.closed:
@@ -210,17 +214,21 @@ def log_to(path: Path) -> None:
         setattr(sys, name, Tee(stream, file))
 
 
-def keep_log(path: Path) -> None:
+def keep_log(path: Path, said: str = "") -> None:
     """log_to for run.py's run.log and predict.py's predict.log: the lines that say what was handed
-    in, kept where a closed terminal or a stopped notebook kernel took the console. A folder that is
-    not there is not made (predict.py on a folder nothing wrote writes nothing); one that refuses
-    the file is one WARNING, and the lines stay in the console."""
+    in, kept where a closed terminal or a stopped notebook kernel took the console; `said`: a line
+    the console already has, written first in the file (an orphan predict.py's, said before it held
+    the folder). A folder that is not there is not made (predict.py on a folder nothing wrote writes
+    nothing); one that refuses the file is one WARNING, and the lines stay in the console."""
     if not path.parent.is_dir():
         return
     try:
         log_to(path)
     except OSError as e:
         print(f"WARNING: {path}: {e.strerror}; this log is in the console only", flush=True)
+        return
+    if said:
+        sys.stdout.to_file(said + "\n")
 
 
 def end_line(path: Path) -> None:

@@ -428,7 +428,7 @@ def wait_for_train(after_train: bool, out_dir: Path, preload: tuple[str, ...] = 
     train.py trains in is a RunError, written into by nobody), and its lines go to predict.log
     there too, written anew (logs.keep_log). Returns whether run.py is there to
     stop it at the budget (`FoldClock.hard_stop`)."""
-    out_dir, word = Path(out_dir), None  # None: not run.py's (no `go` to wait for)
+    out_dir, word, said = Path(out_dir), None, ""  # None: not run.py's (no `go` to wait for)
     if after_train:
         import_beside(preload)
         say_ready()
@@ -437,11 +437,12 @@ def wait_for_train(after_train: bool, out_dir: Path, preload: tuple[str, ...] = 
             word = sys.stdin.readline().strip()
         except (OSError, ValueError):  # no stdin at all
             word = ""
-        if word != "go":
-            print("PREDICT: run.py ended before train.py did: waiting for train.py to save, then predicting on its own")
+        if word != "go":  # said now, while it waits for the lock; predict.log gets it once opened
+            said = "PREDICT: run.py ended before train.py did: waiting for train.py to save, then predicting on its own"
+            print(said, flush=True)
     if out_dir.is_dir():
         locks.lock_output(out_dir, "predict.py", wait=0.0 if word in (None, "go") else ORPHAN_WAIT_S)
-        logs.keep_log(out_dir / "predict.log")  # its holder's alone: a predict.py refused the folder writes none
+        logs.keep_log(out_dir / "predict.log", said)  # its holder's alone: a predict.py refused the folder writes none
     if word == "go":
         print(f"PREDICT: started beside train.py: ready in {ready:.1f}s, then waited {time.time() - t0:.1f}s for it")
     return word == "go"
