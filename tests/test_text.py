@@ -149,6 +149,22 @@ def no_checkpoints(project: Path) -> bool:
 
 
 @pytest.mark.slow
+def test_tune_s_workers_auto_sizes_the_trials_by_every_model_folder_they_try(text_data, tmp_path):
+    """tune.py --workers auto: a small model runs 2-3 trials a GPU, a large one fills it alone. A
+    search over MODEL_DIRS was sized by the run's own model (MiniLM, small) whatever the other folders
+    held; now a folder whose config.json names a large model (deberta-v3-large) makes it 'large'."""
+    project = text_project(tmp_path / "comp", text_data["reviews"], "reviews")
+    large = tmp_path / "deberta-v3-large"
+    large.mkdir()
+    (large / "config.json").write_text('{"_name_or_path": "microsoft/deberta-v3-large"}')
+    code = (
+        "import train, tune; args = train.get_args([]); print(tune.size_class(args)); "
+        f"tune.MODEL_DIRS.append({str(large)!r}); print(tune.size_class(args))"
+    )
+    assert run_script(project, "-c", code).stdout.split()[-2:] == ["small", "large"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(ANSWERS))
 def test_dry_run_then_predict_writes_the_sample_layout(text_data, tmp_path, layout):
     data = textdata.LAYOUTS[layout](tmp_path / "data")
