@@ -332,12 +332,17 @@ def loader_settings(cpus: int, on_cuda: bool) -> dict:
 CPU_TRAINS = "the CPU trains: a loader worker would take a core from it; --workers N for N"
 
 
+def rule_loader(cpus: int, device_type: str) -> dict:
+    """The rule's loader settings on a `device_type` ("cuda", "cpu") with `cpus`: none where the
+    CPU trains (CPU_TRAINS), else loader_settings'. kagtpl recommend and --workers -1 alike."""
+    return loader_settings(1 if device_type == "cpu" else cpus, device_type == "cuda")
+
+
 def flag_loader(workers: int, device_type: str) -> dict:
-    """loader_settings for a script's --workers flag on a `device_type` ("cuda", "cpu"): -1 = the
-    rule (usable CPUs less one; none on the CPU: CPU_TRAINS), else that many."""
-    if workers < 0 and device_type == "cpu":
-        return loader_settings(1, on_cuda=False)
-    settings = loader_settings(usable_cpus() if workers < 0 else workers + 1, device_type == "cuda")
+    """loader_settings for a script's --workers flag on a `device_type`: -1 = the rule (rule_loader
+    on the usable CPUs), else that many."""
+    on_cuda = device_type == "cuda"
+    settings = rule_loader(usable_cpus(), device_type) if workers < 0 else loader_settings(workers + 1, on_cuda)
     if settings["num_workers"]:  # one folder for its workers' sockets, made before they fork
         from .loader_sockets import socket_dir
 
@@ -397,7 +402,7 @@ def recommend(
     target = (DECODER_EFFECTIVE_BATCH if decoder else TARGET_EFFECTIVE_BATCH) if profile.is_gpu else batch
     accum = max(1, round(target / batch))
     why["accum_steps"] = f"effective batch {batch * accum} (target {target}) = {batch} x {accum}"
-    loader = loader_settings(cpus if profile.is_gpu else 1, profile.is_gpu)
+    loader = rule_loader(cpus, "cuda" if profile.is_gpu else "cpu")
     why["num_workers"] = (
         f"min(12, CPUs - 1) with {cpus} CPUs; recomputed at run time from os.sched_getaffinity"
         if profile.is_gpu
