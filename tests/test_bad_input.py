@@ -471,7 +471,24 @@ TABULAR_DATA_CASES = {
         [],
         "train.csv line 6: target 'target' is empty",
     ),
+    "a date column with a day that is no date in test.csv": (
+        lambda d: (_add_dates(d), set_cell(d / "test.csv", 2, "visit", "2024-02-30")),
+        [],
+        "test.csv line 4, column 'visit': '2024-02-30' is not a date",
+    ),
+    "--dates naming a column of numbers": (
+        lambda d: None,
+        ["--dates", "mean_radius"],
+        "train.csv line 2, column 'mean_radius': 15.04 is not a date",
+    ),
+    "--dates naming no column": (lambda d: None, ["--dates", "visit"], "--dates visit: not a feature column of"),
 }
+
+
+def _add_dates(data: Path) -> None:
+    """An ISO date column in train.csv and test.csv, as a shop's or a patient's visit."""
+    for name in ("train.csv", "test.csv"):
+        rewrite_csv(data / name, lambda df: df.insert(1, "visit", [f"2023-{1 + i % 12:02d}-15" for i in df.index]))
 
 
 def test_class_folders_train_their_names_as_labels(project_modules, digits_dir, tmp_path):

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import textdata
@@ -50,12 +51,19 @@ def serve_env(**extra) -> dict:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Path:
     """A trained tabular project (3 folds of LightGBM, XGBoost, CatBoost and the MLP) whose data
-    folder holds the competition's evaluation package, as Kaggle ships it."""
+    folder holds the competition's evaluation package, as Kaggle ships it; its table has a date
+    column, made numbers by train.py's add_features in train.py, predict.py and serve.py alike."""
     root = tmp_path_factory.mktemp("serve")
     data = table.write_table(root / "data", "binary")
+    for name in ("train.csv", "test.csv"):  # a date column: every batch goes through train.py's add_features
+        rows = pd.read_csv(data / name)
+        days = pd.to_timedelta(np.arange(len(rows)) % 400, unit="D")
+        rows.insert(2, "visit", (pd.Timestamp("2023-01-01") + days).strftime("%Y-%m-%d"))
+        rows.to_csv(data / name, index=False)
     shutil.copytree(STANDIN, data / "kaggle_evaluation")
     project = render(root / "comp", data_dir=str(data), **TABULAR)
-    run_script(project, "train.py", "--models", "lgbm,xgb,cat,mlp", "--device", "cpu")
+    log = run_script(project, "train.py", "--models", "lgbm,xgb,cat,mlp", "--device", "cpu").stdout
+    assert "DATES: visit -> visit_year, " in log, log[:3000]
     run_script(project, "predict.py", "--device", "cpu")
     return project
 
@@ -95,12 +103,14 @@ def test_dry_run_answers_like_predict_py(served):
 def test_tree_fold_files_predict_what_train_py_predicted(served):
     """Each booster's fold, loaded back from its own file format (LightGBM .txt, XGBoost .ubj,
     CatBoost .cbm) and asked for the test rows as the table has them (the 'grade' category with
-    the training fold's levels, a value it never saw, gaps), gives the numbers train.py wrote."""
+    the training fold's levels, a value it never saw, gaps; the dates made numbers by train.py's
+    add_features), gives the numbers train.py wrote."""
     code = """
 import numpy as np, pandas as pd
 from pathlib import Path
 from machinery import storage, trees
-test = storage.read_csv(Path(DATA) / "test.csv")
+from train import add_features
+test = add_features(storage.read_csv(Path(DATA) / "test.csv"), storage.read_config(Path("output"))[0])
 test.loc[test.index[:3], "grade"] = ["unseen", None, "mid"]
 for name, specs in sorted(trees.read_specs(Path("output")).items()):
     for path, spec in specs:

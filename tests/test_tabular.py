@@ -3,6 +3,7 @@ preflight errors, and the OOF score against a simple scikit-learn baseline on th
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -260,3 +261,72 @@ def test_a_rerun_with_another_lr_trains_it_and_one_on_another_batch_resumes(tmp_
     assert "ENSEMBLE: 2 checkpoint(s), folds [0, 2]" in pred, pred
     said = "skipping output/model_fold1.pth: trained with another configuration than the newest checkpoint"
     assert f"{said} (lr=0.003, newest 0.01)" in pred, pred
+
+
+def _seasonal_sales(data, rng, train_rows=900, test_rows=300):
+    """Daily sales of a shop: a season by month, a weekend lift and one numeric feature. The test
+    rows are the next year's (a time split, as a forecasting competition's): every test date is one
+    train.csv never has, while its months and weekdays repeat. Returns the held-out answers."""
+
+    def rows(n, years, first):
+        day = pd.to_datetime([f"{y}-01-01" for y in years]) + pd.to_timedelta(rng.integers(0, 365, n), unit="D")
+        x = rng.normal(size=n)
+        y = 5 * np.sin(2 * np.pi * (day.month - 1) / 12) + 2 * (day.day_of_week >= 5) + x + rng.normal(0, 0.5, n)
+        return pd.DataFrame({"id": np.arange(first, first + n), "day": day.strftime("%Y-%m-%d"), "x": x}), y
+
+    data.mkdir()
+    train, y = rows(train_rows, rng.choice([2021, 2022, 2023], train_rows), 0)
+    train["sales"] = y
+    train.to_csv(data / "train.csv", index=False)
+    test, answers = rows(test_rows, [2024] * test_rows, train_rows)
+    test.to_csv(data / "test.csv", index=False)
+    pd.DataFrame({"id": test["id"], "sales": 0.0}).to_csv(data / "sample_submission.csv", index=False)
+    return pd.Series(answers, index=test["id"])
+
+
+def test_dates_become_numbers_a_later_year_is_predicted_and_a_feature_added_in_train_py_reaches_predict(tmp_path):
+    """An ISO date column (--dates auto) is split into numbers by train.py's add_features, which
+    predict.py and serve.py apply too. As text it was a category per day, dropped as id-like (or,
+    with fewer days, memorised): the next year's test rows, all unseen dates, got no season at all.
+    A feature the user adds in add_features reaches predict.py's rows with no other edit."""
+    from sklearn.metrics import mean_squared_error
+
+    from conftest import render
+
+    answers = _seasonal_sales(tmp_path / "data", np.random.default_rng(0))
+    project = render(
+        tmp_path / "comp", task="tabular", data_dir=str(tmp_path / "data"), id_col="id", target="sales",
+        problem="regression", metric="rmse", submission="label", folds=3, epochs=30,
+    )  # fmt: skip
+    script = project / "train.py"
+    source = script.read_text()
+    assert source.count("    df = df.copy()\n") == 1
+    script.write_text(source.replace("    df = df.copy()\n", '    df = df.copy()\n    df["x_cubed"] = df["x"] ** 3\n'))
+
+    held_out = {}
+    for dates in ("auto", ""):
+        out = f"output-{dates or 'text'}"
+        flags = ("--device", "cpu", "--models", "lgbm,mlp", "--dates", dates, "--out-dir", out)
+        log = run_script(project, "train.py", *flags).stdout
+        run_script(project, "predict.py", "--device", "cpu", "--out-dir", out)
+        sub = pd.read_csv(project / out / "submission.csv").set_index("id")
+        held_out[dates] = float(np.sqrt(mean_squared_error(answers, sub.loc[answers.index, "sales"])))
+        config = json.loads((project / out / "config.json").read_text())["config"]
+        if dates == "auto":
+            made = "day_year, day_month, day_day, day_day_of_week, day_days"
+            assert f"DATES: day -> {made} (auto: every value an ISO date; --dates '' keeps them text)" in log
+            assert "FEATURES: 7 numeric, 0 categories" in log and config["date_columns"] == "day", log[:3000]
+        else:
+            assert "DATES:" not in log and "DROP: column 'day'" in log and "FEATURES: 2 numeric" in log, log[:3000]
+            assert config["date_columns"] == ""
+    print(f"held-out RMSE of the next year: dates as numbers {held_out['auto']:.3f}, as text {held_out['']:.3f}")
+    assert held_out["auto"] < 0.5 * held_out[""], held_out
+
+    test = pd.read_csv(tmp_path / "data" / "test.csv")
+    test.loc[4, "day"] = "2024-02-30"
+    test.to_csv(tmp_path / "data" / "test.csv", index=False)
+    r = run_script(project, "train.py", "--device", "cpu", "--dry-run", check=False)
+    said = "test.csv line 6, column 'day': '2024-02-30' is not a date"
+    assert r.returncode == 1 and said in r.stderr and "Epoch" not in r.stdout, r.stderr
+    r = run_script(project, "train.py", "--device", "cpu", "--dry-run", "--dates", "shop", check=False)
+    assert r.returncode == 1 and "PREFLIGHT ERROR: --dates shop: not a feature column of" in r.stderr, r.stderr

@@ -25,7 +25,7 @@ from .errors import DataError
 # The flags that decide what a run's artifacts mean: which rows, which target, which features,
 # which folds. Training settings (model, LR, epochs) are not among them: the blend mixes models.
 SIGNATURE_FLAGS = (
-    "labels_csv", "label_col", "train_dir", "image_ext", "train_csv", "id_col", "target", "drop", "problem",
+    "labels_csv", "label_col", "train_dir", "image_ext", "train_csv", "id_col", "target", "drop", "dates", "problem",
     "text_cols", "text_sep", "folds", "seed", "mask_dir", "mask_ext", "rle_col", "class_col", "mask_values",
     "missing_mask", "rle_order", "rle_start", "work_size", "box_cols", "box_format", "box_scale", "box_classes",
     "missing_boxes",
