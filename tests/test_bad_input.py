@@ -89,6 +89,19 @@ def _digits(t: Path) -> str:
     return str(demo.write_digits(t / "digits", n_train=20, n_test=5))
 
 
+def _table(t: Path) -> str:
+    return str(table.write_table(t / "table", "binary"))
+
+
+def _two_targets(t: Path) -> str:
+    """A table with two target columns in its sample (EC1 and EC2, as Playground S3E18): with
+    --target EC1, kagtpl rendered a project that read EC2 as a feature, missing from test.csv."""
+    data = table.write_table(t / "ec", "binary")
+    for name in ("train.csv", "sample_submission.csv"):
+        rewrite_csv(data / name, lambda df: df.insert(len(df.columns), "EC2", "0"))
+    return str(data)
+
+
 # (arguments given the test's folder, the message's words). Security cases are marked: they try
 # to write outside the destination.
 CLI_CASES = [
@@ -138,6 +151,14 @@ CLI_CASES = [
     (
         lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--submission", "prob"],
         "--submission 'prob': one of auto, probs, label, positive",
+    ),
+    (
+        lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--data", _two_targets(t), "--target", "target"],
+        "sample_submission.csv: 2 target columns (target, EC2): a table project learns one target column; several",
+    ),
+    (
+        lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--data", _table(t), "--target", "target,site"],
+        "--target target,site: a table project learns one target column; several (multi-label, multi-target) are",
     ),
     (  # a probability column per class (the digits' ten): one column of the second's cannot hold them
         lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", _digits(t), "--submission", "positive"],

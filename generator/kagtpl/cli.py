@@ -179,7 +179,10 @@ def new_cmd(
     ] = None,
     target: Annotated[
         Optional[str],
-        typer.Option(metavar="TARGET", help="Tables, text: override the detected target column(s), comma-separated."),
+        typer.Option(
+            metavar="TARGET",
+            help="Tables, text: override the detected target column (a text's several score columns: found alone).",
+        ),
     ] = None,
     text_cols: Annotated[
         Optional[str], typer.Option(metavar="COLS", help="Text: override the detected text column(s), comma-separated.")

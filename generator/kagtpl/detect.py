@@ -284,8 +284,18 @@ def _tables(data: Path, o: dict, task: str) -> list[tuple[str, list[str]]]:
     return [(f, _header(data / f)) for f in (sample, train, test)]
 
 
-def detect_tabular(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
-    """Answers for a table competition: files, id and target columns, problem, submission, metric."""
+def shown_columns(cols: list[str], most: int = 12) -> str:
+    """A file's columns for an error line: all of them, or the first `most` and how many more."""
+    return f"{cols[:most]}" + (f" and {len(cols) - most} more" if len(cols) > most else "")
+
+
+ONE_TARGET = "a table project learns one target column; several (multi-label, multi-target) are not supported yet"
+
+
+def detect_tabular(data: Path, overrides: dict[str, str | None], rule: str = ONE_TARGET) -> dict[str, str]:
+    """Answers for a table competition: files, id and target columns, problem, submission, metric.
+    A sample whose value columns are several of train.csv's (EC1, EC2) is an error that gives
+    `rule`, before a project that would read EC2 as a feature (--target EC1 rendered one)."""
     o = {k: overrides.get(k) for k in TABULAR_KEYS}
     (sample, sample_cols), (train, train_cols), (test, test_cols) = _tables(data, o, "a table")
     if len(sample_cols) < 2:
@@ -293,7 +303,12 @@ def detect_tabular(data: Path, overrides: dict[str, str | None]) -> dict[str, st
     id_col = o["id_col"] or sample_cols[0]
     for name, cols in ((train, train_cols), (test, test_cols)):
         if id_col not in cols:
-            raise KagtplError(f"{data / name}: no id column {id_col!r} (columns: {cols[:8]})")
+            raise KagtplError(f"{data / name}: no id column {id_col!r} (columns: {shown_columns(cols)})")
+    several = [c for c in sample_cols[1:] if c in train_cols and c not in test_cols]
+    if len(several) > 1:
+        raise KagtplError(f"{data / sample}: {len(several)} target columns ({', '.join(several)}): {rule}")
+    if o["target"] and "," in o["target"]:
+        raise KagtplError(f"--target {o['target']}: {rule}")
     prob_columns = len(sample_cols) > 2 or sample_cols[1] not in train_cols
     target = o["target"]
     if not target:
@@ -302,7 +317,7 @@ def detect_tabular(data: Path, overrides: dict[str, str | None]) -> dict[str, st
         if target is None:
             raise KagtplError(f"{data / train}: cannot tell the target among {candidates}; pass --target")
     if target not in train_cols:
-        raise KagtplError(f"{data / train}: no target column {target!r} (columns: {train_cols[:8]})")
+        raise KagtplError(f"{data / train}: no target column {target!r} (columns: {shown_columns(train_cols)})")
     values, numeric = _column_values(data / train, target)
     problem = o["problem"]
     if not problem:
@@ -381,6 +396,9 @@ def _looks_like_text(path: Path, column: str, limit: int = 200) -> bool:
     return n > 0 and chars / n >= TEXT_MIN_CHARS and words / n >= TEXT_MIN_WORDS
 
 
+SCORES = "a text project learns one target column, or every score column of the sample when --target is left out"
+
+
 def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for a text competition: the table layout (as for tables), the text column(s), and
     several regression targets when the sample submission names several columns of train.csv
@@ -402,7 +420,7 @@ def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
         if found["problem"] != "regression":
             raise KagtplError(f"{data / sample}: {len(scores)} target columns: a regression problem (--problem)")
     else:
-        found = detect_tabular(data, {**o, "metric": None})
+        found = detect_tabular(data, {**o, "metric": None}, SCORES)
         if found["metric"] == "rmsle":
             found["metric"] = "rmse"
     if o["metric"]:
@@ -422,7 +440,7 @@ def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
         common = [c for c in train_cols if c in test_cols and c != found["id_col"] and c not in targets]
         texts = [c for c in common if _looks_like_text(data / train, c)]
         if not texts:
-            raise KagtplError(f"{data / train}: no text column among {common[:8]}; pass --text-cols")
+            raise KagtplError(f"{data / train}: no text column among {shown_columns(common)}; pass --text-cols")
         text_cols = ",".join(texts)
     return {**found, "text_cols": text_cols}
 
