@@ -69,8 +69,9 @@ SEGMENTATION_ONLY = IMAGE_ONLY | {"machinery/masks.py"}  # and RLE, tiles, Dice 
 TEXT_ONLY = {"machinery/texts.py", "machinery/adapters.py", "machinery/text_sizing.py"}  # tokens; LoRA; the batch rules
 # the trees, their fold files (serve.py's) and predict.py's hill-climbing blend
 TABULAR_ONLY = {"machinery/boosters.py", "machinery/booster_fits.py", "machinery/blend.py", "machinery/trees.py"}
-TABULAR_ONLY |= {"machinery/tree_seeds.py", "machinery/metrics.py"}  # metrics.py: --metric, as texts score
-TEXT_ONLY |= {"machinery/metrics.py"}
+# metrics.py: --metric, as texts score; class_columns.py: which label a sample's column stands for (Status_C: C)
+TABULAR_ONLY |= {"machinery/tree_seeds.py", "machinery/metrics.py", "machinery/class_columns.py"}
+TEXT_ONLY |= {"machinery/metrics.py", "machinery/class_columns.py"}
 AUDIO_ONLY = IMAGE_ONLY | {"machinery/audio.py", "machinery/onnx_export.py"}  # + predict.py --export
 TASK_FILES = {"image": IMAGE_ONLY, "tabular": TABULAR_ONLY, "text": TEXT_ONLY, "segmentation": SEGMENTATION_ONLY}
 TASK_FILES["audio"] = AUDIO_ONLY

@@ -330,3 +330,48 @@ def test_dates_become_numbers_a_later_year_is_predicted_and_a_feature_added_in_t
     assert r.returncode == 1 and said in r.stderr and "Epoch" not in r.stdout, r.stderr
     r = run_script(project, "train.py", "--device", "cpu", "--dry-run", "--dates", "shop", check=False)
     assert r.returncode == 1 and "PREFLIGHT ERROR: --dates shop: not a feature column of" in r.stderr, r.stderr
+
+
+def test_class_columns_named_target_underscore_class_train_and_submit(tmp_path):
+    """Cirrhosis (Playground S3E26): train.csv's Status holds C, CL and D; the sample's columns are
+    Status_C, Status_CL and Status_D. kagtpl new detected it, then train.py's preflight stopped:
+    "target 'C' is not a column of sample_submission.csv". Each column now stands for the label
+    after `Status_`: the fallback is each label's share in its own column, and the folds learn."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    n, m = 450, 90
+    x = rng.normal(size=n + m)
+    status = np.where(x[:n] > 0.6, "D", np.where(x[:n] < -1.0, "CL", "C"))
+    frame = pd.DataFrame({"id": np.arange(n + m), "Bilirubin": x + rng.normal(0, 0.3, n + m), "Drug": "P"})
+    frame.iloc[:n].assign(Status=status).to_csv(data / "train.csv", index=False)
+    frame.iloc[n:].to_csv(data / "test.csv", index=False)
+    columns = {"Status_C": 0.6, "Status_CL": 0.1, "Status_D": 0.3}
+    pd.DataFrame({"id": frame["id"].iloc[n:], **columns}).to_csv(data / "sample_submission.csv", index=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "kagtpl", "new", "cirrhosis", "--task", "tabular", "--gpu", "cpu", "--data", str(data),
+         "--folds", "3", "--epochs", "20"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0 and "problem: multiclass, classes 3 (C, CL, D); metric logloss" in r.stdout, r.stderr
+    project = tmp_path / "cirrhosis"
+
+    log = run_script(project, "train.py", "--device", "cpu", "--models", "lgbm,mlp").stdout
+    out = project / "output"
+    shares = pd.Series(status).value_counts(normalize=True)
+    fallback = pd.read_csv(out / "submission.csv")  # train.py's, until predict.py: each label's share in its column
+    assert np.allclose(fallback[list(columns)].iloc[0], [shares["C"], shares["CL"], shares["D"]]), fallback.iloc[0]
+    oof = pd.read_csv(out / "oof.csv")
+    assert list(oof.filter(like="p_").columns) == ["p_Status_C", "p_Status_CL", "p_Status_D"]
+    truth = np.array([list(columns).index(f"Status_{s}") for s in status])[oof["id"].to_numpy()]
+    assert (oof["target"].to_numpy() == truth).all()  # C is column 0, CL 1, D 2
+    loss = float(re.search(r"^OOF: logloss=([\d.]+) over 450 rows .*\(mlp\)$", log, re.M).group(1))
+    prior = -float(np.mean(np.log(shares[status].to_numpy())))
+    assert loss < 0.8 * prior, (loss, prior)  # the folds learn Bilirubin's classes
+
+    run_script(project, "predict.py", "--device", "cpu")
+    sub = pd.read_csv(out / "submission.csv")
+    assert list(sub.columns) == ["id", *columns] and len(sub) == m
+    assert np.allclose(sub[list(columns)].sum(axis=1), 1.0, atol=1e-6)
+    high = sub.loc[frame["Bilirubin"].iloc[n:].to_numpy() > 1.5]  # the test rows most like D
+    assert (high[list(columns)].idxmax(axis=1) == "Status_D").mean() > 0.8, high

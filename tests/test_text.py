@@ -165,6 +165,23 @@ def test_tune_s_workers_auto_sizes_the_trials_by_every_model_folder_they_try(tex
 
 
 @pytest.mark.slow
+def test_a_sample_of_target_underscore_class_columns_reads_each_label(text_data, tmp_path):
+    """A sample whose columns name the target and the class (author_EAP for EAP, as Cirrhosis's
+    Status_C): each column stands for its label, as in a table project (machinery/class_columns.py).
+    It stopped the preflight: "label 'HPL' is not a class of sample_submission.csv"."""
+    project = text_project(tmp_path / "comp", text_data["authors"], "authors")
+    code = (
+        "import argparse, pandas as pd, train; from pathlib import Path\n"
+        "args = argparse.Namespace(target='author', problem='multiclass', submission='probs', sample_submission='s')\n"
+        "rows = pd.DataFrame({'author': ['HPL', 'EAP', 'MWS', 'EAP']})\n"
+        "sample = pd.DataFrame(columns=['id', 'author_EAP', 'author_HPL', 'author_MWS'])\n"
+        "y, classes = train.read_targets(args, rows, sample, Path('train.csv')); print(y.tolist(), classes)"
+    )
+    said = run_script(project, "-c", code).stdout.strip().splitlines()[-1]
+    assert said == "[1, 0, 2, 0] ['author_EAP', 'author_HPL', 'author_MWS']", said
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(ANSWERS))
 def test_dry_run_then_predict_writes_the_sample_layout(text_data, tmp_path, layout):
     data = textdata.LAYOUTS[layout](tmp_path / "data")
