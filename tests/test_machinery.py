@@ -1032,3 +1032,29 @@ def test_a_killed_loader_workers_pass_goes_on_in_order_on_half_the_workers(proje
     with pytest.raises(ValueError, match="row 5 is bad"):
         list(restarting(SlowRows(bad=5), batch_size=2, num_workers=2))
     gc.collect()  # the failed pass's workers, held by its traceback's frames: ended now, not at the worker's exit
+
+
+def test_a_16_bit_scan_keeps_its_gray_levels_and_an_8_bit_image_reads_as_before(project_modules, tmp_path):
+    """UW-Madison GI Tract's images are 16-bit PNGs of 12-bit values (0-4095). OpenCV's 8-bit read
+    divides by 256: every scan came out 16 levels of gray, 0-15, near black. It is now read at its
+    depth and scaled by its own maximum; 8-bit images read bit for bit as before."""
+    import cv2
+
+    read = project_modules.images.read_image
+    scan = np.tile(np.arange(0, 4096, 4, dtype=np.uint16), (64, 1))  # a 12-bit ramp, 64 x 1024
+    cv2.imwrite(str(tmp_path / "scan.png"), scan)
+    old = cv2.resize(cv2.imread(str(tmp_path / "scan.png"), cv2.IMREAD_COLOR), (256, 256), interpolation=cv2.INTER_AREA)
+    img = read(str(tmp_path / "scan.png"), 256)
+    assert img.dtype == np.uint8 and img.shape == (256, 256, 3) and (img[..., 0] == img[..., 2]).all()
+    assert old.max() == 15 and len(np.unique(old)) == 16  # what it was
+    assert img.max() == 255 and len(np.unique(img)) == 256, np.unique(img)
+    assert (np.diff(img[0, :, 0].astype(int)) >= 0).all()  # the ramp still rises left to right
+
+    photo = np.random.default_rng(0).integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    cv2.imwrite(str(tmp_path / "photo.png"), photo)
+    before = cv2.cvtColor(cv2.imread(str(tmp_path / "photo.png"), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    assert np.array_equal(
+        read(str(tmp_path / "photo.png"), 32), cv2.resize(before, (32, 32), interpolation=cv2.INTER_AREA)
+    )
+    cv2.imwrite(str(tmp_path / "black.png"), np.zeros((8, 8), np.uint16))
+    assert not read(str(tmp_path / "black.png"), 8).any()
