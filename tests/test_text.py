@@ -73,6 +73,24 @@ def test_detect_finds_texts_targets_and_problem(text_data, layout):
     assert found["metric"] == METRICS[layout]
 
 
+def test_detect_takes_the_one_train_star_csv_there_is(text_data, tmp_path):
+    """LLM - Detect AI Generated Text ships train_essays.csv and test_essays.csv: kagtpl new said
+    "no train.csv". The one train*.csv (and test*.csv) there is is taken; several are an error."""
+    data = shutil.copytree(text_data["reviews"], tmp_path / "data")
+    (data / "train.csv").rename(data / "train_essays.csv")
+    (data / "test.csv").rename(data / "test_essays.csv")
+    found = detect.detect_text(data, {})
+    assert (found["train_csv"], found["test_csv"], found["text_cols"]) == (
+        "train_essays.csv",
+        "test_essays.csv",
+        "review",
+    )
+    shutil.copy(data / "train_essays.csv", data / "train_extra.csv")
+    with pytest.raises(new.KagtplError, match=r"no train\.csv, and 2 train\*\.csv \(train_essays\.csv, train_extra"):
+        detect.detect_text(data, {})
+    assert detect.detect_text(data, {"train_csv": "train_extra.csv"})["train_csv"] == "train_extra.csv"
+
+
 def test_detect_asks_for_text_columns_when_none_look_like_prose(tmp_path):
     pd.DataFrame({"id": [1, 2], "code": ["a", "b"], "y": [0, 1]}).to_csv(tmp_path / "train.csv", index=False)
     pd.DataFrame({"id": [3], "code": ["a"]}).to_csv(tmp_path / "test.csv", index=False)

@@ -274,13 +274,23 @@ def _is_int(v: str) -> bool:
         return False
 
 
+def _table_names(data: Path, stem: str, given: str | None) -> list[str]:
+    """train.csv, else the one train*.csv there is (LLM - Detect AI Generated Text ships
+    train_essays.csv and test_essays.csv); several of them are an error that names them."""
+    found = sorted(p.name for p in data.glob(f"{stem}*.csv") if p.is_file() and p.name != f"{stem}.csv")
+    if not given and len(found) > 1 and not (data / f"{stem}.csv").is_file():
+        several = f"{len(found)} {stem}*.csv ({', '.join(found[:5])})"
+        raise KagtplError(f"--data {data}: no {stem}.csv, and {several}: name one with --{stem}-csv")
+    return [f"{stem}.csv", *found]
+
+
 def _tables(data: Path, o: dict, task: str) -> list[tuple[str, list[str]]]:
     """(file, header) of the sample submission, train.csv and test.csv, found or as given."""
     if not data.is_dir():
         raise KagtplError(f"--data {data}: no such folder")
     sample = _pick_submission(data, o["sample_submission"], "submission CSV", task)
-    train = _pick(data, o["train_csv"], ("train.csv",), "train.csv", Path.is_file, task)
-    test = _pick(data, o["test_csv"], ("test.csv",), "test.csv", Path.is_file, task)
+    train = _pick(data, o["train_csv"], _table_names(data, "train", o["train_csv"]), "train.csv", Path.is_file, task)
+    test = _pick(data, o["test_csv"], _table_names(data, "test", o["test_csv"]), "test.csv", Path.is_file, task)
     return [(f, _header(data / f)) for f in (sample, train, test)]
 
 
