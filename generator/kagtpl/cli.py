@@ -192,7 +192,7 @@ def new_cmd(
     ] = None,
     metric: Annotated[
         Optional[str],
-        typer.Option(metavar="METRIC", help="Tables: logloss, accuracy, auc, rmse or rmsle (default: inferred)."),
+        typer.Option(metavar="METRIC", help="Tables: logloss, accuracy, auc, rmse, rmsle or mae (default: inferred)."),
     ] = None,
     mask_dir: Annotated[
         Optional[str], typer.Option(metavar="DIR", help="Segmentation: mask files' folder ('' = RLE in --train-csv).")
