@@ -1058,3 +1058,17 @@ def test_a_16_bit_scan_keeps_its_gray_levels_and_an_8_bit_image_reads_as_before(
     )
     cv2.imwrite(str(tmp_path / "black.png"), np.zeros((8, 8), np.uint16))
     assert not read(str(tmp_path / "black.png"), 8).any()
+
+
+def test_a_qwk_submission_holds_whole_labels_in_the_training_range(project_modules):
+    """submission.fill, for every task that scores QWK (tables, texts' essay scores): a regression's
+    floats rounded and clipped into each target's training range (target_range); without a range
+    (a checkpoint of an earlier kagtpl) rounded only; other metrics keep the floats."""
+    fill = project_modules.submission.fill
+    sample = pd.DataFrame({"essay_id": ["a", "b", "c", "d"], "score": [3, 3, 3, 3]})
+    pred = np.array([[0.2], [2.5], [3.6], [9.7]])
+    config = {"problem": "regression", "submission": "label", "metric": "qwk", "target_range": [[1.0], [6.0]]}
+    sub, kind = fill(sample, pred, config, [])
+    assert kind == "number" and sub["score"].tolist() == [1, 2, 4, 6] and sub["score"].dtype == np.int64
+    assert fill(sample, pred, {**config, "target_range": []}, [])[0]["score"].tolist() == [0, 2, 4, 10]
+    assert fill(sample, pred, {**config, "metric": "rmse"}, [])[0]["score"].tolist() == [0.2, 2.5, 3.6, 9.7]

@@ -408,3 +408,36 @@ def test_metric_mae_fits_the_absolute_error_and_beats_squared_error_training_on_
         held_out[metric] = float(np.mean(np.abs(sub["y"].to_numpy() - y[n:])))
     print(f"held-out MAE: trained for mae {held_out['mae']:.3f}, for rmse {held_out['rmse']:.3f}")
     assert held_out["mae"] < 0.8 * held_out["rmse"], held_out
+
+
+def test_metric_qwk_hands_in_whole_labels_in_the_training_range(tmp_path):
+    """--metric qwk (wine quality, the Child Mind Institute's sii): a regression on whole labels,
+    scored by quadratic weighted kappa. The OOF score rounded the predictions into the labels'
+    range, but the submission held the regression's floats (3.27): Kaggle's kappa scorer refuses
+    a float column. Now train.py's fallback, predict.py and serve.py write whole labels, clipped
+    into the training labels' range (config.json's target_range)."""
+    rng = np.random.default_rng(0)
+    data, n, m = tmp_path / "data", 400, 80
+    data.mkdir()
+    x = rng.normal(size=(n + m, 2))
+    quality = np.clip(np.rint(5 + 1.2 * x[:, 0] + rng.normal(0, 0.5, n + m)), 3, 8).astype(int)
+    frame = pd.DataFrame(x, columns=["acidity", "sugar"]).assign(id=np.arange(n + m))
+    frame.iloc[:n].assign(quality=quality[:n]).to_csv(data / "train.csv", index=False)
+    frame.iloc[n:].to_csv(data / "test.csv", index=False)
+    pd.DataFrame({"id": frame["id"].iloc[n:], "quality": 5}).to_csv(data / "sample_submission.csv", index=False)
+    from conftest import render
+
+    project = render(
+        tmp_path / "comp", task="tabular", data_dir=str(data), id_col="id", target="quality", problem="regression",
+        metric="qwk", submission="label", folds=3, epochs=10,
+    )  # fmt: skip
+    log = run_script(project, "train.py", "--device", "cpu", "--models", "lgbm,mlp").stdout
+    fallback = pd.read_csv(project / "output" / "submission.csv")["quality"]  # train.py's, until predict.py
+    assert fallback.dtype == np.int64 and set(fallback) == {round(quality[:n].mean())}, fallback.head()
+    oof = float(re.search(r"^OOF: qwk=([\d.]+) over 400 rows .*\(lgbm\)$", log, re.M).group(1))
+    assert oof > 0.5, log[-3000:]  # the acidity is learnt
+    run_script(project, "predict.py", "--device", "cpu")
+    sub = pd.read_csv(project / "output" / "submission.csv")["quality"]
+    assert sub.dtype == np.int64 and sub.between(quality[:n].min(), quality[:n].max()).all() and sub.nunique() > 2
+    config = json.loads((project / "output" / "config.json").read_text())["config"]
+    assert config["target_range"] == [[float(quality[:n].min())], [float(quality[:n].max())]]

@@ -192,7 +192,9 @@ def new_cmd(
     ] = None,
     metric: Annotated[
         Optional[str],
-        typer.Option(metavar="METRIC", help="Tables: logloss, accuracy, auc, rmse, rmsle or mae (default: inferred)."),
+        typer.Option(
+            metavar="METRIC", help="Tables: logloss, accuracy, auc, rmse, rmsle, mae or qwk (default: inferred)."
+        ),
     ] = None,
     mask_dir: Annotated[
         Optional[str], typer.Option(metavar="DIR", help="Segmentation: mask files' folder ('' = RLE in --train-csv).")

@@ -246,7 +246,7 @@ TABULAR_KEYS = ("train_csv", "test_csv", "sample_submission", "id_col", "target"
 METRICS = {
     "binary": ("auc", "logloss", "accuracy"),
     "multiclass": ("logloss", "accuracy", "auc"),
-    "regression": ("rmse", "rmsle", "mae"),
+    "regression": ("rmse", "rmsle", "mae", "qwk"),
 }
 
 

@@ -58,6 +58,8 @@ def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = TRA
         targets = [t for t in str(config.get("target", "")).split(",") if t]
         cols = targets if len(targets) > 1 and set(targets) <= set(cols) else cols[: pred.shape[1]]
         values = np.clip(np.expm1(pred), 0, None) if config.get("metric") == "rmsle" else pred
+        if config.get("metric") == "qwk":  # kappa scores whole labels (a float one failed Kaggle's scorer)
+            values = np.clip(np.rint(values), *config.get("target_range") or (-np.inf, np.inf)).astype(np.int64)
         sub[cols] = values
         return sub, "number"
     if kind == "label":
