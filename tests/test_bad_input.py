@@ -89,6 +89,18 @@ def _digits(t: Path) -> str:
     return str(demo.write_digits(t / "digits", n_train=20, n_test=5))
 
 
+def _dicom_scans(t: Path) -> str:
+    """VinBigData's layout: train/ and test/ of DICOM scans, the boxes in train.csv."""
+    data = t / "vinbig"
+    for name in ("train", "test"):
+        (data / name).mkdir(parents=True)
+        for k in range(3):
+            (data / name / f"scan{k}.dcm").write_bytes(b"DICM")
+    (data / "train.csv").write_text("image_id,class_name,x_min,y_min,x_max,y_max\nscan0,Nodule,1,2,3,4\n")
+    (data / "sample_submission.csv").write_text("image_id,PredictionString\nscan0,14 1 0 0 1 1\n")
+    return str(data)
+
+
 def _table(t: Path) -> str:
     return str(table.write_table(t / "table", "binary"))
 
@@ -159,6 +171,10 @@ CLI_CASES = [
     (
         lambda t: ["new", "p", "--task", "tabular", "--gpu", "t4", "--data", _table(t), "--target", "target,site"],
         "--target target,site: a table project learns one target column; several (multi-label, multi-target) are",
+    ),
+    (  # it said "no training image folder" beside train/ itself
+        lambda t: ["new", "p", "--task", "detection", "--gpu", "t4", "--data", _dicom_scans(t)],
+        "; train/ holds 3 .dcm file(s), no image (.jpg .jpeg .png .bmp .tif .tiff .webp): DICOM is not read; convert",
     ),
     (  # a probability column per class (the digits' ten): one column of the second's cannot hold them
         lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", _digits(t), "--submission", "positive"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import re
 import statistics
@@ -13,6 +14,7 @@ from kagtpl.paths import data_files
 from kagtpl.template import tasks
 
 IMAGE_EXTS = tasks().IMAGE_EXTS  # the template's (machinery/tasks.py): what its scripts read
+DICOM = (".dcm", ".dicom")  # medical scans the scripts do not read: named in the error that finds them
 LABEL_CSVS = ("labels.csv", "train.csv", "train_labels.csv")
 TRAIN_DIRS = ("train", "train_images", "images/train", "images")
 TEST_DIRS = ("test", "test_images", "images/test")
@@ -49,9 +51,22 @@ def _pick(data: Path, given: str | None, candidates, what: str, is_ok, task: str
     for name in candidates:
         if is_ok(data / name):
             return name
+    held = _not_images(data, candidates) if "image folder" in what else ""
     raise KagtplError(
-        f"--data {data} does not look like {task} competition: no {what} (looked for {', '.join(candidates)})"
+        f"--data {data} does not look like {task} competition: no {what} (looked for {', '.join(candidates)}){held}"
     )
+
+
+def _not_images(data: Path, candidates) -> str:
+    """What a candidate image folder holds instead of images: VinBigData's train/ of .dicom files
+    was "no training image folder", beside the folder itself."""
+    for name in candidates:
+        files = data_files(data / name)
+        if files:
+            ext, n = collections.Counter(p.suffix.lower() for p in files).most_common(1)[0]
+            dicom = ": DICOM is not read; convert it to PNG (16-bit PNGs keep their depth)" if ext in DICOM else ""
+            return f"; {name}/ holds {n} {ext} file(s), no image ({' '.join(IMAGE_EXTS)}){dicom}"
+    return ""
 
 
 def _pick_submission(data: Path, given: str | None, what: str, task: str) -> str:
