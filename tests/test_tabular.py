@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import run_script
+from conftest import render, run_script
 from kagtpl import table
 
 pytestmark = pytest.mark.slow
@@ -291,8 +291,6 @@ def test_dates_become_numbers_a_later_year_is_predicted_and_a_feature_added_in_t
     A feature the user adds in add_features reaches predict.py's rows with no other edit."""
     from sklearn.metrics import mean_squared_error
 
-    from conftest import render
-
     answers = _seasonal_sales(tmp_path / "data", np.random.default_rng(0))
     project = render(
         tmp_path / "comp", task="tabular", data_dir=str(tmp_path / "data"), id_col="id", target="sales",
@@ -377,26 +375,31 @@ def test_class_columns_named_target_underscore_class_train_and_submit(tmp_path):
     assert (high[list(columns)].idxmax(axis=1) == "Status_D").mean() > 0.8, high
 
 
+def _regression_project(tmp_path, features: pd.DataFrame, target: str, y, n: int, metric: str, epochs: int,
+                        placeholder=0.0):  # fmt: skip
+    """A regression table rendered for `metric`: `features`' first n rows with `target` (y) in
+    train.csv, the rest the test rows (ids 0..), a sample of `placeholder`; 3 folds."""
+    data = tmp_path / "data"
+    data.mkdir()
+    frame = features.assign(id=np.arange(len(features)))
+    frame.iloc[:n].assign(**{target: y[:n]}).to_csv(data / "train.csv", index=False)
+    frame.iloc[n:].to_csv(data / "test.csv", index=False)
+    pd.DataFrame({"id": frame["id"].iloc[n:], target: placeholder}).to_csv(data / "sample_submission.csv", index=False)
+    return render(
+        tmp_path / "comp", task="tabular", data_dir=str(data), id_col="id", target=target, problem="regression",
+        metric=metric, submission="label", folds=3, epochs=epochs,
+    )  # fmt: skip
+
+
 def test_metric_mae_fits_the_absolute_error_and_beats_squared_error_training_on_heavy_tails(tmp_path):
     """--metric mae (Playground's crab age, MAE): the boosters fit L1 (LightGBM's l1, XGBoost's
     reg:absoluteerror, CatBoost's MAE), the MLP an L1 loss, early stopping watches the absolute
     error. Trained for squared error (all a table could do before: rmse), the outliers of a
     heavy-tailed target pull every model toward them, and the held-out MAE is far worse."""
-    rng = np.random.default_rng(0)
-    data, n, m = tmp_path / "data", 900, 300
-    data.mkdir()
+    rng, n, m = np.random.default_rng(0), 900, 300
     x = rng.normal(size=(n + m, 3))
     y = 3 * x[:, 0] + x[:, 1] - x[:, 2] ** 2 + rng.standard_t(1.2, n + m)  # Student's t: a few huge errors
-    frame = pd.DataFrame(x, columns=["a", "b", "c"]).assign(id=np.arange(n + m))
-    frame.iloc[:n].assign(y=y[:n]).to_csv(data / "train.csv", index=False)
-    frame.iloc[n:].to_csv(data / "test.csv", index=False)
-    pd.DataFrame({"id": frame["id"].iloc[n:], "y": 0.0}).to_csv(data / "sample_submission.csv", index=False)
-    from conftest import render
-
-    project = render(
-        tmp_path / "comp", task="tabular", data_dir=str(data), id_col="id", target="y", problem="regression",
-        metric="mae", submission="label", folds=3, epochs=20,
-    )  # fmt: skip
+    project = _regression_project(tmp_path, pd.DataFrame(x, columns=["a", "b", "c"]), "y", y, n, "mae", epochs=20)
     held_out = {}
     for metric in ("mae", "rmse"):
         out = f"output-{metric}"
@@ -416,21 +419,11 @@ def test_metric_qwk_hands_in_whole_labels_in_the_training_range(tmp_path):
     range, but the submission held the regression's floats (3.27): Kaggle's kappa scorer refuses
     a float column. Now train.py's fallback, predict.py and serve.py write whole labels, clipped
     into the training labels' range (config.json's target_range)."""
-    rng = np.random.default_rng(0)
-    data, n, m = tmp_path / "data", 400, 80
-    data.mkdir()
+    rng, n, m = np.random.default_rng(0), 400, 80
     x = rng.normal(size=(n + m, 2))
     quality = np.clip(np.rint(5 + 1.2 * x[:, 0] + rng.normal(0, 0.5, n + m)), 3, 8).astype(int)
-    frame = pd.DataFrame(x, columns=["acidity", "sugar"]).assign(id=np.arange(n + m))
-    frame.iloc[:n].assign(quality=quality[:n]).to_csv(data / "train.csv", index=False)
-    frame.iloc[n:].to_csv(data / "test.csv", index=False)
-    pd.DataFrame({"id": frame["id"].iloc[n:], "quality": 5}).to_csv(data / "sample_submission.csv", index=False)
-    from conftest import render
-
-    project = render(
-        tmp_path / "comp", task="tabular", data_dir=str(data), id_col="id", target="quality", problem="regression",
-        metric="qwk", submission="label", folds=3, epochs=10,
-    )  # fmt: skip
+    frame = pd.DataFrame(x, columns=["acidity", "sugar"])
+    project = _regression_project(tmp_path, frame, "quality", quality, n, "qwk", epochs=10, placeholder=5)
     log = run_script(project, "train.py", "--device", "cpu", "--models", "lgbm,mlp").stdout
     fallback = pd.read_csv(project / "output" / "submission.csv")["quality"]  # train.py's, until predict.py
     assert fallback.dtype == np.int64 and set(fallback) == {round(quality[:n].mean())}, fallback.head()
