@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -381,6 +383,77 @@ def test_clips_layout_predicts_a_row_per_test_clip(tmp_path, sounds):
     assert "PREDICT: 5 test rows from 5 recording(s)" in out
     sub = pd.read_csv(project / "output" / "submission.csv")
     assert list(sub["row_id"]) == [f"test{k:03d}" for k in range(5)]
+
+
+def freesound(clips: Path, dest: Path, noisy: bool = False) -> Path:
+    """kagtpl sounds' clips layout as Freesound Audio Tagging 2019 ships it: the clips flat in
+    train_curated/ beside train_curated.csv (fname, labels; every fourth clip also tagged with
+    another word, "apple,river"), test/, and sample ids that name the file (test000.wav)."""
+    words = sorted(d.name for d in (clips / "train_audio").iterdir())
+    (dest / "train_curated").mkdir(parents=True)
+    rows = []
+    for w, word in enumerate(words):
+        for k, clip in enumerate(sorted((clips / "train_audio" / word).iterdir())):
+            shutil.copy(clip, dest / "train_curated" / f"{word}_{clip.name}")
+            other = f",{words[(w + 1) % len(words)]}" if k % 4 == 3 else ""
+            rows.append({"fname": f"{word}_{clip.name}", "labels": word + other})
+    pd.DataFrame(rows).to_csv(dest / "train_curated.csv", index=False)
+    shutil.copytree(clips / "test_audio", dest / "test")
+    sample = pd.read_csv(clips / "sample_submission.csv").rename(columns={"row_id": "fname"})
+    sample["fname"] = [f"{v}.wav" for v in sample["fname"]]
+    sample.to_csv(dest / "sample_submission.csv", index=False)
+    if noisy:
+        shutil.copytree(dest / "train_curated", dest / "train_noisy")
+    return dest
+
+
+@pytest.mark.slow
+def test_freesound_layout_tags_a_clip_with_every_label_of_its_cell(tmp_path, sounds):
+    """Freesound's layout end to end: kagtpl new finds train_curated/ and its CSV (fname, labels),
+    a cell of two labels is two targets of 1 (it was "label 'apple,river' is not a column"), and
+    predict.py finds the test clips by the sample's ids, which name the file (it said none of
+    sample_submission's clips is in test/)."""
+    from kagtpl.new import NewAnswers, new_project
+
+    data = freesound(sounds / "clips", tmp_path / "data")
+    new_project(NewAnswers(name="tags", task="audio", gpu="cpu", data=data, dest=tmp_path))
+    project = tmp_path / "tags"
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert (answers["train_dir"], answers["train_csv"]) == ("train_curated", "train_curated.csv")
+    assert (answers["file_col"], answers["label_col"], answers["test_layout"]) == ("fname", "labels", "clips")
+    dry_run_into_output(project, *FAST)
+    oof = pd.read_csv(project / "output" / "oof.csv")
+    heard = (oof[[c for c in oof.columns if c.startswith("target_")]].to_numpy() == 1.0).sum(1)
+    tagged = pd.read_csv(data / "train_curated.csv").set_index("fname")["labels"].str.count(",") + 1
+    assert heard.tolist() == tagged[oof["clip"]].tolist() and 2 in heard.tolist()
+    out = run_script(project, "predict.py", "--device", "cpu", "--export", "none").stdout
+    assert "PREDICT: 5 test rows from 5 recording(s)" in out and "missing" not in out, out[-2000:]
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    assert list(sub["fname"]) == [f"test{k:03d}.wav" for k in range(5)]
+
+
+def test_kagtpl_new_names_the_training_folders_and_the_file_column_flag(tmp_path, sounds):
+    """Freesound's two folders (train_curated/, train_noisy/) are an error naming both and
+    --train-dir; a metadata CSV without a file column asks for --file-col, a flag kagtpl new has."""
+    from kagtpl.errors import KagtplError
+    from kagtpl.new import NewAnswers, new_project
+
+    data = freesound(sounds / "clips", tmp_path / "data", noisy=True)
+    with pytest.raises(KagtplError, match=r"2 folders of training audio \(train_curated, train_noisy\): .*--train-dir"):
+        new_project(NewAnswers(name="a", task="audio", gpu="cpu", data=data, dest=tmp_path))
+    meta = pd.read_csv(data / "train_curated.csv").rename(columns={"fname": "clip_name"})
+    meta.to_csv(data / "train_curated.csv", index=False)
+    layout = {"train_dir": "train_curated"}
+    with pytest.raises(KagtplError, match="no file column; pass --file-col"):
+        new_project(NewAnswers(name="b", task="audio", gpu="cpu", data=data, dest=tmp_path, layout=layout))
+    assert not (tmp_path / "b").exists()
+    flags = ["--task", "audio", "--gpu", "cpu", "--data", str(data), "--train-dir", "train_curated"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kagtpl", "new", "c", *flags, "--file-col", "clip_name"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert yaml.safe_load((tmp_path / "c" / ".copier-answers.yml").read_text())["file_col"] == "clip_name"
 
 
 def broken(data: Path, case: str) -> str:

@@ -150,8 +150,12 @@ def new_cmd(
     label_col: Annotated[
         Optional[str], typer.Option(metavar="LABEL_COL", help="Override the detected label column ('' = one class).")
     ] = None,
+    file_col: Annotated[
+        Optional[str],
+        typer.Option(metavar="COL", help="Audio: the metadata CSV's column naming each clip's file (filename, fname)."),
+    ] = None,
     train_dir: Annotated[
-        Optional[str], typer.Option(metavar="TRAIN_DIR", help="Override the detected training image folder.")
+        Optional[str], typer.Option(metavar="TRAIN_DIR", help="Override the detected training image (or audio) folder.")
     ] = None,
     test_dir: Annotated[
         Optional[str], typer.Option(metavar="TEST_DIR", help="Override the detected test image folder.")
@@ -270,6 +274,7 @@ def new_cmd(
         "labels_csv": labels_csv,
         "id_col": id_col,
         "label_col": label_col,
+        "file_col": file_col,
         "train_dir": train_dir,
         "test_dir": test_dir,
         "image_ext": image_ext,
