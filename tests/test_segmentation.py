@@ -261,6 +261,34 @@ def test_carvanas_masks_named_id_mask_gif_are_found_and_read(tmp_path, m, shapes
         m.train.training_rows(data, args, ["rle"])
 
 
+def test_tgs_salts_train_images_and_train_masks_are_found_and_read(tmp_path, m, shapes_data):
+    """TGS Salt Identification's layout: train/images/, train/masks/, test/images/. kagtpl new took
+    train/ itself for the image folder (its images/ and masks/ folders counted as images named by
+    id alone), then found no mask folder: now each is found and train.py reads every pair."""
+    data = tmp_path / "tgs"
+    for src, dest in (("train", "train/images"), ("train_masks", "train/masks"), ("test", "test/images")):
+        shutil.copytree(shapes_data["png"] / src, data / dest)
+    shutil.copy(shapes_data["png"] / "sample_submission.csv", data)
+    found = detect.detect_segmentation(data, {})
+    assert (found["train_dir"], found["test_dir"], found["mask_dir"]) == ("train/images", "test/images", "train/masks")
+    flags = [f"--{k.replace('_', '-')}={found[k]}" for k in ("train_dir", "test_dir", "mask_dir", "mask_ext")]
+    args = m.train.get_args(["--data-dir", str(data), *flags])
+    rows = m.train.training_rows(data, args, ["rle"])
+    assert len(rows) == TRAIN and all(Path(p).is_file() for p in rows["mask"])
+    from PIL import Image  # 16-bit masks (0/65535): detected as '255' (PIL's getcolors refuses I;16), then refused
+
+    for png in sorted((data / "train" / "masks").iterdir()):
+        Image.fromarray((np.asarray(Image.open(png)) > 0).astype(np.uint16) * 65535).save(png)
+    assert detect.detect_segmentation(data, {})["mask_values"] == "65535"
+    args = m.train.get_args(["--data-dir", str(data), *flags, "--mask-values", "65535"])
+    rows = m.train.training_rows(data, args, ["rle"])
+    assert sum(m.train.training_mask(args, row, "binary").any() for row in rows.itertuples()) > TRAIN // 2
+    (data / "train" / "masks").rename(data / "train" / "gt")  # a folder no one could guess: the flags to name it
+    with pytest.raises(KagtplError, match=r"no mask folder \(train_masks, .*, train/masks\) or RLE CSV .*--mask-dir"):
+        detect.detect_segmentation(data, {})
+    assert detect.detect_segmentation(data, {"mask_dir": "train/gt"})["mask_ext"] == ".png"
+
+
 def test_a_sample_with_an_extra_column_is_one_line_naming_the_file(tmp_path, m, shapes_data):
     """Issue 47: `id,rle,extra` passed kagtpl new, then crashed train.py with a pandas traceback
     (`sequence item 1: expected str instance, float found`). An extra column cannot be filled from

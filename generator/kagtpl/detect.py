@@ -16,8 +16,8 @@ from kagtpl.template import tasks
 IMAGE_EXTS = tasks().IMAGE_EXTS  # the template's (machinery/tasks.py): what its scripts read
 DICOM = (".dcm", ".dicom")  # medical scans the scripts do not read: named in the error that finds them
 LABEL_CSVS = ("labels.csv", "train.csv", "train_labels.csv")
-TRAIN_DIRS = ("train", "train_images", "images/train", "images")
-TEST_DIRS = ("test", "test_images", "images/test")
+TRAIN_DIRS = ("train", "train_images", "images/train", "train/images", "images")  # train/images: TGS Salt's
+TEST_DIRS = ("test", "test_images", "images/test", "test/images")
 LAYOUT_KEYS = (
     "labels_csv", "id_col", "label_col", "train_dir", "test_dir", "image_ext", "sample_submission", "submission",
 )  # fmt: skip
@@ -235,11 +235,12 @@ def class_folder_layout(data: Path, o: dict, sample: str, sample_cols: list[str]
 
 def has_images(folder: Path, ext: str | None) -> bool:
     """A folder holding images: files with an image extension, or `ext`'s, or (any extension
-    allowed) files with none: some competitions name images by their id alone."""
+    allowed) files with none: some competitions name images by their id alone. A folder is no
+    image: TGS Salt's train/ holds only images/ and masks/, and was taken for the image folder."""
     if not folder.is_dir():
         return False
     wanted = (*IMAGE_EXTS, "") if ext is None else (ext.lower(),)  # "" given: files named by their id alone
-    return any(q.suffix.lower() in wanted for q in folder.iterdir())
+    return any(q.suffix.lower() in wanted and not q.is_dir() for q in folder.iterdir())
 
 
 def image_ext(folder: Path, first_id: str) -> str:
@@ -476,7 +477,7 @@ SEGMENTATION_KEYS = (
     "train_dir", "test_dir", "image_ext", "mask_dir", "mask_ext", "mask_values", "missing_mask", "train_csv", "id_col",
     "rle_col", "class_col", "rle_order", "rle_start", "sample_submission", "metric", "arch",
 )  # fmt: skip
-MASK_DIRS = ("train_masks", "masks", "train_mask", "train_labels", "labels", "images/masks")
+MASK_DIRS = ("train_masks", "masks", "train_mask", "train_labels", "labels", "images/masks", "train/masks")
 RLE_CSVS = ("train.csv", "train_rle.csv", "train_masks.csv", "train_labels.csv")
 MASK_EXTS = (*IMAGE_EXTS, ".gif")  # what masks.read_mask (PIL) reads: Carvana's masks are <id>_mask.gif
 
@@ -500,7 +501,8 @@ def mask_suffix(masks: list[Path], stems: set[str]) -> str | None:
 
 def mask_values(folder: Path, limit: int = 50) -> str:
     """The values besides background 0 in up to `limit` mask files, comma-separated ('255' for
-    0/255 masks, '1,2,3' for class indices); '255' when every one read is empty."""
+    0/255 masks, '1,2,3' for class indices, '65535' for 16-bit 0/65535 masks, which were skipped
+    unread and said '255'); '255' when every one read is empty."""
     from PIL import Image
 
     found: set[int] = set()
@@ -508,6 +510,7 @@ def mask_values(folder: Path, limit: int = 50) -> str:
         try:
             with Image.open(path) as img:
                 band = img.convert("L") if img.mode == "1" else img.getchannel(0) if len(img.getbands()) > 1 else img
+                band = band.convert("I") if band.mode.startswith("I;") else band  # 16-bit: getcolors takes I
                 found |= {int(v) for _, v in band.getcolors(maxcolors=1 << 16) or []}
         except (OSError, ValueError):
             continue
@@ -569,7 +572,12 @@ def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[st
         if len(sample_cols) == 3 and len(str(values).split(",")) == 1:
             raise one_mask_extra_column(data / sample, sample_cols)
         return {**found, "mask_dir": mask_dir, "mask_ext": mask_ext, "mask_values": values}
-    csv = _pick(data, o["train_csv"], RLE_CSVS, "mask folder or RLE CSV", Path.is_file, "a segmentation")
+    if not o["train_csv"] and not any((data / name).is_file() for name in RLE_CSVS):
+        raise KagtplError(
+            f"--data {data} does not look like a segmentation competition: no mask folder ({', '.join(MASK_DIRS)}) "
+            f"or RLE CSV ({', '.join(RLE_CSVS)}); name yours with --mask-dir or --train-csv"
+        )
+    csv = _pick(data, o["train_csv"], RLE_CSVS, "RLE CSV", Path.is_file, "a segmentation")
     cols = _header(data / csv)
     id_col = o["id_col"] or (sample_cols[0] if sample_cols[0] in cols else cols[0])
     rle_col = o["rle_col"] or (sample_cols[-1] if sample_cols[-1] in cols else cols[-1])
