@@ -131,3 +131,14 @@ def test_a_text_competition_names_its_text_columns_lengths_and_model_folder(tmp_
     texts = r"columns text; median \d+ words, longest \d+ \(first 2000 rows\)  \[--text-cols]"
     assert re.fullmatch(texts, said["texts"])
     assert said["model"] == f"the Hugging Face folder {tmp_path}, read offline  [--model-dir]"
+
+
+def test_one_hot_text_targets_are_named_as_classes_and_several_scores_as_numbers(tmp_path):
+    """LLM Classification Finetuning's winner columns (one-hot) are classes scored by log loss
+    (they were "regression, a number; metric rmse"); Feedback's score columns are numbers."""
+    winners = textdata.write_winners(tmp_path / "winners")
+    said = new(tmp_path, "w", "--task", "text", "--gpu", "cpu", "--data", str(winners), "--model-dir", str(tmp_path))
+    assert said["problem"] == "multiclass, classes 3 (EAP, HPL, MWS), one-hot; metric logloss  [--problem --metric]"
+    essays = textdata.write_essays(tmp_path / "essays")
+    said = new(tmp_path, "e", "--task", "text", "--gpu", "cpu", "--data", str(essays), "--model-dir", str(tmp_path))
+    assert said["problem"] == "regression, 2 numbers a row; metric rmse  [--problem --metric]"

@@ -33,8 +33,9 @@ ANSWERS = {
     "authors": {"text_cols": "text", "target": "author", "problem": "multiclass", "submission": "probs"},
     "reviews": {"text_cols": "review", "target": "sentiment", "problem": "binary", "submission": "label"},
     "essays": {"text_cols": "full_text", "target": "cohesion,syntax", "problem": "regression", "submission": "label"},
+    "winners": {"text_cols": "text", "target": "EAP,HPL,MWS", "problem": "multiclass", "submission": "probs"},
 }
-METRICS = {"authors": "logloss", "reviews": "accuracy", "essays": "rmse"}
+METRICS = {"authors": "logloss", "reviews": "accuracy", "essays": "rmse", "winners": "logloss"}
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +220,11 @@ def test_dry_run_then_predict_writes_the_sample_layout(text_data, tmp_path, layo
         oof = pd.read_csv(project / "output" / "oof.csv")
         truth = pd.read_csv(data / "train.csv").set_index("id").loc[oof["id"], "author"]
         assert (oof["target"].map({0: "EAP", 1: "HPL", 2: "MWS"}).to_numpy() == truth.to_numpy()).all()
+    if layout == "winners":  # one-hot class columns: were read as three scores, RMSE, and values outside [0, 1]
+        assert (sub[["EAP", "HPL", "MWS"]].sum(axis=1) - 1).abs().max() < 1e-4
+        oof = pd.read_csv(project / "output" / "oof.csv")
+        truth = pd.read_csv(data / "train.csv").set_index("id").loc[oof["id"], ["EAP", "HPL", "MWS"]]
+        assert (oof["target"].to_numpy() == truth.to_numpy().argmax(1)).all()
     if layout == "reviews":
         assert set(sub["sentiment"]) <= {"pos", "neg"}
     if layout == "essays":
@@ -335,6 +341,12 @@ PREFLIGHT = {
         "sample_submission.csv",
         lambda d: d.__setitem__("id", d["id"].where(d.index != 1, "nope")),
         "sample_submission.csv line 3: id 'nope' is not in test.csv",
+    ),
+    "two ones in a one-hot row": (
+        "winners",
+        "train.csv",
+        lambda d: d.loc.__setitem__((5, ["EAP", "HPL", "MWS"]), 1),
+        "train.csv line 7: one-hot targets EAP=1, HPL=1, MWS=1 do not hold exactly one 1",
     ),
     "score not a number": (
         "essays",

@@ -113,7 +113,18 @@ def write_essays(folder: Path, n_train: int = 200, n_test: int = 40, seed: int =
     return folder
 
 
-LAYOUTS = {"authors": write_authors, "reviews": write_reviews, "essays": write_essays}
+def write_winners(folder: Path, n_train: int = 240, n_test: int = 48, seed: int = 3) -> Path:
+    """The authors' texts in LLM Classification Finetuning's layout: each class a one-hot column of
+    train.csv (EAP, HPL, MWS; winner_model_a, winner_model_b, winner_tie there), and the sample's."""
+    write_authors(folder, n_train, n_test, seed)
+    train = pd.read_csv(folder / "train.csv")
+    for a in AUTHORS:
+        train[a] = (train["author"] == a).astype(int)
+    train.drop(columns="author").to_csv(folder / "train.csv", index=False)
+    return folder
+
+
+LAYOUTS = {"authors": write_authors, "reviews": write_reviews, "essays": write_essays, "winners": write_winners}
 
 
 # ----------------------------------------------------------------------------- the model

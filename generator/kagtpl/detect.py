@@ -425,26 +425,41 @@ def _looks_like_text(path: Path, column: str, limit: int = 200) -> bool:
 SCORES = "a text project learns one target column, or every score column of the sample when --target is left out"
 
 
+def one_hot(path: Path, columns: list[str], limit: int = 2000) -> bool:
+    """Every one of the first `limit` rows holds 0s and exactly one 1 in `columns`: class columns
+    (LLM Classification Finetuning's winner_model_a, winner_model_b, winner_tie), not scores."""
+    rows = 0
+    for row in csvfile.dict_rows(path, limit=limit):
+        values = [(row.get(c) or "").strip() for c in columns]
+        if any(v not in ("0", "1", "0.0", "1.0") for v in values) or sum(float(v) for v in values) != 1:
+            return False
+        rows += 1
+    return rows > 0
+
+
 def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for a text competition: the table layout (as for tables), the text column(s), and
-    several regression targets when the sample submission names several columns of train.csv
-    (essay scores)."""
+    several targets when the sample submission names several columns of train.csv: one-hot
+    classes when each row holds one 1 (LLM Classification Finetuning's winners: multiclass, log
+    loss; they were read as three scores, RMSE), else regression targets (essay scores)."""
     o = {k: overrides.get(k) for k in TEXT_KEYS}
     (sample, sample_cols), (train, train_cols), (test, test_cols) = _tables(data, o, "a text")
     scores = [c for c in sample_cols[1:] if c in train_cols and c not in test_cols]
     if len(sample_cols) > 2 and len(scores) == len(sample_cols) - 1 and not o["target"]:
+        classes = one_hot(data / train, scores)
         found = {
             "train_csv": train,
             "test_csv": test,
             "sample_submission": sample,
             "id_col": o["id_col"] or sample_cols[0],
             "target": ",".join(scores),
-            "problem": o["problem"] or "regression",
-            "submission": "label",
-            "metric": "rmse",
+            "problem": o["problem"] or ("multiclass" if classes else "regression"),
+            "submission": "probs" if classes else "label",
+            "metric": "logloss" if classes else "rmse",
         }
-        if found["problem"] != "regression":
-            raise KagtplError(f"{data / sample}: {len(scores)} target columns: a regression problem (--problem)")
+        if found["problem"] != ("multiclass" if classes else "regression"):
+            kind = "one-hot classes: a multiclass problem" if classes else "scores: a regression problem"
+            raise KagtplError(f"{data / sample}: {len(scores)} target columns of {kind} (--problem)")
     else:
         found = detect_tabular(data, {**o, "metric": None}, SCORES)
         if found["metric"] == "rmsle":

@@ -200,7 +200,15 @@ def table_facts(data: Path, a: dict, train: tuple) -> list[str]:
     head, body = train
     target = a["target"]
     problem = a["problem"]
-    kind = "a number" if problem == "regression" else f"classes {classes_text(column(train, target.split(',')[0]))}"
+    targets = target.split(",")
+    if problem == "regression":
+        kind = "a number" if len(targets) == 1 else f"{len(targets)} numbers a row"
+    else:  # several: one-hot class columns (a row's class is its column holding 1)
+        kind = (
+            f"classes {classes_text(targets)}, one-hot"
+            if len(targets) > 1
+            else f"classes {classes_text(column(train, target))}"
+        )
     return [
         f"table: {a['train_csv']} {len(body)} rows x {len(head)} columns, {a['test_csv']} "
         f"{len(read_csv(data / a['test_csv'])[1])} rows  [--train-csv --test-csv]",
