@@ -124,6 +124,27 @@ def test_table_overrides_and_refusals(tmp_path):
         detect.detect_tabular(tmp_path / "nope", {})
 
 
+def test_digit_recognizers_row_number_ids_and_label_column(tmp_path):
+    """Digit Recognizer: the sample's ImageId (1, 2, ...) is a column of neither table, and its
+    Label is train.csv's label. It was "train.csv: no id column 'ImageId'": now the ids are the
+    rows' numbers from 1 and the labels fill the sample's Label; ids that are not the test's row
+    numbers, and a text project, still get that error."""
+    train = "label,pixel0,pixel1\n3,0,255\n7,12,0\n1,1,250\n"
+    data = table(tmp_path / "digits", train, "pixel0,pixel1\n0,200\n9,3\n", "ImageId,Label\n1,0\n2,0\n")
+    found = detect.detect_tabular(data, {})
+    assert (found["id_col"], found["row_ids"], found["target"]) == ("ImageId", "1", "label")
+    assert (found["problem"], found["submission"], found["metric"]) == ("multiclass", "label", "accuracy")
+    (data / "sample_submission.csv").write_text("ImageId,Label\n1,0\n3,0\n")  # not 1, 2: not row numbers
+    with pytest.raises(KagtplError, match=r"train.csv: no id column 'ImageId'"):
+        detect.detect_tabular(data, {})
+    texts = table(tmp_path / "texts", "t,label\nsome words here and there,1\nother words again here,0\n",
+                  "t\nmore words in a row\n", "Id,label\n1,0\n")  # fmt: skip
+    with pytest.raises(KagtplError, match=r"train.csv: no id column 'Id'"):
+        detect.detect_text(texts, {})
+    assert "row_ids" not in detect.detect_tabular(table(tmp_path / "ids", "id,x,y\n1,2,3\n", "id,x\n2,1\n",
+                                                         "id,y\n2,0\n"), {})  # fmt: skip
+
+
 def test_image_size_from_the_images_median_side(tmp_path):
     """The profile's size is the ceiling; smaller images pull it down to their median side,
     rounded up to a multiple of 32. Real image files, sizes read from their headers."""

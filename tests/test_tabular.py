@@ -434,3 +434,32 @@ def test_metric_qwk_hands_in_whole_labels_in_the_training_range(tmp_path):
     assert sub.dtype == np.int64 and sub.between(quality[:n].min(), quality[:n].max()).all() and sub.nunique() > 2
     config = json.loads((project / "output" / "config.json").read_text())["config"]
     assert config["target_range"] == [[float(quality[:n].min())], [float(quality[:n].max())]]
+
+
+def test_digit_recognizers_layout_numbers_the_rows_and_fills_the_samples_label(tmp_path):
+    """Digit Recognizer as Kaggle ships it (sklearn's 8x8 digits here): train.csv `label,pixel0..`,
+    test.csv only pixels, sample `ImageId,Label` with ImageId 1..n. kagtpl new stopped at "no id
+    column 'ImageId'"; now train.py and predict.py number the rows, and the labels land in the
+    sample's Label, in its order, far above chance (10 classes: 0.1)."""
+    from sklearn.datasets import load_digits
+
+    from kagtpl.new import NewAnswers, new_project
+
+    digits, n = load_digits(), 1200
+    pixels = pd.DataFrame(digits.data.astype(int), columns=[f"pixel{i}" for i in range(64)])
+    data = tmp_path / "data"
+    data.mkdir()
+    pixels.iloc[:n].assign(label=digits.target[:n]).to_csv(data / "train.csv", index=False)
+    pixels.iloc[n:].to_csv(data / "test.csv", index=False)
+    ids = np.arange(1, len(pixels) - n + 1)
+    pd.DataFrame({"ImageId": ids, "Label": 0}).to_csv(data / "sample_submission.csv", index=False)
+    new_project(NewAnswers(name="digits", task="tabular", gpu="cpu", data=data, dest=tmp_path, folds=3, epochs=5))
+    project = tmp_path / "digits"
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["row_ids"] == "1"
+    run_script(project, "train.py", "--device", "cpu", "--models", "lgbm,mlp")
+    run_script(project, "predict.py", "--device", "cpu")
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    assert list(sub.columns) == ["ImageId", "Label"] and sub["ImageId"].tolist() == ids.tolist()
+    assert (sub["Label"].to_numpy() == digits.target[n:]).mean() > 0.8
+    oof = pd.read_csv(project / "output" / "oof.csv")
+    assert sorted(oof["ImageId"].astype(int)) == list(range(1, n + 1))

@@ -318,28 +318,53 @@ def shown_columns(cols: list[str], most: int = 12) -> str:
 ONE_TARGET = "a table project learns one target column; several (multi-label, multi-target) are not supported yet"
 
 
-def detect_tabular(data: Path, overrides: dict[str, str | None], rule: str = ONE_TARGET) -> dict[str, str]:
+def row_numbers(sample: Path, id_col: str, test: Path) -> str:
+    """'1' (or '0') when the sample's ids are the test table's row numbers counted from 1 (or 0),
+    as Digit Recognizer's ImageId, a column of neither table; '' otherwise."""
+    ids = [(row.get(id_col) or "").strip() for row in csvfile.dict_rows(sample)]
+    if not ids or ids[0] not in ("0", "1") or ids != [str(int(ids[0]) + i) for i in range(len(ids))]:
+        return ""
+    return ids[0] if sum(1 for _ in csvfile.dict_rows(test)) == len(ids) else ""
+
+
+def _label_column(sample_cols: list[str], train_cols: list[str], test_cols: list[str]) -> str | None:
+    """train.csv's column a one-value sample names in other letters (Digit Recognizer's Label for
+    label): the target, whose predicted labels fill the sample's column."""
+    if len(sample_cols) != 2 or sample_cols[1] in train_cols:
+        return None
+    same = [c for c in train_cols if c.lower() == sample_cols[1].lower() and c not in test_cols]
+    return same[0] if len(same) == 1 else None
+
+
+def detect_tabular(
+    data: Path, overrides: dict[str, str | None], rule: str = ONE_TARGET, numbered: bool = True
+) -> dict[str, str]:
     """Answers for a table competition: files, id and target columns, problem, submission, metric.
     A sample whose value columns are several of train.csv's (EC1, EC2) is an error that gives
-    `rule`, before a project that would read EC2 as a feature (--target EC1 rendered one)."""
+    `rule`, before a project that would read EC2 as a feature (--target EC1 rendered one). Ids
+    that are the test's row numbers (a column of neither table) are `row_ids` when `numbered`."""
     o = {k: overrides.get(k) for k in TABULAR_KEYS}
     (sample, sample_cols), (train, train_cols), (test, test_cols) = _tables(data, o, "a table")
     if len(sample_cols) < 2:
         raise KagtplError(f"{data / sample}: a submission template needs an id column and at least one more")
     id_col = o["id_col"] or sample_cols[0]
+    row_ids = row_numbers(data / sample, id_col, data / test) if numbered and id_col not in test_cols else ""
     for name, cols in ((train, train_cols), (test, test_cols)):
-        if id_col not in cols:
+        if id_col not in cols and not row_ids:
             raise KagtplError(f"{data / name}: no id column {id_col!r} (columns: {shown_columns(cols)})")
     several = [c for c in sample_cols[1:] if c in train_cols and c not in test_cols]
     if len(several) > 1:
         raise KagtplError(f"{data / sample}: {len(several)} target columns ({', '.join(several)}): {rule}")
     if o["target"] and "," in o["target"]:
         raise KagtplError(f"--target {o['target']}: {rule}")
-    prob_columns = len(sample_cols) > 2 or sample_cols[1] not in train_cols
+    label_col = _label_column(sample_cols, train_cols, test_cols)
+    prob_columns = len(sample_cols) > 2 or (sample_cols[1] not in train_cols and not label_col)
     target = o["target"]
     if not target:
         candidates = [c for c in train_cols if c not in test_cols and c != id_col]
-        target = sample_cols[1] if not prob_columns else (candidates[0] if len(candidates) == 1 else None)
+        target = label_col or (
+            sample_cols[1] if not prob_columns else (candidates[0] if len(candidates) == 1 else None)
+        )
         if target is None:
             raise KagtplError(f"{data / train}: cannot tell the target among {candidates}; pass --target")
     if target not in train_cols:
@@ -383,7 +408,7 @@ def detect_tabular(data: Path, overrides: dict[str, str | None], rule: str = ONE
     submission = "probs" if prob_columns or (problem == "binary" and metric != "accuracy") else "label"
     if problem == "regression":
         submission = "label"
-    return {
+    found = {
         "train_csv": train,
         "test_csv": test,
         "sample_submission": sample,
@@ -393,6 +418,7 @@ def detect_tabular(data: Path, overrides: dict[str, str | None], rule: str = ONE
         "submission": submission,
         "metric": metric,
     }
+    return {**found, "row_ids": row_ids} if row_ids else found
 
 
 TEXT_KEYS = (*TABULAR_KEYS, "text_cols")
@@ -461,7 +487,7 @@ def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
             kind = "one-hot classes: a multiclass problem" if classes else "scores: a regression problem"
             raise KagtplError(f"{data / sample}: {len(scores)} target columns of {kind} (--problem)")
     else:
-        found = detect_tabular(data, {**o, "metric": None}, SCORES)
+        found = detect_tabular(data, {**o, "metric": None}, SCORES, numbered=False)
         if found["metric"] == "rmsle":
             found["metric"] = "rmse"
     if o["metric"]:

@@ -209,10 +209,11 @@ def table_facts(data: Path, a: dict, train: tuple) -> list[str]:
             if len(targets) > 1
             else f"classes {classes_text(column(train, target))}"
         )
+    numbered = f" (the rows' numbers from {a['row_ids']}: a column of neither table)" if a.get("row_ids") else ""
     return [
         f"table: {a['train_csv']} {len(body)} rows x {len(head)} columns, {a['test_csv']} "
         f"{len(read_csv(data / a['test_csv'])[1])} rows  [--train-csv --test-csv]",
-        f"columns: id {a['id_col']!r}, target {target!r}  [--id-col --target]",
+        f"columns: id {a['id_col']!r}{numbered}, target {target!r}  [--id-col --target]",
         f"problem: {problem}, {kind}; metric {a['metric']}  [--problem --metric]",
     ]
 
