@@ -102,6 +102,12 @@ def table(tmp_path, train: str, test: str, sample: str, sample_name="sample_subm
         # string labels, one label column: multiclass accuracy
         ("id,x,y\n1,1,cat\n2,2,dog\n3,3,cow\n", "id,x\n4,1\n", "id,y\n4,cat\n", "sample_submission.csv",
          ("y", "multiclass", "label", "accuracy")),
+        # one value column under another name (Contradictory, My Dear Watson's prediction): the target's labels
+        ("id,x,label\n1,1,0\n2,2,1\n3,3,2\n", "id,x\n4,1\n", "id,prediction\n4,0\n", "sample_submission.csv",
+         ("label", "multiclass", "label", "accuracy")),
+        # ...or its probability (a fraction there): binary, AUC; both were one class's probability column
+        ("id,x,is_fraud\n1,1,0\n2,2,1\n", "id,x\n3,1\n", "id,probability\n3,0.5\n", "sample_submission.csv",
+         ("is_fraud", "binary", "probs", "auc")),
         # many distinct numbers: regression, RMSE
         ("id,x,SalePrice\n1,1,100.5\n2,2,230.25\n3,3,170.0\n", "id,x\n4,1\n", "id,SalePrice\n4,150\n",
          "sample_submission.csv", ("SalePrice", "regression", "label", "rmse")),

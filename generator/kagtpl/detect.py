@@ -328,12 +328,15 @@ def row_numbers(sample: Path, id_col: str, test: Path) -> str:
 
 
 def _label_column(sample_cols: list[str], train_cols: list[str], test_cols: list[str]) -> str | None:
-    """train.csv's column a one-value sample names in other letters (Digit Recognizer's Label for
-    label): the target, whose predicted labels fill the sample's column."""
+    """The target a sample of one value column names otherwise: train.csv's column of the same name
+    in other letters (Digit Recognizer's Label for label), else the one column test.csv lacks
+    (Contradictory, My Dear Watson's prediction for label). Its values (labels or a probability)
+    fill the sample's column; it was read as a column of class probabilities, one class."""
     if len(sample_cols) != 2 or sample_cols[1] in train_cols:
         return None
-    same = [c for c in train_cols if c.lower() == sample_cols[1].lower() and c not in test_cols]
-    return same[0] if len(same) == 1 else None
+    lacking = [c for c in train_cols if c not in test_cols and c != sample_cols[0]]
+    same = [c for c in lacking if c.lower() == sample_cols[1].lower()]
+    return same[0] if len(same) == 1 else lacking[0] if len(lacking) == 1 else None
 
 
 def detect_tabular(
