@@ -85,7 +85,7 @@ def worse_share(score, y: np.ndarray, a: np.ndarray, b: np.ndarray, higher: bool
 def prior_score(comp, y: np.ndarray, pred: np.ndarray, whole: bool = False) -> tuple[float, np.ndarray] | None:
     """The metric of train.py's fallback on the OOF rows `y` and the fallback as OOF rows: the
     competition's own (`comp.fallback_oof(y, pred)`: segmentation's empty masks), else the training
-    prior (class frequencies, each tag's share, or the mean, tiled like `pred`); None where the
+    prior (class frequencies, each tag's share, or the mean (MAE: median), tiled like `pred`); None where the
     task's OOF is not one row of values a row, or the metric does not take a constant answer, or
     `pred` is one model's among others (a table's MLP: `whole`, the blend of them all, is judged)."""
     import numpy as np
@@ -100,7 +100,7 @@ def prior_score(comp, y: np.ndarray, pred: np.ndarray, whole: bool = False) -> t
         return None
     n_classes = pred.shape[1] if len(comp.classes) and y.ndim == 1 else 0
     try:
-        prior = np.atleast_1d(prior_prediction(y, n_classes))
+        prior = np.atleast_1d(prior_prediction(y, n_classes, getattr(comp, "metric_name", "").lower()))
         if prior.shape != (pred.shape[1],):
             return None
         tiled = np.tile(prior, (len(y), 1))

@@ -85,15 +85,15 @@ def check_classes(columns: list, classes: list, train: str = TRAIN) -> None:
         )
 
 
-def prior_prediction(y: np.ndarray, n_classes: int) -> np.ndarray:
+def prior_prediction(y: np.ndarray, n_classes: int, metric: str = "") -> np.ndarray:
     """What a model that saw no feature predicts, in the models' output space: the training
-    class frequencies (n_classes > 0), else each target's training mean."""
+    class frequencies (n_classes > 0), else each target's training mean (under MAE its median)."""
     y = np.asarray(y)
     if y.dtype == object:  # a vector per row (multi-label tags): their frequencies
         return np.stack(y).astype(np.float64).mean(axis=0)
     if n_classes:
         return np.bincount(y.astype(np.int64), minlength=n_classes) / len(y)
-    return y.reshape(len(y), -1).astype(np.float64).mean(axis=0)
+    return (np.median if metric == "mae" else np.mean)(y.reshape(len(y), -1).astype(np.float64), axis=0)
 
 
 EMPTY_KINDS = ("rle", "boxes", "box rows")  # submissions whose fallback predicts nothing: no mask, no box
@@ -121,7 +121,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     if config.get("submission") in EMPTY_KINDS:  # segmentation, detection: an empty mask, no box
         sub, kind = empty_prediction(sample, config["submission"]), config["submission"]
     else:
-        prior = prior_prediction(y, 0 if config["problem"] == "regression" else len(classes))
+        prior = prior_prediction(y, 0 if config["problem"] == "regression" else len(classes), config.get("metric", ""))
         sub, kind = fill(sample, np.tile(prior, (len(sample), 1)), config, classes)
         if kind == "distribution" and not np.isclose(prior.sum(), 1.0):
             kind = "probability"  # several tags per row (multi-label): a probability per tag
@@ -136,7 +136,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
         print(f"SUBMISSION: the earlier run's {path.name} moved to {earlier} (this run hands in its own)")
     room.write_csv(sub, path, ahead=True)  # a full disk: train.py's training cache is in use
     what = {
-        "number": "the training mean",
+        "number": "the training median" if config.get("metric") == "mae" else "the training mean",
         "label": "the majority class",
         "rle": "an empty mask",
         "boxes": "no box",
