@@ -151,6 +151,25 @@ def test_digit_recognizers_row_number_ids_and_label_column(tmp_path):
                                                          "id,y\n2,0\n"), {})  # fmt: skip
 
 
+def test_home_credits_application_tables_are_found_and_a_missing_one_names_its_flag(tmp_path):
+    """Home Credit ships application_train.csv and application_test.csv beside bureau.csv and
+    the rest: the one *train*.csv and *test*.csv are the tables (it was "no train.csv"); with none,
+    the error names --train-csv."""
+    data = write(tmp_path / "hc", {
+        "application_train.csv": "SK_ID_CURR,TARGET,AMT\n1,0,5.0\n2,1,7.5\n", "bureau.csv": "SK_ID_CURR,X\n1,2\n",
+        "application_test.csv": "SK_ID_CURR,AMT\n3,1.0\n", "sample_submission.csv": "SK_ID_CURR,TARGET\n3,0.5\n",
+    })  # fmt: skip
+    found = detect.detect_tabular(data, {})
+    assert (found["train_csv"], found["test_csv"], found["target"]) == (
+        "application_train.csv",
+        "application_test.csv",
+        "TARGET",
+    )
+    (data / "application_train.csv").unlink()
+    with pytest.raises(KagtplError, match=r"no train.csv \(looked for train.csv\); name yours with --train-csv$"):
+        detect.detect_tabular(data, {})
+
+
 def test_image_size_from_the_images_median_side(tmp_path):
     """The profile's size is the ceiling; smaller images pull it down to their median side,
     rounded up to a multiple of 32. Real image files, sizes read from their headers."""

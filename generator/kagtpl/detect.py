@@ -43,7 +43,9 @@ def _first_value(path: Path, column: str) -> str | None:
     return None if row is None else row.get(column)
 
 
-def _pick(data: Path, given: str | None, candidates, what: str, is_ok, task: str = "an image") -> str:
+def _pick(data: Path, given: str | None, candidates, what: str, is_ok, task: str = "an image", flag: str = "") -> str:
+    """The first candidate `is_ok` takes, or `given`; none is an error naming what was looked for
+    (and `flag`, the option that names it)."""
     if given:
         if not is_ok(data / given):
             raise KagtplError(f"--data {data}: {what} {given!r} not found")
@@ -52,8 +54,10 @@ def _pick(data: Path, given: str | None, candidates, what: str, is_ok, task: str
         if is_ok(data / name):
             return name
     held = _not_images(data, candidates) if "image folder" in what else ""
+    named = f"; name yours with {flag}" if flag else ""
     raise KagtplError(
         f"--data {data} does not look like {task} competition: no {what} (looked for {', '.join(candidates)}){held}"
+        f"{named}"
     )
 
 
@@ -292,8 +296,11 @@ def _is_int(v: str) -> bool:
 
 def _table_names(data: Path, stem: str, given: str | None) -> list[str]:
     """train.csv, else the one train*.csv there is (LLM - Detect AI Generated Text ships
-    train_essays.csv and test_essays.csv); several of them are an error that names them."""
+    train_essays.csv and test_essays.csv), else the one *train*.csv (Home Credit's
+    application_train.csv); several of them are an error that names them."""
     found = sorted(p.name for p in data.glob(f"{stem}*.csv") if p.is_file() and p.name != f"{stem}.csv")
+    if not found:
+        found = sorted(p.name for p in data.glob(f"*{stem}*.csv") if p.is_file() and "submission" not in p.name)
     if not given and len(found) > 1 and not (data / f"{stem}.csv").is_file():
         several = f"{len(found)} {stem}*.csv ({', '.join(found[:5])})"
         raise KagtplError(f"--data {data}: no {stem}.csv, and {several}: name one with --{stem}-csv")
@@ -305,8 +312,11 @@ def _tables(data: Path, o: dict, task: str) -> list[tuple[str, list[str]]]:
     if not data.is_dir():
         raise KagtplError(f"--data {data}: no such folder")
     sample = _pick_submission(data, o["sample_submission"], "submission CSV", task)
-    train = _pick(data, o["train_csv"], _table_names(data, "train", o["train_csv"]), "train.csv", Path.is_file, task)
-    test = _pick(data, o["test_csv"], _table_names(data, "test", o["test_csv"]), "test.csv", Path.is_file, task)
+    train, test = (
+        _pick(data, o[f"{stem}_csv"], _table_names(data, stem, o[f"{stem}_csv"]), f"{stem}.csv", Path.is_file, task,
+              f"--{stem}-csv")
+        for stem in ("train", "test")
+    )  # fmt: skip
     return [(f, _header(data / f)) for f in (sample, train, test)]
 
 
