@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from conftest import (
     JUDGED_ENV,
     assert_plan_cut_to_budget,
+    dry_run_into_output,
     import_project,
     predict_streamed,
     run_script,
@@ -456,6 +457,59 @@ def test_class_layouts_render_train_and_predict_a_row_per_image_and_class(tmp_pa
     out = run_script(project, "run.py", "--budget", "10m", "--no-grow", *FAST[2:]).stdout
     assert f"{mode}, classes ['ellipse', 'rectangle']" in out and "POSTPROCESS: ellipse > " in out
     check_submission(project, shapes_data[layout], 2)
+
+
+SERVE_BOTH_CLASSES = """
+import sys, time
+from pathlib import Path
+import pandas as pd, torch
+import predict
+from machinery import serving
+data, out = Path(sys.argv[1]), Path("output")
+sample = pd.read_csv(data / "sample_submission.csv", dtype=str)
+clock = serving.StartClock(time.time(), 600)
+ensemble = predict.load_ensemble(out, data, list(sample.columns), torch.device("cpu"), clock)
+every, none = {"threshold": -1.0, "min_area": 0}, {"threshold": 2.0, "min_area": 0}  # a full mask, an empty one
+ensemble = ensemble._replace(chosen={**ensemble.chosen, "classes": {"1": every, "2": none}})
+predict.predict_batch(ensemble, {}, sample[["ImageId", "ClassId"]]).to_csv("served.csv", index=False)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", [["ImageId", "EncodedPixels", "ClassId"], ["ImageId", "ClassId", "EncodedPixels"]])
+def test_severstals_sample_order_id_rle_class_is_read_by_name(tmp_path, shapes_data, order):
+    """Severstal's sample is ImageId, EncodedPixels, ClassId: the RLE in the middle. kagtpl new took
+    ClassId for the RLE column and EncodedPixels for the classes; now each is read by name and the
+    submission keeps the sample's order, ClassId intact (train.py's fallback, predict.py's, and
+    serve.py's answers: in either order it dropped the RLE column, then read the class from the
+    sample's third column, which was gone, and gave every row the first class's mask)."""
+    src, data = shapes_data["rle-classes"], tmp_path / "severstal"
+    shutil.copytree(src / "train", data / "train_images")
+    shutil.copytree(src / "test", data / "test_images")
+    rows, number = pd.read_csv(src / "train.csv", dtype=str), {"ellipse": "1", "rectangle": "2"}
+    pd.DataFrame({"ImageId": rows["id"], "ClassId": rows["class"].map(number), "EncodedPixels": rows["rle"]}).to_csv(
+        data / "train.csv", index=False
+    )
+    ids = sorted(p.stem for p in (src / "test").iterdir())
+    sample = pd.DataFrame({"ImageId": np.repeat(ids, 2), "EncodedPixels": "1 1", "ClassId": ["1", "2"] * len(ids)})
+    sample = sample[order]  # Severstal's, and the usual id, class, rle
+    sample.to_csv(data / "sample_submission.csv", index=False)
+    found = detect.detect_segmentation(data, {})
+    assert (found["rle_col"], found["class_col"]) == ("EncodedPixels", "ClassId"), found
+    project = make_project(tmp_path, data)
+    dry_run_into_output(project, *FAST)
+    fallback = pd.read_csv(project / "output" / "submission.csv", dtype=str, keep_default_na=False)
+    assert fallback.equals(sample.assign(EncodedPixels="")), fallback
+    run_script(project, "predict.py", *FAST)
+    sub = pd.read_csv(project / "output" / "submission.csv", dtype=str, keep_default_na=False)
+    keys = ["ImageId", "ClassId"]
+    assert list(sub.columns) == list(sample.columns) and sub[keys].equals(sample[keys])
+    assert sub["EncodedPixels"].str.fullmatch(r"(\d+ \d+( \d+ \d+)*)?").all(), sub
+    (project / "serve_both.py").write_text(SERVE_BOTH_CLASSES)
+    run_script(project, "serve_both.py", str(data))
+    served = pd.read_csv(project / "served.csv", dtype=str, keep_default_na=False)
+    assert list(served.columns) == list(sample.columns) and served["ClassId"].tolist() == sample["ClassId"].tolist()
+    assert (served["EncodedPixels"] == f"1 {SIZE * SIZE}").tolist() == (served["ClassId"] == "1").tolist(), served
 
 
 @pytest.mark.slow

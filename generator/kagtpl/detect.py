@@ -531,6 +531,7 @@ SEGMENTATION_KEYS = (
     "train_dir", "test_dir", "image_ext", "mask_dir", "mask_ext", "mask_values", "missing_mask", "train_csv", "id_col",
     "rle_col", "class_col", "rle_order", "rle_start", "sample_submission", "metric", "arch",
 )  # fmt: skip
+RLE_PAIRS = re.compile(r"\d+ \d+( \d+ \d+)*")
 MASK_DIRS = ("train_masks", "masks", "train_mask", "train_labels", "labels", "images/masks", "train/masks")
 RLE_CSVS = ("train.csv", "train_rle.csv", "train_masks.csv", "train_labels.csv")
 MASK_EXTS = (*IMAGE_EXTS, ".gif")  # what masks.read_mask (PIL) reads: Carvana's masks are <id>_mask.gif
@@ -589,6 +590,12 @@ def one_mask_extra_column(path: Path, columns: list[str]) -> KagtplError:
     )
 
 
+def _holds_rle(path: Path, column: str, limit: int = 50) -> bool:
+    """The first `limit` non-empty values of `column` are run-length pairs ("start length ...")."""
+    values = [v for row in csvfile.dict_rows(path, limit=limit * 4) if (v := (row.get(column) or "").strip())]
+    return bool(values) and all(RLE_PAIRS.fullmatch(v) for v in values[:limit])
+
+
 def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for the segmentation keys: the images, masks as files or as RLE in a CSV, and the
     submission's shape; `overrides` (flags) win over what is found."""
@@ -634,11 +641,12 @@ def detect_segmentation(data: Path, overrides: dict[str, str | None]) -> dict[st
     csv = _pick(data, o["train_csv"], RLE_CSVS, "RLE CSV", Path.is_file, "a segmentation")
     cols = _header(data / csv)
     id_col = o["id_col"] or (sample_cols[0] if sample_cols[0] in cols else cols[0])
-    rle_col = o["rle_col"] or (sample_cols[-1] if sample_cols[-1] in cols else cols[-1])
+    runs = [c for c in sample_cols[1:] if c in cols and _holds_rle(data / csv, c)]  # Severstal's RLE is 2nd of 3
+    rle_col = o["rle_col"] or (runs[0] if len(runs) == 1 else sample_cols[-1] if sample_cols[-1] in cols else cols[-1])
     class_col = o["class_col"]
-    if class_col is None:
-        middle = sample_cols[1] if len(sample_cols) == 3 else ""  # id, class, rle: never the RLE column itself
-        class_col = middle if middle in cols and middle != rle_col else ""
+    if class_col is None:  # id, class, rle (or id, rle, class): never the RLE column itself
+        middle = next((c for c in sample_cols[1:] if c != rle_col), "") if len(sample_cols) == 3 else ""
+        class_col = middle if middle in cols else ""
     for what, col in (("id", id_col), ("RLE", rle_col), ("class", class_col)):
         if col and col not in cols:
             raise KagtplError(f"{data / csv}: no {what} column {col!r} (columns: {cols})")

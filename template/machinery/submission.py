@@ -1,8 +1,7 @@
 """The submission: fold predictions ensembled, checked against sample_submission, written atomically.
 
-A submission that fails its check is never written: a wrong file scored on Kaggle costs a
-day's submission, a missing one is caught at once. It is machinery: `copier update` may
-replace it.
+A submission that fails its check is never written: a wrong file scored on Kaggle costs a day's
+submission, a missing one is caught at once. It is machinery: `copier update` may replace it.
 """
 
 from __future__ import annotations
@@ -99,14 +98,17 @@ def prior_prediction(y: np.ndarray, n_classes: int, metric: str = "") -> np.ndar
 EMPTY_KINDS = ("rle", "boxes", "box rows")  # submissions whose fallback predicts nothing: no mask, no box
 
 
+def value_column(sample) -> str:
+    """A mask or box submission's value column: its last, or one named (Severstal: attrs["value_column"])."""
+    return sample.attrs.get("value_column", sample.columns[-1])
+
+
 def empty_prediction(sample, kind: str):
-    """sample_submission's rows predicting nothing: an empty mask or no box in its last column
+    """sample_submission's rows predicting nothing: an empty mask or no box in its value column
     ("rle", "boxes"), or no row at all ("box rows": a row per box)."""
     if kind == "box rows":
         return sample.iloc[:0].copy()
-    sub = sample.copy()
-    sub[sample.columns[-1]] = ""
-    return sub
+    return sample.assign(**{value_column(sample): ""})
 
 
 def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list, since: float = float("inf")):
@@ -203,7 +205,7 @@ def check_layout(sub, sample) -> None:
 
 def check_submission(sub, sample, kind: str, labels=None) -> None:
     """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order,
-    row count, and values. kind: 'rle' (the last column run-length strings), 'boxes' (the last column
+    row count, and values. kind: 'rle' (the value column run-length strings), 'boxes' (the last column
     prediction strings: text, "" for no box; predict.py checks their groups), 'distribution' (probability columns whose rows sum to 1),
     'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite);
     'box rows' (a row per box: the sample's columns, its rows only examples; predict.py checks them)."""
@@ -213,13 +215,13 @@ def check_submission(sub, sample, kind: str, labels=None) -> None:
         return
     check_layout(sub, sample)
     values = sub[sample.columns[1:]]
-    if kind == "rle":  # segmentation: the last column is an RLE string ("" = an empty mask)
-        bad = [v for v in sub[sample.columns[-1]] if not isinstance(v, str) or not RLE.fullmatch(v)]
+    if kind == "rle":  # segmentation: the value column is an RLE string ("" = an empty mask)
+        bad = [v for v in sub[value_column(sample)] if not isinstance(v, str) or not RLE.fullmatch(v)]
         if bad:
             raise ValueError(f"submission RLE {str(bad[0])[:40]!r} is not start/length pairs")
         return
     if kind == "boxes":
-        bad = [v for v in sub[sample.columns[-1]] if not isinstance(v, str)]
+        bad = [v for v in sub[value_column(sample)] if not isinstance(v, str)]
         if bad:
             raise ValueError(f"submission prediction string {bad[0]!r} is not text")
         return
@@ -266,12 +268,10 @@ class FoldClock:
 
     def __init__(self, deadline: float | None, views: int, clock=time.time, hard_stop: bool = False):
         self.deadline, self.views, self.clock, self.hard_stop = deadline or None, views, clock, hard_stop
-        self.done = 0  # folds finished
+        self.done, self.cut = 0, False  # folds finished; whether a fold was stopped by the deadline
         self.view_s: float | None = None  # seconds one fold took per view (the last fold's)
-        self.cut = False  # a fold was stopped by the deadline
-        self._t0 = 0.0
+        self._t0, self._total = 0.0, 0  # this fold's start and its rows in all
         self._rows = 0, 0.0, None  # this fold's rows, view-rows, (view-rows, time) at its first batch's end
-        self._total = 0  # this fold's rows in all
 
     def best_first(self, checkpoints: list) -> list:
         if self.deadline is None:
