@@ -96,9 +96,9 @@ def table(tmp_path, train: str, test: str, sample: str, sample_name="sample_subm
         # titanic: 0/1 labels in gender_submission.csv: accuracy
         ("PassengerId,Sex,Survived\n1,m,0\n2,f,1\n", "PassengerId,Sex\n3,f\n", "PassengerId,Survived\n3,0\n",
          "gender_submission.csv", ("Survived", "binary", "label", "accuracy")),
-        # one probability column per class: multiclass, log loss
+        # a probability column per class: multiclass, log loss (Otto's sampleSubmission.csv: was "no submission CSV")
         ("id,x,species\n1,0.1,a\n2,0.2,b\n3,0.3,c\n", "id,x\n4,0.1\n", "id,a,b,c\n4,0.3,0.3,0.4\n",
-         "sample_submission.csv", ("species", "multiclass", "probs", "logloss")),
+         "sampleSubmission.csv", ("species", "multiclass", "probs", "logloss")),
         # string labels, one label column: multiclass accuracy
         ("id,x,y\n1,1,cat\n2,2,dog\n3,3,cow\n", "id,x\n4,1\n", "id,y\n4,cat\n", "sample_submission.csv",
          ("y", "multiclass", "label", "accuracy")),
@@ -165,6 +165,12 @@ def test_home_credits_application_tables_are_found_and_a_missing_one_names_its_f
         "application_test.csv",
         "TARGET",
     )
+    (data / "sample_submission.csv").unlink()
+    with pytest.raises(
+        KagtplError, match=r"no submission CSV \(looked for sample_submission.csv\); name yours with --sample"
+    ):
+        detect.detect_tabular(data, {})
+    (data / "sample_submission.csv").write_text("SK_ID_CURR,TARGET\n3,0.5\n")
     (data / "application_train.csv").unlink()
     with pytest.raises(KagtplError, match=r"no train.csv \(looked for train.csv\); name yours with --train-csv$"):
         detect.detect_tabular(data, {})

@@ -74,9 +74,10 @@ def _not_images(data: Path, candidates) -> str:
 
 
 def _pick_submission(data: Path, given: str | None, what: str, task: str) -> str:
-    """sample_submission.csv, else the first *submission*.csv (titanic ships gender_submission.csv)."""
-    found = sorted(p.name for p in data.glob("*submission*.csv"))
-    return _pick(data, given, ["sample_submission.csv", *found], what, Path.is_file, task)
+    """sample_submission.csv, else the first *submission*.csv in any letters (titanic ships
+    gender_submission.csv; Otto, Forest Cover Type and Bike Sharing sampleSubmission.csv)."""
+    found = sorted(p.name for p in data.glob("*.csv") if "submission" in p.name.lower() and p.is_file())
+    return _pick(data, given, ["sample_submission.csv", *found], what, Path.is_file, task, "--sample-submission")
 
 
 def median_side(folder: Path, ext: str, limit: int = 200) -> float | None:
