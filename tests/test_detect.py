@@ -176,6 +176,20 @@ def test_home_credits_application_tables_are_found_and_a_missing_one_names_its_f
         detect.detect_tabular(data, {})
 
 
+def test_tables_named_in_capitals_are_found(tmp_path):
+    """Train.csv, Test.csv and SampleSubmission.csv (some competitions capitalise them): the
+    detection read train*.csv and test*.csv in lower case only, and said "no train.csv"."""
+    data = table(tmp_path, "id,x,y\n1,1,a\n2,2,b\n", "id,x\n3,1\n", "id,y\n3,a\n", "SampleSubmission.csv")
+    for name in ("train", "test"):
+        (data / f"{name}.csv").rename(data / f"{name.title()}.csv")
+    found = detect.detect_tabular(data, {})
+    assert (found["train_csv"], found["test_csv"], found["sample_submission"]) == (
+        "Train.csv",
+        "Test.csv",
+        "SampleSubmission.csv",
+    )
+
+
 def test_image_size_from_the_images_median_side(tmp_path):
     """The profile's size is the ceiling; smaller images pull it down to their median side,
     rounded up to a multiple of 32. Real image files, sizes read from their headers."""

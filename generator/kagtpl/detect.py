@@ -296,12 +296,13 @@ def _is_int(v: str) -> bool:
 
 
 def _table_names(data: Path, stem: str, given: str | None) -> list[str]:
-    """train.csv, else the one train*.csv there is (LLM - Detect AI Generated Text ships
-    train_essays.csv and test_essays.csv), else the one *train*.csv (Home Credit's
+    """train.csv, else the one train*.csv there is, in any letters (LLM - Detect AI Generated Text
+    ships train_essays.csv and test_essays.csv), else the one *train*.csv (Home Credit's
     application_train.csv); several of them are an error that names them."""
-    found = sorted(p.name for p in data.glob(f"{stem}*.csv") if p.is_file() and p.name != f"{stem}.csv")
+    tables = [p.name for p in sorted(data.glob("*.csv")) if p.is_file() and p.name != f"{stem}.csv"]
+    found = [name for name in tables if name.lower().startswith(stem)]  # Train.csv too
     if not found:
-        found = sorted(p.name for p in data.glob(f"*{stem}*.csv") if p.is_file() and "submission" not in p.name)
+        found = [name for name in tables if stem in name.lower() and "submission" not in name.lower()]
     if not given and len(found) > 1 and not (data / f"{stem}.csv").is_file():
         several = f"{len(found)} {stem}*.csv ({', '.join(found[:5])})"
         raise KagtplError(f"--data {data}: no {stem}.csv, and {several}: name one with --{stem}-csv")
