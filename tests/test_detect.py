@@ -43,6 +43,19 @@ def test_dog_breed_layout(tmp_path):
     }
 
 
+@pytest.mark.parametrize(("values", "warned"), [(range(1, 101, 2), True), ([0.5, 1.5, 2.0], True), (range(5), False)])
+def test_numbers_that_may_be_a_score_are_said_to_train_as_classes(tmp_path, capsys, values, warned):
+    """PetFinder's Pawpularity (1-100) rendered 50 classes with no word about it; five grades
+    (APTOS's diagnosis 0-4) are classes and say nothing."""
+    rows = [f"i{k},{v}" for k, v in enumerate(values)]
+    data = write(tmp_path, {"train.csv": "\n".join(["Id,Pawpularity", *rows]) + "\n",
+                            "sample_submission.csv": "Id,Pawpularity\nt1,0\n"})  # fmt: skip
+    images(data, [f"train/i{k}.jpg" for k in range(len(rows))] + ["test/t1.jpg"])
+    assert detect.detect_image(data, {})["label_col"] == "Pawpularity"
+    said = capsys.readouterr().out
+    assert ("WARNING: train.csv's 'Pawpularity' holds" in said and "each trained as a class" in said) == warned, said
+
+
 def test_generic_layout_png_ids_with_extension_and_overrides(tmp_path):
     data = write(
         tmp_path,

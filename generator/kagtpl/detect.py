@@ -166,6 +166,8 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
     test_dir = _pick(data, o["test_dir"], TEST_DIRS, "test image folder", lambda p: has_images(p, ext))
     if ext is None:
         ext = image_ext(data / train_dir, _first_value(data / labels, id_col) or "")
+    if label_col:
+        warn_scores(data / labels, label_col)
     return {
         "labels_csv": labels,
         "id_col": id_col,
@@ -176,6 +178,19 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         "sample_submission": sample,
         "submission": submission,
     }
+
+
+def warn_scores(path: Path, label_col: str) -> None:
+    """A WARNING when the labels may be a score (more than 20 numbers, or a fraction among them:
+    PetFinder's Pawpularity 1-100, not a class id like a landmark's): an image project trains each
+    value as a class, and has no regression to learn a score as one."""
+    values, numeric = _column_values(path, label_col, limit=1000)
+    if numeric and (len(values) > 20 or not all(_is_int(v) for v in values)):
+        shown = sorted(values, key=float)
+        print(
+            f"WARNING: {path.name}'s {label_col!r} holds {len(values)} numbers ({shown[0]} to {shown[-1]}), each "
+            f"trained as a class; if they are a score, an image project cannot learn it as one (no image regression)"
+        )
 
 
 def image_submission(given: str | None, sample: Path, columns: list[str]) -> str:
