@@ -43,17 +43,25 @@ def test_dog_breed_layout(tmp_path):
     }
 
 
-@pytest.mark.parametrize(("values", "warned"), [(range(1, 101, 2), True), ([0.5, 1.5, 2.0], True), (range(5), False)])
-def test_numbers_that_may_be_a_score_are_said_to_train_as_classes(tmp_path, capsys, values, warned):
-    """PetFinder's Pawpularity (1-100) rendered 50 classes with no word about it; five grades
-    (APTOS's diagnosis 0-4) are classes and say nothing."""
+@pytest.mark.parametrize(
+    ("values", "submission", "warned"),
+    [(range(1, 101, 2), "auto", True), ([0.5, 1.5, 2.0], "number", False), (range(5), "auto", False)],
+)
+def test_image_labels_that_are_a_score_train_a_regression_or_say_how(tmp_path, capsys, values, submission, warned):
+    """PetFinder's Pawpularity (1-100) rendered 50 classes with no word about it: whole numbers may
+    be a score or class ids, so a WARNING names --submission number; a fraction is a score (number);
+    five grades (APTOS's diagnosis 0-4) are classes and say nothing."""
     rows = [f"i{k},{v}" for k, v in enumerate(values)]
     data = write(tmp_path, {"train.csv": "\n".join(["Id,Pawpularity", *rows]) + "\n",
                             "sample_submission.csv": "Id,Pawpularity\nt1,0\n"})  # fmt: skip
     images(data, [f"train/i{k}.jpg" for k in range(len(rows))] + ["test/t1.jpg"])
-    assert detect.detect_image(data, {})["label_col"] == "Pawpularity"
+    found = detect.detect_image(data, {})
+    assert (found["label_col"], found["submission"]) == ("Pawpularity", submission)
     said = capsys.readouterr().out
-    assert ("WARNING: train.csv's 'Pawpularity' holds" in said and "each trained as a class" in said) == warned, said
+    assert ("WARNING: train.csv's 'Pawpularity' holds 50 whole numbers" in said) == warned, said
+    assert ("learned as one with --submission number" in said) == warned, said
+    with pytest.raises(KagtplError, match=r"--submission number writes one score column after the id; .* has 2"):
+        detect.detect_image(write(tmp_path, {"sample_submission.csv": "Id,a,b\nt1,0,0\n"}), {"submission": "number"})
 
 
 def test_generic_layout_png_ids_with_extension_and_overrides(tmp_path):

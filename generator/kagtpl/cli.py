@@ -171,8 +171,9 @@ def new_cmd(
         Optional[str],
         typer.Option(
             metavar="KIND",
-            help="Image: what submission.csv holds: auto (from the sample), probs, label, or positive (one column of "
-            "the second class's probability: AUC on 0/1 labels, where the sample holds 0s).",
+            help="Image: what submission.csv holds: auto (from the sample), probs, label, positive (one column of "
+            "the second class's probability: AUC on 0/1 labels, where the sample holds 0s), or number (the label "
+            "is a score: a regression, RMSE).",
         ),
     ] = None,
     train_csv: Annotated[

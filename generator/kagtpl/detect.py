@@ -28,6 +28,7 @@ IMAGE_SUBMISSIONS = {
     "probs": "a probability column per class",
     "label": "one label column",
     "positive": "one column of the second class's probability",
+    "number": "the label column's score (a regression, RMSE)",
 }
 
 
@@ -166,8 +167,8 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
     test_dir = _pick(data, o["test_dir"], TEST_DIRS, "test image folder", lambda p: has_images(p, ext))
     if ext is None:
         ext = image_ext(data / train_dir, _first_value(data / labels, id_col) or "")
-    if label_col:
-        warn_scores(data / labels, label_col)
+    if submission == "auto" and label_col and sample_cols[1:] == [label_col]:  # the sample's one column: a label
+        submission = score_submission(data / labels, label_col)
     return {
         "labels_csv": labels,
         "id_col": id_col,
@@ -180,17 +181,22 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
     }
 
 
-def warn_scores(path: Path, label_col: str) -> None:
-    """A WARNING when the labels may be a score (more than 20 numbers, or a fraction among them:
-    PetFinder's Pawpularity 1-100, not a class id like a landmark's): an image project trains each
-    value as a class, and has no regression to learn a score as one."""
+def score_submission(path: Path, label_col: str) -> str:
+    """'number' (a regression) when the labels hold a fraction (a score: 0.25 is no class), else
+    'auto', with a WARNING when they are more than 20 whole numbers: a score (PetFinder's
+    Pawpularity 1-100) or class ids (a landmark's), which the data cannot tell apart."""
     values, numeric = _column_values(path, label_col, limit=1000)
-    if numeric and (len(values) > 20 or not all(_is_int(v) for v in values)):
+    if not numeric or not values:
+        return "auto"
+    if not all(_is_int(v) for v in values):
+        return "number"
+    if len(values) > 20:
         shown = sorted(values, key=float)
         print(
-            f"WARNING: {path.name}'s {label_col!r} holds {len(values)} numbers ({shown[0]} to {shown[-1]}), each "
-            f"trained as a class; if they are a score, an image project cannot learn it as one (no image regression)"
+            f"WARNING: {path.name}'s {label_col!r} holds {len(values)} whole numbers ({shown[0]} to {shown[-1]}), "
+            f"each trained as a class; a score is learned as one with --submission number (a regression)"
         )
+    return "auto"
 
 
 def image_submission(given: str | None, sample: Path, columns: list[str]) -> str:
@@ -198,9 +204,10 @@ def image_submission(given: str | None, sample: Path, columns: list[str]) -> str
     given), checked against the sample: one probability column is the sample's one column after the id."""
     if given is None:
         return "auto"
-    if given == "positive" and len(columns) != 2:
+    if given in ("positive", "number") and len(columns) != 2:
+        what = "probability" if given == "positive" else "score"
         raise KagtplError(
-            f"--submission positive writes one probability column after the id; {sample} has {len(columns) - 1} "
+            f"--submission {given} writes one {what} column after the id; {sample} has {len(columns) - 1} "
             f"({', '.join(columns[1:])})"
         )
     return given

@@ -147,7 +147,10 @@ def image_labels(data: Path, a: dict) -> tuple[int, str, str]:
     where = f"{a['labels_csv']}, id column {a['id_col']!r}, " + (
         f"label column {a['label_col']!r}, " if a["label_col"] else "one-hot (a 0/1 column per class), "
     )
-    if a["label_col"]:
+    if a.get("submission") == "number":
+        values = sorted({float(v) for v in column(labels, a["label_col"]) if v.strip()})
+        classes = f"none: a score from {values[0]:g} to {values[-1]:g}, learned as a regression  [--submission]"
+    elif a["label_col"]:
         classes = f"{classes_text(column(labels, a['label_col']))}  [from the label column]"
     else:
         classes = f"{classes_text(read_csv(data / a['sample_submission'])[0][1:])}  [the sample's columns]"
