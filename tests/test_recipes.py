@@ -74,9 +74,9 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
         project,
         readme,
         "train.py",
-        '        total = total + model(seen.flip(3) if view.endswith("hflip") else seen).float().softmax(1)',
-        '        total = total + model(seen.flip(3) if view.endswith("hflip") else seen).float().sigmoid()',
-        documented=".float().sigmoid()",
+        "        total = total + (out * scale[1] + scale[0] if scale else out.softmax(1))",
+        "        total = total + (out * scale[1] + scale[0] if scale else out.sigmoid())",
+        documented="out.sigmoid()",
     )
     score_old = """    p = np.clip(probs, 1e-15, 1 - 1e-15)
     logloss = log_loss(y, p / p.sum(1, keepdims=True), labels=range(n_classes))
@@ -89,16 +89,16 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
         project,
         readme,
         "train.py",
-        "    splits = StratifiedKFold(n_splits=args.folds, shuffle=True, random_state=args.seed)",
-        "    splits = KFold(n_splits=args.folds, shuffle=True, random_state=args.seed)",
+        "    split = KFold if comp.scale else StratifiedKFold  # a score has no classes to stratify by",
+        "    split = KFold",
+        documented="`split = KFold`",
     )
     apply(project, readme, "train.py", 'splits.split(comp.train, comp.train["target"])', "splits.split(comp.train)")
-    apply(project, readme, "train.py", "import StratifiedKFold", "import KFold", documented="import `KFold`")
     apply(
         project,
         readme,
         "predict.py",
-        "probs, folds = submission.ensemble(all_probs, sample[id_col])",
+        'probs, folds = submission.ensemble(all_probs, sample[id_col], normalize=kind != "number")',
         "probs, folds = submission.ensemble(all_probs, sample[id_col], normalize=False)",
         documented="`normalize=False` in `submission.ensemble(...)`",
     )
