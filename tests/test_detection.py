@@ -94,6 +94,41 @@ def test_every_layout_reads_the_same_boxes(box_data, m):
             np.testing.assert_allclose(read[layout][image_id], b, atol=0.1, err_msg=f"{layout} {image_id}")
 
 
+def test_the_great_barrier_reefs_boxes_as_dicts_are_read(tmp_path, box_data, m):
+    """The Great Barrier Reef's annotations: a row per image, its boxes a Python list of dicts
+    ("[{'x': 559, 'y': 213, 'width': 50, 'height': 32}]", "[]" for none). kagtpl new took the column,
+    then train.py's preflight stopped on the first row ("is not numbers"): now they read as the same
+    boxes as wheat's; the cell is read as a literal, never run."""
+    import argparse
+    import json
+    import shutil
+
+    wheat, data = box_data["wheat"], tmp_path / "reef"
+    shutil.copytree(wheat / "train", data / "train")
+    shutil.copytree(wheat / "test", data / "test")
+    shutil.copy(wheat / "sample_submission.csv", data)
+    boxes = pd.read_csv(wheat / "train.csv").groupby("image_id")["bbox"].apply(list).to_dict()
+    rows = []
+    for image in sorted(p.stem for p in (wheat / "train").iterdir()):
+        cells = [dict(zip(("x", "y", "width", "height"), json.loads(b), strict=True)) for b in boxes.get(image, [])]
+        rows.append({"video_id": 0, "image_id": image, "annotations": str(cells)})
+    pd.DataFrame(rows).to_csv(data / "train.csv", index=False)
+    found = detect.detect_detection(data, {})
+    assert (found["box_cols"], found["box_format"], found["box_scale"]) == ("annotations", "xywh", "pixel"), found
+    read = {}
+    for folder, layout in ((data, found), (wheat, detect.detect_detection(wheat, {}))):
+        args = argparse.Namespace(**layout, missing_boxes="empty")
+        train, got, _ = m.train.training_rows(folder, args, ["object"])
+        read[folder.name] = dict(zip(train["id"], got, strict=True))
+    assert read["reef"].keys() == read["wheat"].keys()
+    for image_id, b in read["wheat"].items():
+        np.testing.assert_allclose(read["reef"][image_id], b, atol=1e-6, err_msg=image_id)
+    with pytest.raises(m.errors.DataError, match=r"is not a list of boxes \(ValueError\)"):
+        m.boxes.parse_box_cell("[{'x': __import__('os').getpid()}]", "train.csv line 2")
+    with pytest.raises(m.errors.DataError, match=r"train.csv line 3: box \"{'x': 1, 'y': 2}\" has no x, y, width"):
+        m.boxes.parse_box_cell("[{'x': 1, 'y': 2}]", "train.csv line 3")
+
+
 def test_kagtpl_new_refuses_a_submission_it_cannot_read(tmp_path, box_data):
     import shutil
 

@@ -713,6 +713,7 @@ def _box_columns(cols: list[str], path: Path) -> tuple[str, str]:
 
 def _box_numbers(path: Path, box_cols: str, limit: int = 500) -> list[list[float]]:
     """The first rows' boxes as numbers (groups of four), for the scale and format checks."""
+    import ast
     import json
 
     cols, out = box_cols.split(","), []
@@ -722,11 +723,14 @@ def _box_numbers(path: Path, box_cols: str, limit: int = 500) -> list[list[float
                 out.append([float(row[c]) for c in cols])
                 continue
             text = (row.get(cols[0]) or "").strip()
-            values = json.loads(text) if text.startswith("[") else [float(v) for v in text.split()]
+            dicts = text.replace(" ", "").startswith("[{")  # a Python literal: read, never run
+            values = ast.literal_eval(text) if dicts else json.loads(text) if text.startswith("[") else text.split()
+            if values and isinstance(values[0], dict):  # the Great Barrier Reef's [{'x': .., 'width': ..}]
+                values = [[d["x"], d["y"], d.get("width", d.get("w")), d.get("height", d.get("h"))] for d in values]
             flat = [float(v) for v in (sum(values, []) if values and isinstance(values[0], list) else values)]
             out += [flat[i : i + 4] for i in range(0, len(flat) - 3, 4)]
-        except (ValueError, TypeError, KeyError):
-            continue
+        except (ValueError, TypeError, KeyError, SyntaxError, RecursionError, MemoryError):
+            continue  # not boxes: train.py's preflight names the row
     return out
 
 
