@@ -197,6 +197,15 @@ def test_home_credits_application_tables_are_found_and_a_missing_one_names_its_f
         detect.detect_tabular(data, {})
 
 
+def test_a_downloaded_zip_not_yet_unzipped_is_named(tmp_path):
+    """`kaggle competitions download -c titanic` leaves titanic.zip: the error said only "no
+    submission CSV"; it names the zip and asks to unzip it."""
+    (tmp_path / "titanic.zip").write_bytes(b"PK\x05\x06" + bytes(18))
+    for task in (detect.detect_tabular, detect.detect_image):
+        with pytest.raises(KagtplError, match=r"holds titanic.zip: unzip it there first"):
+            task(tmp_path, {})
+
+
 def test_tables_named_in_capitals_are_found(tmp_path):
     """Train.csv, Test.csv and SampleSubmission.csv (some competitions capitalise them): the
     detection read train*.csv and test*.csv in lower case only, and said "no train.csv"."""

@@ -55,6 +55,8 @@ def _pick(data: Path, given: str | None, candidates, what: str, is_ok, task: str
         if is_ok(data / name):
             return name
     held = _not_images(data, candidates) if "image folder" in what else ""
+    zips = sorted(p.name for p in data.glob("*.zip") if p.is_file())  # `kaggle competitions download` gives one
+    held += f"; {data} holds {', '.join(zips[:3])}: unzip it there first" if zips else ""
     named = f"; name yours with {flag}" if flag else ""
     raise KagtplError(
         f"--data {data} does not look like {task} competition: no {what} (looked for {', '.join(candidates)}){held}"
