@@ -199,11 +199,20 @@ def test_home_credits_application_tables_are_found_and_a_missing_one_names_its_f
 
 def test_a_downloaded_zip_not_yet_unzipped_is_named(tmp_path):
     """`kaggle competitions download -c titanic` leaves titanic.zip: the error said only "no
-    submission CSV"; it names the zip and asks to unzip it."""
+    submission CSV"; it names the zip and asks to unzip it, or the folder it was unzipped into."""
     (tmp_path / "titanic.zip").write_bytes(b"PK\x05\x06" + bytes(18))
     for task in (detect.detect_tabular, detect.detect_image):
         with pytest.raises(KagtplError, match=r"holds titanic.zip: unzip it there first"):
             task(tmp_path, {})
+    # unzipped into a folder of its own: that folder named (a project's output/submission.csv is not one)
+    write(tmp_path / "output", {"submission.csv": "id,y\n1,0\n"})
+    with pytest.raises(KagtplError, match="no submission CSV .*titanic.zip"):
+        detect.detect_tabular(tmp_path, {})
+    write(tmp_path / "titanic", {"gender_submission.csv": "PassengerId,Survived\n892,0\n"})
+    with pytest.raises(
+        KagtplError, match=rf"holds no submission CSV; titanic/ holds gender_submission.csv: --data {tmp_path}/titanic$"
+    ):
+        detect.detect_tabular(tmp_path, {})
 
 
 def test_tables_named_in_capitals_are_found(tmp_path):
