@@ -215,6 +215,16 @@ def test_a_downloaded_zip_not_yet_unzipped_is_named(tmp_path):
         detect.detect_tabular(tmp_path, {})
 
 
+def test_a_table_given_to_the_image_task_names_the_task_flag(tmp_path):
+    """kagtpl new's task is image unless --task names another: a table's folder said "cannot tell the
+    label column among [...]; pass --label-col", a flag that could never make it an image project."""
+    data = table(tmp_path, "id,x,y\n1,1,a\n2,2,b\n", "id,x\n3,1\n", "id,y\n3,a\n")
+    with pytest.raises(
+        KagtplError, match=r"no training image folder .*; train.csv and test.csv: a table or text\? --task"
+    ):
+        detect.detect_image(data, {})
+
+
 def test_tables_named_in_capitals_are_found(tmp_path):
     """Train.csv, Test.csv and SampleSubmission.csv (some competitions capitalise them): the
     detection read train*.csv and test*.csv in lower case only, and said "no train.csv"."""

@@ -140,6 +140,22 @@ def image_size(data: Path, layout: dict, profile) -> tuple[int, str]:
     return hardware().image_size_for(profile, side)
 
 
+def no_image_folder(data: Path, o: dict) -> None:
+    """No training image folder where kagtpl new looks, nor class folders: an error saying what the
+    candidates hold instead (DICOM scans) and, beside train.csv and test.csv, that the competition
+    may be a table's or a text's (kagtpl new's task is image unless --task names another: a table's
+    folder said "cannot tell the label column ...; pass --label-col")."""
+    looked = [data / d for d in TRAIN_DIRS]
+    if o["train_dir"] is not None or any(has_images(d, o["image_ext"]) or class_folders(d) for d in looked):
+        return
+    tables = all((data / name).is_file() for name in ("train.csv", "test.csv"))
+    hint = "; train.csv and test.csv: a table or text? --task tabular or text" if tables else ""
+    raise KagtplError(
+        f"--data {data} does not look like an image competition: no training image folder (looked for "
+        f"{', '.join(TRAIN_DIRS)}){_not_images(data, TRAIN_DIRS)}{hint}"
+    )
+
+
 def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for the layout keys; `overrides` (flags) win over what is found."""
     if not data.is_dir():
@@ -150,6 +166,7 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
     if len(sample_cols) < 2:
         raise KagtplError(f"{data / sample}: a sample submission needs an id column and at least one more")
     submission = image_submission(o["submission"], data / sample, sample_cols)
+    no_image_folder(data, o)
     if o["labels_csv"] == "" or (o["labels_csv"] is None and not any((data / c).is_file() for c in LABEL_CSVS)):
         return {**class_folder_layout(data, o, sample, sample_cols), "submission": submission}
     labels = _pick(data, o["labels_csv"], LABEL_CSVS, "labels CSV", Path.is_file)
