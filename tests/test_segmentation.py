@@ -472,6 +472,9 @@ ensemble = predict.load_ensemble(out, data, list(sample.columns), torch.device("
 every, none = {"threshold": -1.0, "min_area": 0}, {"threshold": 2.0, "min_area": 0}  # a full mask, an empty one
 ensemble = ensemble._replace(chosen={**ensemble.chosen, "classes": {"1": every, "2": none}})
 predict.predict_batch(ensemble, {}, sample[["ImageId", "ClassId"]]).to_csv("served.csv", index=False)
+# a failed call's answer (serve_defaults.json's): each row's class echoed, its mask empty
+defaults = serving.read_defaults(out)
+serving.fallback(sample[["ImageId", "ClassId"]], defaults, None).to_csv("fallen_back.csv", index=False)
 """
 
 
@@ -482,7 +485,8 @@ def test_severstals_sample_order_id_rle_class_is_read_by_name(tmp_path, shapes_d
     ClassId for the RLE column and EncodedPixels for the classes; now each is read by name and the
     submission keeps the sample's order, ClassId intact (train.py's fallback, predict.py's, and
     serve.py's answers: in either order it dropped the RLE column, then read the class from the
-    sample's third column, which was gone, and gave every row the first class's mask)."""
+    sample's third column, which was gone, and gave every row the first class's mask; and a failed
+    call's fallback answer, which took the last column for the mask)."""
     src, data = shapes_data["rle-classes"], tmp_path / "severstal"
     shutil.copytree(src / "train", data / "train_images")
     shutil.copytree(src / "test", data / "test_images")
@@ -510,6 +514,11 @@ def test_severstals_sample_order_id_rle_class_is_read_by_name(tmp_path, shapes_d
     served = pd.read_csv(project / "served.csv", dtype=str, keep_default_na=False)
     assert list(served.columns) == list(sample.columns) and served["ClassId"].tolist() == sample["ClassId"].tolist()
     assert (served["EncodedPixels"] == f"1 {SIZE * SIZE}").tolist() == (served["ClassId"] == "1").tolist(), served
+    # serving.fallback took the last column for the mask: in Severstal's order every row's ClassId became the
+    # fallback's first row's class, and the mask column echoed the batch
+    fallen = pd.read_csv(project / "fallen_back.csv", dtype=str, keep_default_na=False)
+    assert fallen[["ImageId", "ClassId"]].equals(sample[["ImageId", "ClassId"]]), fallen
+    assert (fallen["EncodedPixels"] == "").all(), fallen
 
 
 @pytest.mark.slow

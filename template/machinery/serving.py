@@ -60,9 +60,13 @@ def write_defaults(out_dir: Path, sub: pd.DataFrame, kind: str, signature: str) 
     values (the training prior is the same for every row), serve.py's answer before a good one,
     their kind (submission.fill's: "label" for class labels, whose failed call's fallback is the
     last answer's most common label, never a mean: the mean of labels 0-4 is no class), and the
-    run signature they were made under (check_run)."""
+    run signature they were made under (check_run). Masks and boxes: the column they answer in
+    (submission.value_column: the last, or Severstal's EncodedPixels before its ClassId)."""
+    from .submission import value_column  # it imports this module
+
     row = {c: (v.item() if hasattr(v, "item") else v) for c, v in sub.iloc[0, 1:].items()} if len(sub) else {}
     found = {"id_col": sub.columns[0], "values": row, "columns": list(sub.columns), "kind": kind}
+    found["value_column"] = value_column(sub)
     text = json.dumps({**found, "signature": signature})
     atomic_write(Path(out_dir) / DEFAULTS_FILE, lambda tmp: Path(tmp).write_text(text))
 
@@ -111,17 +115,18 @@ def answer_frame(ids, columns: list) -> pd.DataFrame:
 def fallback(batch, defaults: dict, last: pd.DataFrame | None) -> pd.DataFrame:
     """The batch's ids with the last good answer's values (a number column's mean; a class label's,
     numbers too, or another column's most common value), or serve_defaults.json's before any good
-    answer. Masks and boxes (submission.EMPTY_KINDS) answer in their last column: a column before it
-    that the batch carries is the batch's, as predict_batch keeps it (a long format's class: id,
-    class, rle), not one class on every row."""
+    answer. Masks and boxes (submission.EMPTY_KINDS) answer in their value column (the last, unless
+    serve_defaults.json names another): a column beside it that the batch carries is the batch's, as
+    predict_batch keeps it (a long format's class: id, class, rle), not one class on every row."""
     from .submission import EMPTY_KINDS  # it imports this module
 
     id_col, labels = defaults["id_col"], defaults.get("kind") == "label"
     frame = batch_frame(batch)  # converted once: its ids, and the columns masks and boxes echo
     out = pd.DataFrame({id_col: batch_ids(frame, id_col)})
     given = frame if len(out) and defaults.get("kind") in EMPTY_KINDS else None
+    answered = defaults.get("value_column", defaults["columns"][-1])  # an older run's file: the last
     for c in defaults["columns"][1:]:
-        if given is not None and c in given.columns and c != defaults["columns"][-1]:
+        if given is not None and c in given.columns and c != answered:
             out[c] = given[c].to_numpy()
         elif last is not None and c in last.columns and len(last):
             column = last[c]
