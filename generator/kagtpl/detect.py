@@ -80,12 +80,13 @@ def _pick_submission(data: Path, given: str | None, what: str, task: str) -> str
     """sample_submission.csv, else the first *submission*.csv in any letters (titanic ships
     gender_submission.csv; Otto, Forest Cover Type and Bike Sharing sampleSubmission.csv)."""
     found = sorted(p.name for p in data.glob("*.csv") if "submission" in p.name.lower() and p.is_file())
-    deeper = sorted(  # not a project's own output/submission.csv
-        p for p in data.glob("*/*.csv") if "submission" in p.name.lower() and not p.name.startswith("submission")
-    )
-    if not given and not found and deeper and data.is_dir():  # unzipped into a folder of its own
-        raise KagtplError(f"--data {data} holds no submission CSV; {deeper[0].parent.name}/ holds "
-                          f"{deeper[0].name}: --data {deeper[0].parent}")  # fmt: skip
+    if not given and not found and data.is_dir():  # unzipped into a folder of its own? (listed only then:
+        deeper = sorted(  # train/ may hold 100,000 images) not a project's own output/submission.csv
+            p for p in data.glob("*/*.csv") if "submission" in p.name.lower() and not p.name.startswith("submission")
+        )
+        if deeper:
+            raise KagtplError(f"--data {data} holds no submission CSV; {deeper[0].parent.name}/ holds "
+                              f"{deeper[0].name}: --data {deeper[0].parent}")  # fmt: skip
     return _pick(data, given, ["sample_submission.csv", *found], what, Path.is_file, task, "--sample-submission")
 
 
