@@ -96,3 +96,19 @@ def test_a_score_that_is_no_number_stops_the_preflight_naming_its_line(scored, t
     said = "train.csv line 8: label 'high' is not a finite number (a score)"
     assert proc.returncode == 1 and said in proc.stderr, proc.stderr[-2000:]
     assert "Epoch" not in proc.stdout
+
+
+def test_a_rerun_as_classes_retrains_the_score_folds(scored, tmp_path):
+    """A score's folds (one output, target_scale) are no classifier's: a rerun with --submission label
+    on the same data and flags retrains them; it skipped them as complete (resume) and its OOF and
+    ensemble mixed the two models."""
+    project, _, _ = scored
+    if not list((project / "output").glob("model_fold*.pth")):
+        run_script(project, "train.py", "--device", "cpu", "--no-grow")
+    out = tmp_path / "out"
+    shutil.copytree(project / "output", out)
+    flags = ("--device", "cpu", "--no-grow", "--submission", "label", "--out-dir", str(out))
+    log = run_script(project, "train.py", *flags).stdout
+    assert "is complete, skipping (resume)" not in log, log[:3000]
+    assert "DATA: 240 train images, 10 classes, 60 test rows" in log, log[-2000:]
+    assert re.search(r"^OOF: logloss=[\d.]+, Acc=[\d.]+ over 240 rows", log, re.M), log[-2000:]
