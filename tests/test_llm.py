@@ -233,11 +233,11 @@ def served_from_a_moved_base(project: Path, llms: dict, tmp_path: Path, sub: pd.
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["reviews", "essays"])
+@pytest.mark.parametrize("layout", ["reviews", "essays", "toxic"])
 def test_a_llama_without_a_pad_token_reads_the_last_real_token(llms, tmp_path, layout):
     """Llama's tokenizer has no pad token and adds <s>: its EOS pads, on the right, and the score
-    is the one the row gets alone. Binary and regression (two targets) train and submit;
-    --quant 4bit without CUDA is one line and nothing written."""
+    is the one the row gets alone. Binary, regression (two targets) and multilabel (six 0/1
+    labels) train and submit; --quant 4bit without CUDA is one line and nothing written."""
     project = llm_project(tmp_path / "p", llms, layout, "llama")
     quant = run_script(project, "train.py", "--device", "cpu", "--quant", "4bit", check=False)
     out = (quant.stdout + quant.stderr).strip().splitlines()
@@ -249,6 +249,10 @@ def test_a_llama_without_a_pad_token_reads_the_last_real_token(llms, tmp_path, l
     sample = pd.read_csv(llms[layout] / "sample_submission.csv")
     sub = pd.read_csv(project / "output" / "submission.csv")
     assert list(sub.columns) == list(sample.columns) and sub.iloc[:, 1:].notna().all().all()
+    if layout == "toxic":  # the heads' start (each label's share, a logit) is in the adapters' checkpoint
+        start = torch.load(project / "output" / "model_fold0.pth", weights_only=True)["model"]["y_mean"]
+        assert start.shape == (6,) and (start < 0).all(), start  # every share is under one half
+        assert ((sub.iloc[:, 1:] > 0) & (sub.iloc[:, 1:] < 1)).all().all()
     if layout != "reviews":
         return
     m = import_project(project, ("train", "texts"))

@@ -869,13 +869,20 @@ def test_fold_clock_measures_its_rate_inside_a_fold_then_drops_tta_then_stops_th
         ({"problem": "regression", "submission": "probs", "metric": "rmsle"}, [], np.log1p([1.0, 3.0]), None),
         # MAE's best constant is the median (1.0 here: MAE 33.7 against the mean's 40.2); it was the mean
         ({"problem": "regression", "submission": "label", "metric": "mae"}, [], [0.0, 1.0, 100.0], {"label": 1.0}),
+        # multilabel (Jigsaw): each label's share, not a distribution over them (the class count's bincount failed)
+        (
+            {"problem": "multilabel", "submission": "probs"},
+            ["toxic", "threat"],
+            np.array([[1, 0], [1, 1], [0, 0], [0, 0]], np.float32),
+            {"toxic": 0.5, "threat": 0.25},
+        ),
     ],
 )
 def test_the_fallback_submission_is_the_training_prior_and_passes_the_check(
     project_modules, tmp_path, capsys, config, classes, y, expected
 ):
     submission = project_modules.submission
-    columns = config["submission"] == "probs" and config["problem"] == "multiclass"
+    columns = config["submission"] == "probs" and config["problem"] in ("multiclass", "multilabel")
     cols = ["id", *classes] if columns else ["id", "label"]
     sample = pd.DataFrame({c: ["x", "y"] if c == "id" else [0, 0] for c in cols})
     path = tmp_path / "submission.csv"

@@ -1,10 +1,12 @@
-"""Small text competitions in the three Kaggle layouts the text task reads, written by seed.
+"""Small text competitions in the Kaggle layouts the text task reads, written by seed.
 
 - authors: spooky-author identification: id, text, author; the sample has a probability
   column per author (EAP, HPL, MWS).
 - reviews: sentiment: id, review, sentiment (pos / neg); the sample holds the label.
 - essays: essay scoring: text_id, full_text and two scores (cohesion, syntax, 1.0-5.0 in halves);
   the sample has both score columns.
+- winners: the authors as one-hot class columns (LLM Classification Finetuning's layout).
+- toxic: Jigsaw's toxic comments: six 0/1 label columns, any number a row (multilabel).
 
 Each class has its own words in a shared stream of function words, so a model can learn it
 and a TF-IDF baseline scores it too; lengths vary from a few words to a few hundred tokens (the
@@ -124,7 +126,54 @@ def write_winners(folder: Path, n_train: int = 240, n_test: int = 48, seed: int 
     return folder
 
 
-LAYOUTS = {"authors": write_authors, "reviews": write_reviews, "essays": write_essays, "winners": write_winners}
+TOXIC = {  # Jigsaw Toxic Comment Classification's six labels, each with its own words and share of rows
+    "toxic": (0.35, "idiot stupid pathetic moron loser clown".split()),
+    "severe_toxic": (0.08, "vile scum filth disgusting revolting".split()),
+    "obscene": (0.2, "crap damn bloody hell freaking".split()),
+    "threat": (0.06, "hunt destroy crush punish smash".split()),
+    "insult": (0.2, "ugly fool coward liar dimwit".split()),
+    "identity_hate": (0.08, "outsiders foreigners heathens infidels aliens".split()),
+}
+
+
+def toxic_comments(n: int, seed: int) -> tuple[list[str], pd.DataFrame]:
+    """`n` comments and their 0/1 labels: any number of labels a row (a third hold none), each label's
+    words among common ones. The held-out tests score predictions against these labels."""
+    rng = np.random.default_rng(seed)
+    labels = pd.DataFrame({t: (rng.random(n) < share).astype(int) for t, (share, _) in TOXIC.items()})
+    texts = []
+    for k, (_, row) in zip(_lengths(rng, n), labels.iterrows(), strict=True):
+        words = [w for t, (_, own) in TOXIC.items() if row[t] for w in own]
+        texts.append(_sentence(rng, words, k, 0.2) if words else _sentence(rng, COMMON, k, 0.0))
+    return texts, labels
+
+
+def write_toxic(folder: Path, n_train: int = 240, n_test: int = 48, seed: int = 4) -> Path:
+    """Jigsaw's layout: id, comment_text and the six 0/1 label columns; the sample has a 0.5 for
+    each label (the mean column-wise ROC AUC scores it). The test labels: test_labels.csv, beside."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    texts, labels = toxic_comments(n_train, seed)
+    ids = [f"{i:016x}" for i in range(n_train)]
+    pd.concat([pd.DataFrame({"id": ids, "comment_text": texts}), labels], axis=1).to_csv(
+        folder / "train.csv", index=False
+    )
+    test_texts, test_labels = toxic_comments(n_test, seed + 100)
+    test_ids = [f"t{i:015x}" for i in range(n_test)]
+    pd.DataFrame({"id": test_ids, "comment_text": test_texts}).to_csv(folder / "test.csv", index=False)
+    pd.DataFrame({"id": test_ids, **dict.fromkeys(TOXIC, 0.5)}).to_csv(folder / "sample_submission.csv", index=False)
+    truth = pd.concat([pd.DataFrame({"id": test_ids}), test_labels], axis=1)
+    truth.to_csv(folder.parent / "test_labels.csv", index=False)
+    return folder
+
+
+LAYOUTS = {
+    "authors": write_authors,
+    "reviews": write_reviews,
+    "essays": write_essays,
+    "winners": write_winners,
+    "toxic": write_toxic,
+}
 
 
 # ----------------------------------------------------------------------------- the model

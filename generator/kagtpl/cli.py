@@ -193,7 +193,10 @@ def new_cmd(
         Optional[str], typer.Option(metavar="COLS", help="Text: override the detected text column(s), comma-separated.")
     ] = None,
     problem: Annotated[
-        Optional[str], typer.Option(metavar="PROBLEM", help="Tables: binary, multiclass or regression.")
+        Optional[str],
+        typer.Option(
+            metavar="PROBLEM", help="binary, multiclass or regression; text: multilabel too (0/1 label columns)."
+        ),
     ] = None,
     metric: Annotated[
         Optional[str],

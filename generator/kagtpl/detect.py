@@ -489,6 +489,7 @@ TEXT_METRICS = {
     "binary": ("auc", "logloss", "accuracy"),
     "multiclass": ("logloss", "accuracy", "auc"),
     "regression": ("rmse", "qwk"),
+    "multilabel": ("auc", "logloss"),
 }
 TEXT_MIN_CHARS, TEXT_MIN_WORDS = 15, 3  # a column of prose, not a category or a code
 
@@ -514,41 +515,54 @@ def _looks_like_text(path: Path, column: str, limit: int = 200) -> bool:
 SCORES = "a text project learns one target column, or every score column of the sample when --target is left out"
 
 
-def one_hot(path: Path, columns: list[str], limit: int = 2000) -> bool:
-    """Every one of the first `limit` rows holds 0s and exactly one 1 in `columns`: class columns
-    (LLM Classification Finetuning's winner_model_a, winner_model_b, winner_tie), not scores."""
-    rows = 0
+def label_kind(path: Path, columns: list[str], limit: int = 2000) -> str:
+    """What several target columns of 0s and 1s are, over the first `limit` rows: "one-hot" when
+    each row holds exactly one 1 (class columns: LLM Classification Finetuning's winner_model_a,
+    winner_model_b, winner_tie), "labels" when rows hold any number (Jigsaw's toxic, obscene,
+    threat...: multilabel); "" when a value is another number (scores)."""
+    ones = set()
     for row in csvfile.dict_rows(path, limit=limit):
         values = [(row.get(c) or "").strip() for c in columns]
-        if any(v not in ("0", "1", "0.0", "1.0") for v in values) or sum(float(v) for v in values) != 1:
-            return False
-        rows += 1
-    return rows > 0
+        if any(v not in ("0", "1", "0.0", "1.0") for v in values):
+            return ""
+        ones.add(sum(float(v) for v in values))
+    return "" if not ones else "one-hot" if ones == {1.0} else "labels"
 
 
 def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
     """Answers for a text competition: the table layout (as for tables), the text column(s), and
     several targets when the sample submission names several columns of train.csv: one-hot
     classes when each row holds one 1 (LLM Classification Finetuning's winners: multiclass, log
-    loss; they were read as three scores, RMSE), else regression targets (essay scores)."""
+    loss; they were read as three scores, RMSE), 0/1 labels when rows hold any number of 1s
+    (Jigsaw's toxic comments: multilabel, mean AUC; read as six scores until 2026-12-06), else
+    regression targets (essay scores)."""
     o = {k: overrides.get(k) for k in TEXT_KEYS}
     (sample, sample_cols), (train, train_cols), (test, test_cols) = _tables(data, o, "a text")
     scores = [c for c in sample_cols[1:] if c in train_cols and c not in test_cols]
     if len(sample_cols) > 2 and len(scores) == len(sample_cols) - 1 and not o["target"]:
-        classes = one_hot(data / train, scores)
+        kind = label_kind(data / train, scores)
+        problem, metric = {"one-hot": ("multiclass", "logloss"), "labels": ("multilabel", "auc")}.get(
+            kind, ("regression", "rmse")
+        )
         found = {
             "train_csv": train,
             "test_csv": test,
             "sample_submission": sample,
             "id_col": o["id_col"] or sample_cols[0],
             "target": ",".join(scores),
-            "problem": o["problem"] or ("multiclass" if classes else "regression"),
-            "submission": "probs" if classes else "label",
-            "metric": "logloss" if classes else "rmse",
+            "problem": o["problem"] or problem,
+            "submission": "probs" if kind else "label",
+            "metric": metric,
         }
-        if found["problem"] != ("multiclass" if classes else "regression"):
-            kind = "one-hot classes: a multiclass problem" if classes else "scores: a regression problem"
-            raise KagtplError(f"{data / sample}: {len(scores)} target columns of {kind} (--problem)")
+        if found["problem"] != problem:
+            what = {"one-hot": "one-hot classes", "labels": "0/1 labels"}.get(kind, "scores")
+            raise KagtplError(
+                f"{data / sample}: {len(scores)} target columns of {what}: a {problem} problem; drop --problem"
+            )
+    elif o["problem"] == "multilabel":
+        raise KagtplError(
+            f"--problem multilabel: {data / sample} names no 0/1 label columns of {train} that {test} lacks"
+        )
     else:
         found = detect_tabular(data, {**o, "metric": None}, SCORES, numbered=False)
         if found["metric"] == "rmsle":

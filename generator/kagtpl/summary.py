@@ -206,18 +206,22 @@ def table_facts(data: Path, a: dict, train: tuple) -> list[str]:
     targets = target.split(",")
     if problem == "regression":
         kind = "a number" if len(targets) == 1 else f"{len(targets)} numbers a row"
+    elif problem == "multilabel":  # each its own probability; the metric is each label's, averaged
+        shown = ", ".join(targets[:5]) + (", ..." if len(targets) > 5 else "")
+        kind = f"{len(targets)} 0/1 labels ({shown}), any number of them a row"
     else:  # several: one-hot class columns (a row's class is its column holding 1)
         kind = (
             f"classes {classes_text(targets)}, one-hot"
             if len(targets) > 1
             else f"classes {classes_text(column(train, target))}"
         )
+    per_label = " (each label's, averaged)" if problem == "multilabel" else ""
     numbered = f" (the rows' numbers from {a['row_ids']}: a column of neither table)" if a.get("row_ids") else ""
     return [
         f"table: {a['train_csv']} {len(body)} rows x {len(head)} columns, {a['test_csv']} "
         f"{len(read_csv(data / a['test_csv'])[1])} rows  [--train-csv --test-csv]",
         f"columns: id {a['id_col']!r}{numbered}, target {target!r}  [--id-col --target]",
-        f"problem: {problem}, {kind}; metric {a['metric']}  [--problem --metric]",
+        f"problem: {problem}, {kind}; metric {a['metric']}{per_label}  [--problem --metric]",
     ]
 
 

@@ -47,10 +47,9 @@ def in_sample_order(test, sample, id_col: str, sample_path, test_path):
 
 
 def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = TRAIN):
-    """The submission in sample_submission's shape from the ensembled predictions, and how to
-    check its values. config: the checkpoint's problem, submission (probs | label), metric and
-    target (several regression targets: comma-separated, each a column of the sample); `train`,
-    check_classes'."""
+    """The submission in sample_submission's shape from the ensembled predictions, and how to check its
+    values. config: the checkpoint's problem, submission (probs | label), metric and target (several
+    regression targets: comma-separated, each a column of the sample); `train`, check_classes'."""
     sub, cols = sample.copy(), list(sample.columns[1:])
     problem, kind = config["problem"], config["submission"]
     if problem == "regression":
@@ -69,7 +68,7 @@ def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = TRA
         return sub, "probability"
     check_classes(cols, classes, train)
     sub[cols] = pred[:, [classes.index(c) for c in cols]]
-    return sub, "distribution"
+    return sub, "probability" if problem == "multilabel" else "distribution"  # multilabel: each label's own
 
 
 def check_classes(columns: list, classes: list, train: str = TRAIN) -> None:
@@ -123,7 +122,8 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     if config.get("submission") in EMPTY_KINDS:  # segmentation, detection: an empty mask, no box
         sub, kind = empty_prediction(sample, config["submission"]), config["submission"]
     else:
-        prior = prior_prediction(y, 0 if config["problem"] == "regression" else len(classes), config.get("metric", ""))
+        n_classes = 0 if config["problem"] in ("regression", "multilabel") else len(classes)  # multilabel: shares
+        prior = prior_prediction(y, n_classes, config.get("metric", ""))
         sub, kind = fill(sample, np.tile(prior, (len(sample), 1)), config, classes)
         if kind == "distribution" and not np.isclose(prior.sum(), 1.0):
             kind = "probability"  # several tags per row (multi-label): a probability per tag
