@@ -132,6 +132,13 @@ def table(tmp_path, train: str, test: str, sample: str, sample_name="sample_subm
         # many distinct numbers: regression, RMSE
         ("id,x,SalePrice\n1,1,100.5\n2,2,230.25\n3,3,170.0\n", "id,x\n4,1\n", "id,SalePrice\n4,150\n",
          "sample_submission.csv", ("SalePrice", "regression", "label", "rmse")),
+        # three training labels a row, space-separated (Playground S5E6's fertilizers): MAP@3, not one label
+        ("id,x,Fertilizer Name\n1,1,DAP\n2,2,Urea\n3,3,28-28\n4,4,DAP\n", "id,x\n5,1\n",
+         "id,Fertilizer Name\n5,DAP Urea 28-28\n", "sample_submission.csv",
+         ("Fertilizer Name", "multiclass", "label", "map3")),
+        # two words a row that are no two labels (a class named with a space): one label
+        ("id,x,kind\n1,1,red wine\n2,2,white wine\n3,3,rose\n", "id,x\n4,1\n", "id,kind\n4,red wine\n",
+         "sample_submission.csv", ("kind", "multiclass", "label", "accuracy")),
     ],
 )  # fmt: skip
 def test_table_layouts(tmp_path, train, test, sample, sample_name, expected):
@@ -149,6 +156,11 @@ def test_table_overrides_and_refusals(tmp_path):
         detect.detect_tabular(data, {"target": "b", "problem": "regression", "metric": "auc"})
     with pytest.raises(KagtplError, match="no such folder"):
         detect.detect_tabular(tmp_path / "nope", {})
+    # MAP@3 hands in three labels a row: not a probability per class, nor a binary or regression target
+    with pytest.raises(KagtplError, match=r"--metric map3 hands in three labels a row, but .*holds a probability"):
+        detect.detect_tabular(data, {"target": "b", "problem": "multiclass", "metric": "map3"})
+    with pytest.raises(KagtplError, match="metric 'map3' does not fit a binary problem"):
+        detect.detect_tabular(data, {"target": "b", "problem": "binary", "metric": "map3"})
 
 
 def test_digit_recognizers_row_number_ids_and_label_column(tmp_path):

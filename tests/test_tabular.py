@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import render, run_script
+from conftest import import_project, render, run_script
 from kagtpl import table
 
 pytestmark = pytest.mark.slow
@@ -463,3 +463,70 @@ def test_digit_recognizers_layout_numbers_the_rows_and_fills_the_samples_label(t
     assert (sub["Label"].to_numpy() == digits.target[n:]).mean() > 0.8
     oof = pd.read_csv(project / "output" / "oof.csv")
     assert sorted(oof["ImageId"].astype(int)) == list(range(1, n + 1))
+
+
+def _fertilizers(data, n: int = 900, m: int = 300, seed: int = 0) -> pd.Series:
+    """Playground S5E6's layout (Predicting Optimal Fertilizers): soil, crop and nutrients, seven
+    fertilizer names; the sample holds three names a row, space-separated (MAP@3). Returns the
+    test rows' true names."""
+    rng = np.random.default_rng(seed)
+    names = ["14-35-14", "10-26-26", "17-17-17", "28-28", "20-20", "DAP", "Urea"]
+    soil, crop = rng.choice(["Sandy", "Loamy", "Red"], n + m), rng.choice(["Maize", "Paddy", "Wheat"], n + m)
+    nutrients = rng.integers(0, 43, (n + m, 3))
+    logits = np.column_stack([0.08 * nutrients, (soil == "Red") * 1.0, (crop == "Paddy") * 1.2, rng.normal(size=n + m)])
+    logits = np.column_stack([logits, 0.04 * nutrients.sum(1)]) + rng.normal(0, 1.2, (n + m, 7))
+    frame = pd.DataFrame({"id": np.arange(n + m), "Soil Type": soil, "Crop Type": crop})
+    frame[["Nitrogen", "Potassium", "Phosphorous"]] = nutrients
+    frame["Fertilizer Name"] = np.array(names)[logits.argmax(1)]
+    data.mkdir()
+    frame.iloc[:n].to_csv(data / "train.csv", index=False)
+    frame.iloc[n:].drop(columns="Fertilizer Name").to_csv(data / "test.csv", index=False)
+    pd.DataFrame({"id": frame["id"].iloc[n:], "Fertilizer Name": "14-35-14 10-26-26 Urea"}).to_csv(
+        data / "sample_submission.csv", index=False
+    )
+    return frame["Fertilizer Name"].iloc[n:].reset_index(drop=True)
+
+
+def _map3(handed_in, truth) -> float:
+    return float(
+        np.mean(
+            [
+                next((1 / (i + 1) for i, c in enumerate(s.split()) if c == t), 0.0)
+                for s, t in zip(handed_in, truth, strict=True)
+            ]
+        )
+    )
+
+
+def test_a_sample_of_three_labels_a_row_is_map3_and_hands_in_the_three_likeliest(tmp_path):
+    """MAP@3 (Playground S5E6, fertilizers): kagtpl read the sample's `14-35-14 10-26-26 Urea` as a
+    label and handed in one name a row, scored by accuracy. Now --metric map3 is detected: every
+    OOF line scores MAP@3, the fallback is the three most common names, and predict.py hands in
+    each row's three likeliest, most likely first; a name that is not a class fails the check."""
+    from kagtpl.new import NewAnswers, new_project
+
+    data = tmp_path / "data"
+    truth = _fertilizers(data)
+    new_project(NewAnswers(name="fert", task="tabular", gpu="cpu", data=data, dest=tmp_path, folds=3, epochs=10))
+    project = tmp_path / "fert"
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert (answers["problem"], answers["metric"], answers["submission"]) == ("multiclass", "map3", "label")
+    log = run_script(project, "train.py", "--device", "cpu", "--models", "lgbm,mlp").stdout
+    assert re.search(r"^OOF: map3=0\.\d+ over 900 rows .*\(lgbm\)$", log, re.M), log[-3000:]
+    counts = pd.read_csv(data / "train.csv")["Fertilizer Name"].value_counts()
+    fallback = pd.read_csv(project / "output" / "submission.csv")["Fertilizer Name"]
+    assert set(fallback) == {" ".join(counts.index[:3])}, (fallback[0], counts)
+    assert "(the three most common classes for every row)" in log
+    run_script(project, "predict.py", "--device", "cpu")
+    sub = pd.read_csv(project / "output" / "submission.csv")["Fertilizer Name"]
+    assert all(len(set(s.split())) == 3 and set(s.split()) <= set(counts.index) for s in sub), sub.head()
+    held_out = {"three": _map3(sub, truth), "first only": _map3(sub.str.split().str[0], truth)}
+    held_out["prior"] = _map3(fallback, truth)
+    print(f"held-out MAP@3: {held_out}")
+    assert held_out["three"] > held_out["first only"] + 0.05 and held_out["three"] > held_out["prior"] + 0.03, held_out
+    m = import_project(project, ("submission",))
+    sample = pd.read_csv(data / "sample_submission.csv")
+    with pytest.raises(ValueError, match="submission label 'DAP Urea compost' is not a class"):
+        m.submission.check_submission(
+            sample.assign(**{"Fertilizer Name": "DAP Urea compost"}), sample, "labels", counts.index
+        )

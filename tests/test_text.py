@@ -124,6 +124,14 @@ def test_multilabel_is_detected_by_its_rows_and_kept_to_texts_with_probabilities
             "submission": "label",
         },
         "accuracy does not fit a multilabel problem": {"task": "text", "problem": "multilabel", "metric": "accuracy"},
+        # MAP@3 (three labels a row) is multiclass's, as labels
+        "map3 does not fit a binary problem": {"task": "text", "problem": "binary", "metric": "map3"},
+        "map3 hands in three labels a row: --submission label": {
+            "task": "tabular",
+            "problem": "multiclass",
+            "submission": "probs",
+            "metric": "map3",
+        },
     }
     for i, (said, answers) in enumerate(refused.items()):
         with pytest.raises(ValueError, match=said):

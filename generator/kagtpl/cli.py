@@ -201,7 +201,7 @@ def new_cmd(
     metric: Annotated[
         Optional[str],
         typer.Option(
-            metavar="METRIC", help="Tables: logloss, accuracy, auc, rmse, rmsle, mae or qwk (default: inferred)."
+            metavar="METRIC", help="Tables: logloss, accuracy, auc, rmse, rmsle, mae, qwk or map3 (default: inferred)."
         ),
     ] = None,
     mask_dir: Annotated[

@@ -314,9 +314,10 @@ def image_ext(folder: Path, first_id: str) -> str:
 TABULAR_KEYS = ("train_csv", "test_csv", "sample_submission", "id_col", "target", "problem", "metric")
 METRICS = {
     "binary": ("auc", "logloss", "accuracy"),
-    "multiclass": ("logloss", "accuracy", "auc"),
+    "multiclass": ("logloss", "accuracy", "auc", "map3"),
     "regression": ("rmse", "rmsle", "mae", "qwk"),
 }
+TOP_LABELS = 3  # map3: a sample whose every value is three training labels, space-separated (MAP@3)
 
 
 def _column_values(path: Path, column: str, limit: int = 64) -> tuple[set[str], bool]:
@@ -399,6 +400,18 @@ def _label_column(sample_cols: list[str], train_cols: list[str], test_cols: list
     return same[0] if len(same) == 1 else lacking[0] if len(lacking) == 1 else None
 
 
+def top_labels(sample_values: set[str], labels: set[str]) -> bool:
+    """The sample's values are each TOP_LABELS training labels, space-separated (Playground S5E6's
+    `14-35-14 10-26-26 Urea`): MAP@3, not one label a row."""
+    split = [v.split() for v in sample_values]
+    return bool(split) and all(len(s) == TOP_LABELS and set(s) <= labels for s in split)
+
+
+def check_map3(metric: str, submission: str, sample: Path) -> None:
+    if metric == "map3" and submission != "label":
+        raise KagtplError(f"--metric map3 hands in three labels a row, but {sample} holds a probability per class")
+
+
 def detect_tabular(
     data: Path, overrides: dict[str, str | None], rule: str = ONE_TARGET, numbered: bool = True
 ) -> dict[str, str]:
@@ -461,7 +474,7 @@ def detect_tabular(
     if not metric:
         metric = {
             "binary": "accuracy" if labels else "auc",
-            "multiclass": "logloss" if prob_columns else "accuracy",
+            "multiclass": "logloss" if prob_columns else "map3" if top_labels(sample_values, values) else "accuracy",
             "regression": "rmse",
         }[problem]
     if metric not in METRICS[problem]:
@@ -471,6 +484,7 @@ def detect_tabular(
     submission = "probs" if prob_columns or (problem == "binary" and metric != "accuracy") else "label"
     if problem == "regression":
         submission = "label"
+    check_map3(metric, submission, data / sample)
     found = {
         "train_csv": train,
         "test_csv": test,
@@ -487,7 +501,7 @@ def detect_tabular(
 TEXT_KEYS = (*TABULAR_KEYS, "text_cols")
 TEXT_METRICS = {
     "binary": ("auc", "logloss", "accuracy"),
-    "multiclass": ("logloss", "accuracy", "auc"),
+    "multiclass": ("logloss", "accuracy", "auc", "map3"),
     "regression": ("rmse", "qwk"),
     "multilabel": ("auc", "logloss"),
 }
@@ -569,6 +583,7 @@ def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
             found["metric"] = "rmse"
     if o["metric"]:
         found["metric"] = o["metric"]
+    check_map3(found["metric"], found["submission"], data / found["sample_submission"])
     if found["metric"] not in TEXT_METRICS[found["problem"]]:
         raise KagtplError(
             f"metric {found['metric']!r} does not fit a {found['problem']} text problem; use one of "

@@ -215,7 +215,8 @@ def table_facts(data: Path, a: dict, train: tuple) -> list[str]:
             if len(targets) > 1
             else f"classes {classes_text(column(train, target))}"
         )
-    per_label = " (each label's, averaged)" if problem == "multilabel" else ""
+    per_label = {"multilabel": " (each label's, averaged)"}.get(problem, "")
+    per_label = " (MAP@3: the three likeliest classes a row)" if a["metric"] == "map3" else per_label
     numbered = f" (the rows' numbers from {a['row_ids']}: a column of neither table)" if a.get("row_ids") else ""
     return [
         f"table: {a['train_csv']} {len(body)} rows x {len(head)} columns, {a['test_csv']} "

@@ -60,6 +60,11 @@ def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = TRA
             values = np.clip(np.rint(values), *config.get("target_range") or (-np.inf, np.inf)).astype(np.int64)
         sub[cols] = values
         return sub, "number"
+    if kind == "label" and config.get("metric") == "map3":  # MAP@3: the three likeliest classes, space-separated
+        from .metrics import top_classes  # tables and texts only
+
+        sub[cols[0]] = [" ".join(str(classes[k]) for k in row) for row in top_classes(pred)]
+        return sub, "labels"
     if kind == "label":
         sub[cols[0]] = [classes[k] for k in pred.argmax(1)]
         return sub, "label"
@@ -111,13 +116,12 @@ def empty_prediction(sample, kind: str):
 
 
 def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list, since: float = float("inf")):
-    """The submission that exists from preflight on, so that a run stopped anywhere still hands
-    one in: every row the training prior (class frequencies, the majority class, or the mean).
-    A submission already at `path` written before `since` (the run's start: --start-time) is an
-    earlier run's (perhaps a dry run's, or one made from other data): it is moved to
-    `submission.earlier.csv` with a line, so that the file this run hands in is always this run's
-    own; one written since is this run's (a train.py run.py started again), replaced where it is:
-    moved, it would have taken the place of the earlier run's. predict.py replaces the fallback.
+    """The submission that exists from preflight on, so that a run stopped anywhere still hands one
+    in: every row the training prior (class frequencies, the majority class, or the mean). A
+    submission already at `path` written before `since` (the run's start: --start-time) is an
+    earlier run's (a dry run's, or one from other data): moved to `submission.earlier.csv` with a
+    line, so that the file this run hands in is its own; one written since is this run's (a
+    train.py run.py started again), replaced where it is. predict.py replaces the fallback.
     Returns it and its kind (fill's: "label", "number", ...), or None when there is none."""
     if config.get("submission") in EMPTY_KINDS:  # segmentation, detection: an empty mask, no box
         sub, kind = empty_prediction(sample, config["submission"]), config["submission"]
@@ -140,6 +144,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     what = {
         "number": "the training median" if config.get("metric") == "mae" else "the training mean",
         "label": "the majority class",
+        "labels": "the three most common classes",
         "rle": "an empty mask",
         "boxes": "no box",
         "box rows": "no box",
@@ -173,9 +178,8 @@ class FoldMean:
             self.count += 1
 
     def mean(self, normalize: bool = True) -> tuple[np.ndarray, int]:
-        """(the mean, how many folds it holds); class probabilities renormalised so every row sums
-        to 1 (float32 softmax sums drift by ~1e-7, and the check allows 1e-4). No usable fold at
-        all is a RunError."""
+        """(the mean, how many folds it holds); class probabilities renormalised to sum to 1 a row (float32
+        softmax sums drift by ~1e-7; the check allows 1e-4). No usable fold at all is a RunError."""
         if not self.count:
             raise RunError("no checkpoint gave usable predictions (see the warnings above); no submission written")
         mean = self.sum / self.count
@@ -204,11 +208,10 @@ def check_layout(sub, sample) -> None:
 
 
 def check_submission(sub, sample, kind: str, labels=None) -> None:
-    """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order,
-    row count, and values. kind: 'rle' (the value column run-length strings), 'boxes' (the last column
-    prediction strings: text, "" for no box; predict.py checks their groups), 'distribution' (probability columns whose rows sum to 1),
-    'probability' (each value in [0, 1]), 'label' (each value one of `labels`), 'number' (finite);
-    'box rows' (a row per box: the sample's columns, its rows only examples; predict.py checks them)."""
+    """Raise ValueError unless `sub` matches sample_submission: columns, ids and their order, row count,
+    and values. kind: 'rle' (run-length strings), 'boxes' (prediction strings, "" for no box), 'distribution'
+    (rows sum to 1), 'probability' (in [0, 1]), 'label' (one of `labels`), 'labels' (several, space-separated:
+    MAP@3), 'number' (finite); 'box rows' (a row per box: the sample's columns, its rows only examples)."""
     if kind == "box rows":
         if list(sub.columns) != list(sample.columns):
             raise ValueError(f"submission columns {list(sub.columns)[:7]} differ from sample_submission's")
@@ -225,9 +228,10 @@ def check_submission(sub, sample, kind: str, labels=None) -> None:
         if bad:
             raise ValueError(f"submission prediction string {bad[0]!r} is not text")
         return
-    if kind == "label":
+    if kind in ("label", "labels"):
         allowed = {str(v) for v in labels}
-        wrong = [v for v in values.to_numpy().ravel() if str(v) not in allowed]
+        tokens = (lambda v: str(v).split(" ")) if kind == "labels" else (lambda v: [str(v)])
+        wrong = [v for v in values.to_numpy().ravel() if not set(tokens(v)) <= allowed]
         if wrong:
             raise ValueError(f"submission label {wrong[0]!r} is not a class")
         return
@@ -251,18 +255,14 @@ def write_submission(sub, sample, kind: str, labels, path: Path, folds: int) -> 
 
 
 class FoldClock:
-    """predict.py's side of the time budget. Under run.py it knows the deadline (the budget's
-    end) and measures its own rate on the test set's first batches: when the rest of a fold
-    will not fit, it first drops TTA (half the work per row; the rows already predicted keep
-    their two views), then stops the fold and leaves it out. Folds come best validation loss
-    first (`best_first`) and a next one is taken only when its measured time fits, so the
-    submission is made from the best folds there was time for; when not even the first fold
-    fits, `cut` is set and predict.py keeps the submission it has (`keep`: train.py's fallback,
-    unless predict.py ran since). `hard_stop`: run.py stops predict.py at the budget (`--after-train`),
-    so the first fold, the only thing between the trained folds and the fallback, is never left out
-    for the deadline; run.py's stop is its limit (on an H100 a detection run that had trained 3 folds
-    handed in the fallback: its first fold's first batch ended past the deadline). Seam for tests:
-    `clock` (wall seconds, time.time by default)."""
+    """predict.py's side of the time budget. Under run.py it knows the deadline (the budget's end) and
+    measures its rate on the first test batches: when the rest of a fold will not fit, it drops TTA
+    (the rows already predicted keep their two views), then stops the fold and leaves it out. Folds
+    come best validation loss first (`best_first`), each taken only when its measured time fits;
+    when not even the first fits, `cut` is set and predict.py keeps the submission it has (`keep`).
+    `hard_stop`: run.py stops predict.py at the budget (`--after-train`), so the first fold is never
+    left out for the deadline (on an H100 a detection run with 3 trained folds handed in the
+    fallback: its first batch ended past the deadline). Seam for tests: `clock` (time.time)."""
 
     MARGIN_S = 3.0  # ensembling, the check and the atomic write after the last fold
 
