@@ -163,6 +163,26 @@ def test_table_overrides_and_refusals(tmp_path):
         detect.detect_tabular(data, {"target": "b", "problem": "binary", "metric": "map3"})
 
 
+def test_f1_and_mcc_score_binary_labels(tmp_path, capsys):
+    """Disaster Tweets (F1) and Playground S4E8's mushrooms (MCC) score the labels handed in: --metric
+    f1 or mcc hands in labels (a sample of probabilities is said, as for accuracy), and fits binary
+    problems only. Neither was a metric kagtpl knew: "metric 'f1' does not fit a binary problem"."""
+    labels = table(tmp_path / "l", "id,x,target\n1,1,0\n2,2,1\n", "id,x\n3,1\n", "id,target\n3,0\n")
+    for metric in ("f1", "mcc"):
+        found = detect.detect_tabular(labels, {"metric": metric})
+        assert (found["problem"], found["submission"], found["metric"]) == ("binary", "label", metric)
+    assert capsys.readouterr().out == ""
+    probs = table(tmp_path / "p", "id,x,target\n1,1,0\n2,2,1\n", "id,x\n3,1\n", "id,target\n3,0.5\n")
+    assert detect.detect_tabular(probs, {"metric": "f1"})["submission"] == "label"
+    assert (
+        "WARNING: --metric f1 scores labels, but sample_submission.csv's 'target' holds numbers"
+        in capsys.readouterr().out
+    )
+    three = table(tmp_path / "m", "id,x,y\n1,1,a\n2,2,b\n3,3,c\n", "id,x\n4,1\n", "id,y\n4,a\n")
+    with pytest.raises(KagtplError, match="metric 'f1' does not fit a multiclass problem"):
+        detect.detect_tabular(three, {"metric": "f1"})
+
+
 def test_digit_recognizers_row_number_ids_and_label_column(tmp_path):
     """Digit Recognizer: the sample's ImageId (1, 2, ...) is a column of neither table, and its
     Label is train.csv's label. It was "train.csv: no id column 'ImageId'": now the ids are the

@@ -530,3 +530,40 @@ def test_a_sample_of_three_labels_a_row_is_map3_and_hands_in_the_three_likeliest
         m.submission.check_submission(
             sample.assign(**{"Fertilizer Name": "DAP Urea compost"}), sample, "labels", counts.index
         )
+
+
+def test_metric_f1_scores_the_labels_and_its_fallback_is_the_positive_class(tmp_path):
+    """--metric f1 (Disaster Tweets, Quora; mcc alike: Playground S4E8) scores the labels handed
+    in, F1 of the second class. kagtpl had no such metric (`kagtpl new` refused it). The fallback
+    is the positive class for every row: the majority, the prior under accuracy, scores F1 0 where
+    it is the negative class (here, as titanic's 0, 62% of rows)."""
+    from sklearn.metrics import f1_score
+
+    from kagtpl.new import NewAnswers, new_project
+
+    data = table.write_table(tmp_path / "data", "binary-label")  # breast cancer: 1 (benign) the majority, flipped
+    for path, column in ((data / "train.csv", "target"), (tmp_path / "data_solution.csv", None)):
+        frame = pd.read_csv(path)
+        column = column or frame.columns[1]
+        frame[column] = 1 - frame[column]
+        frame.to_csv(path, index=False)
+    new_project(NewAnswers(name="comp", task="tabular", gpu="cpu", data=data, dest=tmp_path, folds=3, metric="f1"))
+    project = tmp_path / "comp"
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert (answers["problem"], answers["submission"], answers["metric"]) == ("binary", "label", "f1")
+    log = run_script(project, "train.py", "--device", "cpu", "--models", "lgbm,mlp", "--booster-rounds", "300").stdout
+    sample = pd.read_csv(data / answers["sample_submission"])
+    fallback = pd.read_csv(project / "output" / "submission.csv")
+    classes = sorted(pd.read_csv(data / "train.csv")[answers["target"]].astype(str).unique())
+    assert set(fallback.iloc[:, 1].astype(str)) == {classes[1]} and "(the positive class for every row)" in log
+    said = re.search(r"^OOF: f1=([\d.]+) over \d+ rows from folds \[0, 1, 2\] \(mlp\)$", log, re.M)
+    oof = pd.read_csv(project / "output" / "oof.csv")
+    assert said and float(said[1]) == pytest.approx(
+        f1_score(oof["target"], oof[["p_0", "p_1"]].to_numpy().argmax(1)), abs=1e-4
+    )
+    run_script(project, "predict.py", "--device", "cpu")
+    sub = pd.read_csv(project / "output" / "submission.csv")
+    truth = pd.read_csv(tmp_path / "data_solution.csv").iloc[:, 1].astype(str)
+    assert list(sub.columns) == list(sample.columns) and set(sub.iloc[:, 1].astype(str)) <= set(classes)
+    held_out = f1_score(truth, sub.iloc[:, 1].astype(str), pos_label=classes[1])
+    assert held_out > f1_score(truth, fallback.iloc[:, 1].astype(str), pos_label=classes[1]) + 0.1, held_out

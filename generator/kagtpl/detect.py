@@ -313,10 +313,11 @@ def image_ext(folder: Path, first_id: str) -> str:
 
 TABULAR_KEYS = ("train_csv", "test_csv", "sample_submission", "id_col", "target", "problem", "metric")
 METRICS = {
-    "binary": ("auc", "logloss", "accuracy"),
+    "binary": ("auc", "logloss", "accuracy", "f1", "mcc"),
     "multiclass": ("logloss", "accuracy", "auc", "map3"),
     "regression": ("rmse", "rmsle", "mae", "qwk"),
 }
+LABEL_METRICS = ("accuracy", "f1", "mcc")  # binary metrics of the labels handed in, not of probabilities
 TOP_LABELS = 3  # map3: a sample whose every value is three training labels, space-separated (MAP@3)
 
 
@@ -464,10 +465,10 @@ def detect_tabular(
     sample_numeric = sample_numeric and bool(sample_values)
     labels = not prob_columns and (not sample_numeric if not numeric else all(_is_int(v) for v in sample_values))
     metric = o["metric"]
-    if metric and problem == "binary" and (metric == "accuracy") != labels:
+    if metric and problem == "binary" and (metric in LABEL_METRICS) != labels:
         shown = sorted(sample_values)[:3]
         print(
-            f"WARNING: --metric {metric} scores {'labels' if metric == 'accuracy' else 'probabilities'}, but "
+            f"WARNING: --metric {metric} scores {'labels' if metric in LABEL_METRICS else 'probabilities'}, but "
             f"{sample}'s {sample_cols[1]!r} holds {'labels' if labels else 'numbers'} ({', '.join(shown)}): "
             f"the submission follows --metric"
         )
@@ -481,7 +482,7 @@ def detect_tabular(
         raise KagtplError(
             f"metric {metric!r} does not fit a {problem} problem; use one of {', '.join(METRICS[problem])}"
         )
-    submission = "probs" if prob_columns or (problem == "binary" and metric != "accuracy") else "label"
+    submission = "probs" if prob_columns or (problem == "binary" and metric not in LABEL_METRICS) else "label"
     if problem == "regression":
         submission = "label"
     check_map3(metric, submission, data / sample)
@@ -500,7 +501,7 @@ def detect_tabular(
 
 TEXT_KEYS = (*TABULAR_KEYS, "text_cols")
 TEXT_METRICS = {
-    "binary": ("auc", "logloss", "accuracy"),
+    "binary": ("auc", "logloss", "accuracy", "f1", "mcc"),
     "multiclass": ("logloss", "accuracy", "auc", "map3"),
     "regression": ("rmse", "qwk"),
     "multilabel": ("auc", "logloss"),

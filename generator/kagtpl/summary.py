@@ -217,6 +217,8 @@ def table_facts(data: Path, a: dict, train: tuple) -> list[str]:
         )
     per_label = {"multilabel": " (each label's, averaged)"}.get(problem, "")
     per_label = " (MAP@3: the three likeliest classes a row)" if a["metric"] == "map3" else per_label
+    if a["metric"] == "f1" and problem == "binary":  # Kaggle's F1 scores one class: ours, the second
+        per_label = f" (F1 of class {sorted(set(column(train, target)))[-1]!r}, on the labels handed in)"
     numbered = f" (the rows' numbers from {a['row_ids']}: a column of neither table)" if a.get("row_ids") else ""
     return [
         f"table: {a['train_csv']} {len(body)} rows x {len(head)} columns, {a['test_csv']} "

@@ -89,9 +89,12 @@ def check_classes(columns: list, classes: list, train: str = TRAIN) -> None:
 
 
 def prior_prediction(y: np.ndarray, n_classes: int, metric: str = "") -> np.ndarray:
-    """What a model that saw no feature predicts, in the models' output space: the training
-    class frequencies (n_classes > 0), else each target's training mean (under MAE its median)."""
+    """What a model that saw no feature predicts, in the models' output space: the training class
+    frequencies (n_classes > 0; under F1 the positive class: all the majority, often 0, scores 0),
+    else each target's training mean (under MAE its median)."""
     y = np.asarray(y)
+    if n_classes == 2 and metric == "f1":
+        return np.array([0.0, 1.0])
     if y.dtype == object:  # a vector per row (multi-label tags): their frequencies
         return np.stack(y).astype(np.float64).mean(axis=0)
     if n_classes:
@@ -143,7 +146,7 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
     room.write_csv(sub, path, ahead=True)  # a full disk: train.py's training cache is in use
     what = {
         "number": "the training median" if config.get("metric") == "mae" else "the training mean",
-        "label": "the majority class",
+        "label": "the positive class" if config.get("metric") == "f1" else "the majority class",
         "labels": "the three most common classes",
         "rle": "an empty mask",
         "boxes": "no box",
@@ -373,12 +376,11 @@ def layout_problem(path: Path, sample, kind: str = "") -> str | None:
 
 
 def hand_in_first(path: Path, rows, defaults: dict, kind: str = "") -> None:
-    """Under a deadline, before any fold: a submission of this test set's `rows` at `path`, so a
-    run the platform kills at its limit still hands one in. The one there stays when it has these
-    rows (train.py's fallback, or an earlier predict.py's); otherwise (Kaggle's hidden rerun: rows
-    train.py never saw) every row gets the training prior, serve_defaults.json's `defaults`, as
-    serve.py answers before its first good batch, or, for masks and boxes (`kind`: EMPTY_KINDS),
-    an empty prediction. The folds' predictions replace it."""
+    """Under a deadline, before any fold: a submission of this test set's `rows` at `path`, so a run the platform
+    kills at its limit still hands one in. The one there stays when it has these rows (train.py's fallback, or
+    an earlier predict.py's); otherwise (Kaggle's hidden rerun: rows train.py never saw) every row gets the
+    training prior, serve_defaults.json's `defaults`, as serve.py answers before its first good batch, or, for
+    masks and boxes (`kind`: EMPTY_KINDS), an empty prediction. The folds' predictions replace it."""
     if layout_problem(path, rows, kind) is None:
         return
     empty = kind in EMPTY_KINDS
@@ -417,19 +419,17 @@ def say_ready() -> None:
 
 
 def wait_for_train(after_train: bool, out_dir: Path, preload: tuple[str, ...] = ()) -> bool:
-    """run.py starts predict.py (`--after-train`) together with train.py: its interpreter and
-    imports (torch, timm, transformers, the project: seconds; on an H100 predict.py took 15-23 s
-    in all and the budget had kept 14 s for it) are paid while train.py trains, off the deadline's
-    path, and so are the libraries the scripts import only where they build the model (`preload`:
-    import_beside). Then it says it is ready (say_ready) and waits for run.py's `go` on stdin
-    (train.py has ended: its checkpoints are written), before touching the GPU, which the training
-    holds. When run.py dies instead (its stdin ends without `go`), train.py gets SIGTERM with it (a
-    parent-death signal) and saves: predict.py waits for train.py's lock on the folder, then hands
-    in the checkpoints itself.
-    Then, under run.py or not, it holds the folder's lock while it predicts (a folder another
-    train.py trains in is a RunError, written into by nobody), and its lines go to predict.log
-    there too, written anew (logs.keep_log). Returns whether run.py is there to
-    stop it at the budget (`FoldClock.hard_stop`)."""
+    """run.py starts predict.py (`--after-train`) together with train.py: its interpreter and imports (torch, timm,
+    transformers, the project: seconds; on an H100 predict.py took 15-23 s in all and the budget had kept 14 s
+    for it) are paid while train.py trains, off the deadline's path, and so are the libraries the scripts import
+    only where they build the model (`preload`: import_beside). Then it says it is ready (say_ready) and waits
+    for run.py's `go` on stdin (train.py has ended: its checkpoints are written), before touching the GPU (the
+    training's). When run.py dies instead (its stdin ends without `go`), train.py gets SIGTERM with it (a
+    parent-death signal) and saves: predict.py waits for train.py's lock on the folder, then hands in the
+    checkpoints itself. Then, under run.py or not, it holds the folder's lock while it predicts (a folder
+    another train.py trains in is a RunError, written into by nobody), and its lines go to predict.log there
+    too, written anew (logs.keep_log). Returns whether run.py is there to stop it at the budget
+    (FoldClock.hard_stop)."""
     out_dir, word, said = Path(out_dir), None, ""  # None: not run.py's (no `go` to wait for)
     if after_train:
         import_beside(preload)
