@@ -458,6 +458,25 @@ def test_preflight_names_the_file_and_line(text_data, tmp_path, case):
 
 
 @pytest.mark.slow
+def test_flags_that_do_not_fit_together_are_one_line_before_anything_is_read(text_data, tmp_path):
+    """train.py's --problem, --metric and --submission are flags as well as kagtpl new's answers:
+    `--metric f1` on three authors was a traceback after the first fold (sklearn's "Target is
+    multiclass but average='binary'"), and `--submission label` on multilabel handed in one label a
+    row. Now each is one line naming what fits, and nothing is written."""
+    cases = {
+        "authors": (["--metric", "f1"], "--metric f1 does not fit --problem multiclass: use one of logloss, accuracy"),
+        "toxic": (["--submission", "label"], "--problem multilabel hands in a probability per label"),
+        "reviews": (["--metric", "map3", "--submission", "label"], "--metric map3 does not fit --problem binary"),
+    }
+    for layout, (flags, said) in cases.items():
+        project = text_project(tmp_path / layout, text_data[layout], layout)
+        r = run_script(project, "train.py", "--dry-run", "--device", "cpu", *flags, check=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and said in lines[0], r.stderr[-2000:]
+        assert not (project / "output").exists() or not any((project / "output").rglob("*.csv")), layout
+
+
+@pytest.mark.slow
 def test_a_missing_model_folder_or_tokenizer_fails_in_seconds_saying_what_to_attach(text_data, tmp_path):
     project = text_project(tmp_path / "p", text_data["authors"], "authors")
     t0 = time.time()
