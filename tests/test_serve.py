@@ -273,7 +273,7 @@ runpy.run_path("predict.py", run_name="__main__")
 def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]:
     """A project of another task, trained by --dry-run (2 folds), whose competition folder holds
     the evaluation package: (project, the file its gateway sends in batches, rows per batch), 4
-    batches in all. image: 40 test digits named by id; text: 40 reviews; segmentation: 8 shapes
+    batches in all. image: 40 test digits named by id; text: 40 toxic comments; segmentation: 8 shapes
     images (PNG masks, RLE answers); detection: 8 images of boxes (prediction strings); audio: the
     8 five-second windows of 2 spoken-word soundscapes (BirdCLEF's row ids, read from the test
     folder; on CPU each fold's CNN runs in ONNX Runtime, in predict.py and serve.py alike).
@@ -284,8 +284,8 @@ def served_task(request, tmp_path_factory, digits_dir) -> tuple[Path, Path, int]
         data = Path(shutil.copytree(digits_dir, root / "data"))
         project = render(root / "comp", data_dir=str(data))
     elif task == "text":
-        data = textdata.write_reviews(root / "data")
-        project = text_project(root / "comp", data, "reviews")
+        data = textdata.write_toxic(root / "data", n_test=40)  # six labels, each its own probability (multilabel)
+        project = text_project(root / "comp", data, "toxic")
     elif task == "audio":
         data = sounds.write_sounds(root / "data", "folders", clips_per_word=3, test=2, windows=4)
         project = render(root / "comp", task="audio", data_dir=str(data), folds=2)

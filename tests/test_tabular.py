@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import import_project, render, run_script
+from conftest import ROOT, RUN_ENV, free_port, import_project, render, run_script
 from kagtpl import table
 
 pytestmark = pytest.mark.slow
@@ -507,6 +507,7 @@ def test_a_sample_of_three_labels_a_row_is_map3_and_hands_in_the_three_likeliest
 
     data = tmp_path / "data"
     truth = _fertilizers(data)
+    shutil.copytree(ROOT / "tests" / "standin" / "kaggle_evaluation", data / "kaggle_evaluation")  # serve.py's too
     new_project(NewAnswers(name="fert", task="tabular", gpu="cpu", data=data, dest=tmp_path, folds=3, epochs=10))
     project = tmp_path / "fert"
     answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
@@ -524,6 +525,10 @@ def test_a_sample_of_three_labels_a_row_is_map3_and_hands_in_the_three_likeliest
     held_out["prior"] = _map3(fallback, truth)
     print(f"held-out MAP@3: {held_out}")
     assert held_out["three"] > held_out["first only"] + 0.05 and held_out["three"] > held_out["prior"] + 0.03, held_out
+    env = {**RUN_ENV, "KAGGLE_EVALUATION_PORT": str(free_port()), "STANDIN_BATCH_ROWS": "64"}
+    served = run_script(project, "serve.py", "--device", "cpu", env=env).stdout  # the evaluation API's answers
+    assert "0 fallback" in served, served[-2000:]
+    assert pd.read_parquet(project / "submission.parquet")["Fertilizer Name"].tolist() == sub.tolist()
     m = import_project(project, ("submission",))
     sample = pd.read_csv(data / "sample_submission.csv")
     with pytest.raises(ValueError, match="submission label 'DAP Urea compost' is not a class"):
