@@ -109,8 +109,12 @@ def test_multilabel_is_detected_by_its_rows_and_kept_to_texts_with_probabilities
         detect.detect_text(text_data["toxic"], {"problem": "regression"})
     with pytest.raises(new.KagtplError, match=r"3 target columns of one-hot classes: a multiclass problem"):
         detect.detect_text(text_data["winners"], {"problem": "multilabel"})
-    with pytest.raises(new.KagtplError, match=r"--problem multilabel: .*names no 0/1 label columns of train.csv"):
+    with pytest.raises(new.KagtplError, match=r"--problem multilabel .*: it names no 0/1 label columns of train.csv"):
         detect.detect_text(text_data["reviews"], {"problem": "multilabel"})
+    with pytest.raises(
+        new.KagtplError, match=r"--problem multilabel learns the label columns of .*: leave --target out"
+    ):
+        detect.detect_text(text_data["toxic"], {"problem": "multilabel", "target": "toxic,threat"})
     with pytest.raises(
         new.KagtplError, match=r"metric 'accuracy' does not fit a multilabel text problem; use one of auc"
     ):

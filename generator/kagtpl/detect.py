@@ -575,9 +575,8 @@ def detect_text(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
                 f"{data / sample}: {len(scores)} target columns of {what}: a {problem} problem; drop --problem"
             )
     elif o["problem"] == "multilabel":
-        raise KagtplError(
-            f"--problem multilabel: {data / sample} names no 0/1 label columns of {train} that {test} lacks"
-        )
+        why = "leave --target out" if o["target"] else f"it names no 0/1 label columns of {train} that {test} lacks"
+        raise KagtplError(f"--problem multilabel learns the label columns of {data / sample}: {why}")
     else:
         found = detect_tabular(data, {**o, "metric": None}, SCORES, numbered=False)
         if found["metric"] == "rmsle":
