@@ -163,6 +163,35 @@ def test_table_overrides_and_refusals(tmp_path):
         detect.detect_tabular(data, {"target": "b", "problem": "binary", "metric": "map3"})
 
 
+@pytest.mark.parametrize(("positives", "sample_value", "warned"), [(2, "0", True), (12, "0", False), (2, "0.5", False)])
+def test_a_rare_class_handed_in_as_labels_is_said_with_the_flag_for_probabilities(
+    tmp_path, capsys, positives, sample_value, warned
+):
+    """SIIM-ISIC's melanoma (1.8% of images) and Santander's transactions (10%) ship a sample of 0s,
+    and score AUC: kagtpl read labels (accuracy), and labels say the common class nearly everywhere,
+    AUC near 0.5, without a word. Now a rare class (under 10% of rows) handed in as labels is one
+    WARNING naming the flag for probabilities: an image's --submission positive, a table's --metric
+    auc. A 30% class, or a sample of probabilities, says nothing."""
+    rows = [f"i{k},{int(k < positives)}" for k in range(40)]
+    data = write(tmp_path / "img", {"train.csv": "\n".join(["image_name,target", *rows]) + "\n",
+                                    "sample_submission.csv": f"image_name,target\nt1,{sample_value}\n"})  # fmt: skip
+    images(data, [f"train/i{k}.jpg" for k in range(40)] + ["test/t1.jpg"])
+    detect.detect_image(data, {})
+    said = capsys.readouterr().out
+    flag = "pass --submission positive"
+    assert (f"WARNING: train.csv's 'target' is '1' in {positives / 40:.1%} of rows" in said and flag in said) == warned
+    rows = [f"{k},{k % 7},{int(k < positives)}" for k in range(40)]
+    data = table(
+        tmp_path / "tab", "\n".join(["id,x,target", *rows]) + "\n", "id,x\n99,1\n", f"id,target\n99,{sample_value}\n"
+    )
+    detect.detect_tabular(data, {})
+    assert (
+        "labels would say '0' nearly everywhere" in (said := capsys.readouterr().out) and "--metric auc" in said
+    ) == warned
+    detect.detect_tabular(data, {"metric": "accuracy"})  # the metric named: nothing to say
+    assert "labels would say" not in capsys.readouterr().out
+
+
 def test_f1_and_mcc_score_binary_labels(tmp_path, capsys):
     """Disaster Tweets (F1) and Playground S4E8's mushrooms (MCC) score the labels handed in: --metric
     f1 or mcc hands in labels (a sample of probabilities is said, as for accuracy), and fits binary

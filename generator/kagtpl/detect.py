@@ -195,6 +195,9 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         ext = image_ext(data / train_dir, _first_value(data / labels, id_col) or "")
     if submission == "auto" and label_col and sample_cols[1:] == [label_col]:  # the sample's one column: a label
         submission = score_submission(data / labels, label_col)
+        sampled, numeric = _column_values(data / sample, label_col)
+        if submission == "auto" and not (numeric and sampled and not all(_is_int(v) for v in sampled)):
+            rare_class_warning(data / labels, label_col, "--submission positive")  # not a fraction: labels
     return {
         "labels_csv": labels,
         "id_col": id_col,
@@ -205,6 +208,27 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         "sample_submission": sample,
         "submission": submission,
     }
+
+
+RARE_CLASS = 0.1  # a binary target whose rarer class is under 10% of rows: labels say the other nearly everywhere
+
+
+def rare_class_warning(path: Path, column: str, flag: str, limit: int = 20000) -> None:
+    """A WARNING when `column` holds two classes, the rarer in under RARE_CLASS of the first `limit`
+    rows, and the submission would hold labels: the likelier class nearly everywhere (SIIM-ISIC's
+    melanoma, 1.8% of images; Santander's transactions, 10%), which AUC, the usual metric with so
+    rare a class, scores 0.5. `flag` is what hands in probabilities instead."""
+    counts = collections.Counter((row.get(column) or "").strip() for row in csvfile.dict_rows(path, limit=limit))
+    counts.pop("", None)
+    if len(counts) != 2:
+        return
+    (common, n_common), (rare, n_rare) = counts.most_common()
+    share = n_rare / (n_common + n_rare)
+    if share < RARE_CLASS:
+        print(
+            f"WARNING: {path.name}'s {column!r} is {rare!r} in {share:.1%} of rows: labels would say {common!r} "
+            f"nearly everywhere (AUC near 0.5); if the competition scores probabilities (AUC, log loss), pass {flag}"
+        )
 
 
 def score_submission(path: Path, label_col: str) -> str:
@@ -472,6 +496,8 @@ def detect_tabular(
             f"{sample}'s {sample_cols[1]!r} holds {'labels' if labels else 'numbers'} ({', '.join(shown)}): "
             f"the submission follows --metric"
         )
+    if not metric and problem == "binary" and labels:
+        rare_class_warning(data / train, target, "--metric auc")
     if not metric:
         metric = {
             "binary": "accuracy" if labels else "auc",
