@@ -336,13 +336,10 @@ def image_ext(folder: Path, first_id: str) -> str:
 
 
 TABULAR_KEYS = ("train_csv", "test_csv", "sample_submission", "id_col", "target", "problem", "metric")
-METRICS = {
-    "binary": ("auc", "logloss", "accuracy", "f1", "mcc"),
-    "multiclass": ("logloss", "accuracy", "auc", "map3"),
-    "regression": ("rmse", "rmsle", "mae", "qwk"),
-}
-LABEL_METRICS = ("accuracy", "f1", "mcc")  # binary metrics of the labels handed in, not of probabilities
-TOP_LABELS = 3  # map3: a sample whose every value is three training labels, space-separated (MAP@3)
+# the metrics each problem takes (the task registry's, which the generated train.py checks too): a table
+# learns one target, so no multilabel; a text has no rmsle or mae
+METRICS = {p: m for p, m in tasks().PROBLEM_METRICS.items() if p != "multilabel"}
+LABEL_METRICS = ("accuracy", *tasks().LABELS_ONLY_METRICS)  # of the labels handed in, not of probabilities
 
 
 def _column_values(path: Path, column: str, limit: int = 64) -> tuple[set[str], bool]:
@@ -426,10 +423,10 @@ def _label_column(sample_cols: list[str], train_cols: list[str], test_cols: list
 
 
 def top_labels(sample_values: set[str], labels: set[str]) -> bool:
-    """The sample's values are each TOP_LABELS training labels, space-separated (Playground S5E6's
-    `14-35-14 10-26-26 Urea`): MAP@3, not one label a row."""
+    """The sample's values are each the registry's TOP_LABELS training labels, space-separated
+    (Playground S5E6's `14-35-14 10-26-26 Urea`): MAP@3, not one label a row."""
     split = [v.split() for v in sample_values]
-    return bool(split) and all(len(s) == TOP_LABELS and set(s) <= labels for s in split)
+    return bool(split) and all(len(s) == tasks().TOP_LABELS and set(s) <= labels for s in split)
 
 
 def check_map3(metric: str, submission: str, sample: Path) -> None:
@@ -527,10 +524,7 @@ def detect_tabular(
 
 TEXT_KEYS = (*TABULAR_KEYS, "text_cols")
 TEXT_METRICS = {
-    "binary": ("auc", "logloss", "accuracy", "f1", "mcc"),
-    "multiclass": ("logloss", "accuracy", "auc", "map3"),
-    "regression": ("rmse", "qwk"),
-    "multilabel": ("auc", "logloss"),
+    p: tuple(m for m in ms if m not in tasks().TABLE_ONLY_METRICS) for p, ms in tasks().PROBLEM_METRICS.items()
 }
 TEXT_MIN_CHARS, TEXT_MIN_WORDS = 15, 3  # a column of prose, not a category or a code
 

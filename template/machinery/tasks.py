@@ -47,6 +47,17 @@ NAMES = tuple(BY_NAME)
 # the image files the image-reading tasks read (what OpenCV decodes): kagtpl new detects by them, and
 # train.py, predict.py and serve.py read an image under another of them than --image-ext as it is
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+# a table's or a text's metrics by problem, in one place: kagtpl new's detection and the generated train.py's
+# check (metrics.check_flags) read them; copier.yml's metric validator says the same in Jinja
+PROBLEM_METRICS = {
+    "binary": ("auc", "logloss", "accuracy", "f1", "mcc"),
+    "multiclass": ("logloss", "accuracy", "auc", "map3"),
+    "regression": ("rmse", "rmsle", "mae", "qwk"),
+    "multilabel": ("auc", "logloss"),  # a text's only
+}
+TABLE_ONLY_METRICS = ("rmsle", "mae")
+LABELS_ONLY_METRICS = ("f1", "mcc", "map3")  # scored on the labels handed in: --submission label
+TOP_LABELS = 3  # map3: the labels a row hands in, the likeliest first
 
 
 def get(name: str) -> Task:
