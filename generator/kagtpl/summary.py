@@ -198,6 +198,18 @@ def box_lines(data: Path, a: dict) -> list[str]:
     ]
 
 
+def metric_note(metric: str, problem: str, train: tuple, target: str) -> str:
+    """What the metric scores, where its name alone does not say: each label's (multilabel), three
+    classes a row (MAP@3), or one class's labels (F1: the second class, as train.py orders them)."""
+    if problem == "multilabel":
+        return " (each label's, averaged)"
+    if metric == "map3":
+        return " (MAP@3: the three likeliest classes a row)"
+    if metric == "f1" and problem == "binary":
+        return f" (F1 of class {sorted(set(column(train, target)))[-1]!r}, on the labels handed in)"
+    return ""
+
+
 def table_facts(data: Path, a: dict, train: tuple) -> list[str]:
     """Rows, columns, id, target, problem and metric; `train` is read_csv's train.csv."""
     head, body = train
@@ -215,10 +227,7 @@ def table_facts(data: Path, a: dict, train: tuple) -> list[str]:
             if len(targets) > 1
             else f"classes {classes_text(column(train, target))}"
         )
-    per_label = {"multilabel": " (each label's, averaged)"}.get(problem, "")
-    per_label = " (MAP@3: the three likeliest classes a row)" if a["metric"] == "map3" else per_label
-    if a["metric"] == "f1" and problem == "binary":  # Kaggle's F1 scores one class: ours, the second
-        per_label = f" (F1 of class {sorted(set(column(train, target)))[-1]!r}, on the labels handed in)"
+    per_label = metric_note(a["metric"], problem, train, target)
     numbered = f" (the rows' numbers from {a['row_ids']}: a column of neither table)" if a.get("row_ids") else ""
     return [
         f"table: {a['train_csv']} {len(body)} rows x {len(head)} columns, {a['test_csv']} "
