@@ -201,7 +201,8 @@ def new_cmd(
     metric: Annotated[
         Optional[str],
         typer.Option(
-            metavar="METRIC", help="Tables: logloss, accuracy, auc, rmse, rmsle, mae, qwk or map3 (default: inferred)."
+            metavar="METRIC",
+            help="Tables and text: logloss, accuracy, auc, f1, mcc, rmse, rmsle, mae, qwk or map3 (default: inferred).",
         ),
     ] = None,
     mask_dir: Annotated[
