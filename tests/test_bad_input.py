@@ -180,6 +180,10 @@ CLI_CASES = [
         lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", _digits(t), "--submission", "positive"],
         "--submission positive writes one probability column after the id; ",
     ),
+    (  # the digits' sample holds a probability per class: accuracy scores labels (an image's --metric was dropped)
+        lambda t: ["new", "p", "--task", "image", "--gpu", "t4", "--data", _digits(t), "--metric", "accuracy"],
+        "--metric accuracy does not score a probs submission (a probability column per class); use logloss or auc",
+    ),
 ]
 SECURITY_CLI_CASES = [
     (lambda t: ["new", "../evil", "--task", "image", "--gpu", "t4"], "invalid project name '../evil'"),
@@ -576,7 +580,9 @@ def test_a_binary_samples_one_column_of_probabilities_is_filled_with_one(project
     """Dogs vs. Cats Redux: train.csv `id,label` (0/1), the sample `id,label` with 0.5 in it: the
     project wrote hard 0/1 labels, which log loss scores at ~34.5 a wrong row. A fraction in the
     sample's one label column says probabilities: the second class's is written, the metric log
-    loss; whole numbers stay labels, with a line naming --submission positive for AUC."""
+    loss; whole numbers stay labels, with a line naming --metric auc. --metric auc (Histopathologic,
+    SIIM-ISIC) or logloss scores probabilities: the sample's 0s then hold the second class's too, scored
+    by that metric; a metric that does not score what the submission holds is one error."""
     train = project_modules.train
     for placeholder, kind in ((0.5, "positive"), (0, "label")):
         data = binary_digits(digits_dir, tmp_path / f"data{placeholder}", placeholder)
@@ -584,11 +590,15 @@ def test_a_binary_samples_one_column_of_probabilities_is_filled_with_one(project
         rows, sample, classes, _, found = train.load_data(train.get_args(flags))
         metric = train.competition_metric(found)[0]
         assert (found, classes, metric) == (kind, ["0", "1"], "logloss" if placeholder else "Acc")
-        said = (
-            "SUBMISSION: labels ['0', '1'] in 'label'; scored on probabilities (AUC, log loss): --submission positive"
-        )
+        said = "SUBMISSION: labels ['0', '1'] in 'label'; scored on probabilities (AUC, log loss): --metric auc or"
         assert (said in capsys.readouterr().out) == (kind == "label")
         assert train.load_data(train.get_args([*flags, "--submission", "positive"]))[4] == "positive"
+        args = train.get_args([*flags, "--metric", "auc"])
+        found = train.load_data(args)[4]
+        assert (found, train.competition_metric(found, args.metric)) == ("positive", ("AUC", True))
+        assert "SUBMISSION: labels" not in capsys.readouterr().out
+        with pytest.raises(project_modules.errors.RunError, match=r"--metric accuracy does not score a positive"):
+            train.load_data(train.get_args([*flags, "--metric", "accuracy", "--submission", "positive"]))
     labels = pd.read_csv(data / "train.csv", dtype=str)
     labels.loc[0, "label"] = "2"  # a third class: one probability column cannot hold it
     labels.to_csv(data / "train.csv", index=False)
@@ -597,7 +607,9 @@ def test_a_binary_samples_one_column_of_probabilities_is_filled_with_one(project
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placeholder,answers", [(0.5, {}), (0, {"submission": "positive"})])
+@pytest.mark.parametrize(
+    "placeholder,answers", [(0.5, {}), (0, {"submission": "positive"}), (0, {"metric": "auc", "submission": "auto"})]
+)
 def test_a_binary_probability_submission_is_trained_predicted_and_served_as_one(
     digits_dir, tmp_path, placeholder, answers
 ):
@@ -605,10 +617,13 @@ def test_a_binary_probability_submission_is_trained_predicted_and_served_as_one(
     writes probabilities in (0, 1), serve_defaults.json says so for serve.py (predict.served_kind).
     A sample of 0s (Histopathologic Cancer Detection, scored by AUC) says nothing: `kagtpl new
     --submission positive` renders the answer as train.py's default, so run.py and a Kaggle
-    notebook, which pass no flag, write the probability too."""
+    notebook, which pass no flag, write the probability too; `--metric auc` alone says it as well
+    (the submission stays auto), and the folds are scored by AUC."""
     data = binary_digits(digits_dir, tmp_path / "data", placeholder)
     project = render(tmp_path / "dogs", data_dir=str(data), labels_csv="train.csv", label_col="label", **answers)
-    dry_run_into_output(project, "--device", "cpu", "--no-pretrained")
+    log = dry_run_into_output(project, "--device", "cpu", "--no-pretrained").stdout
+    scored = "AUC" if answers.get("metric") else "logloss"
+    assert re.search(rf"^OOF: (\w+=[\d.]+, )*{scored}=[\d.]+ over \d+ rows", log, re.M), log[-3000:]
     out = project / "output"
     defaults = json.loads((out / "serve_defaults.json").read_text())
     share = float(pd.read_csv(data / "train.csv")["label"].mean())
@@ -618,6 +633,10 @@ def test_a_binary_probability_submission_is_trained_predicted_and_served_as_one(
     assert list(sub.columns) == ["id", "label"] and sub["label"].between(0, 1).all() and (sub["label"] % 1 != 0).all()
     predict = import_project(project, ("predict",)).predict
     assert predict.served_kind(out, {"label_col": "label"}, ["id", "label"]) == "positive"
+    defaults.pop("kind")  # an older run's serve_defaults.json: the kind from the config's flags
+    (out / "serve_defaults.json").write_text(json.dumps(defaults))
+    config = {"label_col": "label", **answers}
+    assert predict.served_kind(out, config, ["id", "label"]) == ("positive" if answers else "label")
 
 
 def test_one_hot_labels_train_as_one_label_and_a_row_without_one_1_names_its_line(

@@ -90,3 +90,22 @@ def test_shared_modules_import_no_torch():
     )
     r = subprocess.run([sys.executable, "-c", code, str(ROOT / "template")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_metric_validator_says_what_the_registry_s_metric_rules_say():
+    """copier.yml's metric validator is Jinja: it restates machinery/tasks.py's rules (IMAGE_METRICS
+    by what an image submission holds; PROBLEM_METRICS by a table's or a text's problem, the labels-only
+    metrics on a label submission). Every pair it accepts is one the registry does, and no other."""
+    validator, choices = COPIER["metric"]["validator"], COPIER["metric"]["choices"]
+    for submission, fits in tasks().IMAGE_METRICS.items():
+        for metric in choices:
+            said = jinja(validator, task="image", metric=metric, submission=submission, problem="binary")
+            assert (said == "") == (metric in ("auto", *fits)), (submission, metric, said)
+    for task in ("tabular", "text"):
+        for problem, fits in tasks().PROBLEM_METRICS.items():
+            for submission in ("probs", "label"):
+                for metric in choices:
+                    said = jinja(validator, task=task, metric=metric, submission=submission, problem=problem)
+                    fit = metric in fits and (metric not in tasks().LABELS_ONLY_METRICS or submission == "label")
+                    fit = fit and not (task == "text" and metric in tasks().TABLE_ONLY_METRICS)
+                    assert (said == "") == fit, (task, problem, submission, metric, said)

@@ -170,15 +170,15 @@ def test_a_rare_class_handed_in_as_labels_is_said_with_the_flag_for_probabilitie
     """SIIM-ISIC's melanoma (1.8% of images) and Santander's transactions (10%) ship a sample of 0s,
     and score AUC: kagtpl read labels (accuracy), and labels say the common class nearly everywhere,
     AUC near 0.5, without a word. Now a rare class (under 10% of rows) handed in as labels is one
-    WARNING naming the flag for probabilities: an image's --submission positive, a table's --metric
-    auc. A 30% class, or a sample of probabilities, says nothing."""
+    WARNING naming the flag for probabilities, --metric auc (an image's and a table's alike). A 30%
+    class, or a sample of probabilities, says nothing."""
     rows = [f"i{k},{int(k < positives)}" for k in range(40)]
     data = write(tmp_path / "img", {"train.csv": "\n".join(["image_name,target", *rows]) + "\n",
                                     "sample_submission.csv": f"image_name,target\nt1,{sample_value}\n"})  # fmt: skip
     images(data, [f"train/i{k}.jpg" for k in range(40)] + ["test/t1.jpg"])
     detect.detect_image(data, {})
     said = capsys.readouterr().out
-    flag = "pass --submission positive"
+    flag = "pass --metric auc"
     assert (f"WARNING: train.csv's 'target' is '1' in {positives / 40:.1%} of rows" in said and flag in said) == warned
     rows = [f"{k},{k % 7},{int(k < positives)}" for k in range(40)]
     data = table(
@@ -190,6 +190,37 @@ def test_a_rare_class_handed_in_as_labels_is_said_with_the_flag_for_probabilitie
     ) == warned
     detect.detect_tabular(data, {"metric": "accuracy"})  # the metric named: nothing to say
     assert "labels would say" not in capsys.readouterr().out
+
+
+def test_an_image_metric_is_checked_against_what_the_submission_holds(tmp_path, capsys):
+    """--metric on an image project (it was dropped without a word: copier asked no image the
+    question). auc or logloss on a sample of 0s with two classes (Histopathologic, SIIM-ISIC) hands
+    in the second class's probability (--submission positive); a metric that does not score what
+    the submission holds, or a probability in one column for five classes, is one error."""
+    rows = [f"i{k},{int(k < 3)}" for k in range(40)]
+    data = write(tmp_path / "two", {"train_labels.csv": "\n".join(["id,label", *rows]) + "\n",
+                                    "sample_submission.csv": "id,label\nt1,0\n"})  # fmt: skip
+    images(data, [f"train/i{k}.jpg" for k in range(40)] + ["test/t1.jpg"])
+    for metric in ("auc", "logloss"):
+        found = detect.detect_image(data, {"metric": metric})
+        assert (found["submission"], found["metric"]) == ("positive", metric)
+    assert "labels would say" not in capsys.readouterr().out  # the metric named: nothing to warn of
+    assert detect.detect_image(data, {"metric": "accuracy"})["submission"] == "auto"
+    unfit = (("positive", "accuracy", "positive"), ("label", "auc", "label"), ("auto", "rmse", "label"))
+    for given, metric, kind in unfit:
+        with pytest.raises(KagtplError, match=rf"--metric {metric} does not score a {kind} submission"):
+            detect.detect_image(data, {"metric": metric, "submission": None if given == "auto" else given})
+    rows = [f"i{k},{k % 5}" for k in range(40)]
+    (data / "train_labels.csv").write_text("\n".join(["id,label", *rows]) + "\n")
+    five = r"--metric auc scores probabilities, but .*two classes \(train_labels.csv has 5\)"
+    with pytest.raises(KagtplError, match=five):
+        detect.detect_image(data, {"metric": "auc"})
+    probs = write(tmp_path / "probs", {"train_labels.csv": "id,label\ni0,a\ni1,b\ni2,c\n",
+                                       "sample_submission.csv": "id,a,b,c\nt1,0.3,0.3,0.4\n"})  # fmt: skip
+    images(probs, ["train/i0.jpg", "train/i1.jpg", "train/i2.jpg", "test/t1.jpg"])
+    assert detect.detect_image(probs, {"metric": "auc"}) == {**detect.detect_image(probs, {}), "metric": "auc"}
+    with pytest.raises(KagtplError, match=r"--metric accuracy does not score a probs submission .*logloss or auc"):
+        detect.detect_image(probs, {"metric": "accuracy"})
 
 
 def test_f1_and_mcc_score_binary_labels(tmp_path, capsys):

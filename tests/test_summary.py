@@ -26,7 +26,8 @@ def test_an_image_competition_names_its_columns_classes_model_and_plan(tmp_path)
     assert said["images"].startswith("60 in train/, 10 in test/ (.jpg), trained at 32 px  [--train-dir")
     assert said["labels"].startswith("labels.csv, id column 'id', label column 'breed', 60 rows  [--labels-csv")
     assert said["classes"].startswith("10 (eight, five, four, nine, one, ...)")
-    assert said["submission"] == "auto: a probability column per class (the sample's columns)  [--submission]"
+    auto = "metric auto (log loss on probabilities, accuracy on labels, RMSE on a score)  [--submission --metric]"
+    assert said["submission"] == f"auto: a probability column per class (the sample's columns); {auto}"
     assert said["model"].startswith("efficientnet_b4, from ImageNet weights (offline: train.py --weights")
     assert said["plan"].startswith("3 folds x 10 epochs, batch from the t4 profile's rule, budget 9h  [--folds")
     assert said["competition"] == "none named (kagtpl kaggle will need one)  [--competition]"
@@ -47,8 +48,9 @@ def test_an_image_competition_names_its_columns_classes_model_and_plan(tmp_path)
 
 def test_a_binary_sample_of_0s_says_how_to_hand_in_the_probability(tmp_path):
     """Histopathologic Cancer Detection: train_labels `id,label` (0/1), the sample `id,label` of 0s,
-    scored by AUC. The 0s cannot say probability or label: the summary names --submission positive,
-    and `kagtpl new --submission positive` renders it as train.py's default (the answers keep it)."""
+    scored by AUC. The 0s cannot say probability or label: the summary names --metric auc, and
+    `kagtpl new --submission positive` renders it as train.py's default (the answers keep it), as
+    `--metric auc` does with the metric too (it was dropped: copier asked no image project's metric)."""
     data = demo.write_digits(tmp_path / "digits", n_train=60, n_test=10)
     rows = (data / "labels.csv").read_text().splitlines()[1:]
     high = ("five", "six", "seven", "eight", "nine")
@@ -58,13 +60,20 @@ def test_a_binary_sample_of_0s_says_how_to_hand_in_the_probability(tmp_path):
     (data / "sample_submission.csv").write_text("\n".join(["id,label", *(f"{i},0" for i in ids)]) + "\n")
     said = new(tmp_path, "cancer", "--task", "image", "--gpu", "t4", "--data", str(data))
     assert said["submission"].startswith("auto: the sample's 'label' holds a label, or the second class's"), said
-    assert said["submission"].endswith("(0/1 labels scored by AUC: --submission positive)  [--submission]"), said
+    auto = "metric auto (log loss on probabilities, accuracy on labels, RMSE on a score)  [--submission --metric]"
+    assert said["submission"].endswith(f"(0/1 labels scored by AUC: --metric auc); {auto}"), said
     flags = ["--task", "image", "--gpu", "t4", "--data", str(data)]
     said = new(tmp_path, "cancer-auc", *flags, "--submission", "positive")
-    assert said["submission"] == "positive: one column of the second class's probability  [--submission]", said
+    assert said["submission"] == f"positive: one column of the second class's probability; {auto}", said
     project = tmp_path / "cancer-auc"
     assert "submission: positive\n" in (project / ".copier-answers.yml").read_text()
     assert '    "submission": "positive",  # auto:' in (project / "train.py").read_text()
+    said = new(tmp_path, "cancer-metric", *flags, "--metric", "auc")
+    auc = "metric auc (each class's ROC AUC, averaged; two classes: the positive's)  [--submission --metric]"
+    assert said["submission"] == f"positive: one column of the second class's probability; {auc}", said
+    answers = (tmp_path / "cancer-metric" / ".copier-answers.yml").read_text()
+    assert "submission: positive\n" in answers and "metric: auc\n" in answers, answers
+    assert 'METRIC = "auc"  # auto:' in (tmp_path / "cancer-metric" / "train.py").read_text()
 
 
 def test_one_hot_labels_are_read_as_the_samples_classes(tmp_path):

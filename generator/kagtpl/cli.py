@@ -202,7 +202,8 @@ def new_cmd(
         Optional[str],
         typer.Option(
             metavar="METRIC",
-            help="Tables and text: logloss, accuracy, auc, f1, mcc, rmse, rmsle, mae, qwk or map3 (default: inferred).",
+            help="Tables and text: logloss, accuracy, auc, f1, mcc, rmse, rmsle, mae, qwk or map3 (default: inferred); "
+            "images: logloss, accuracy, auc or rmse (default: the submission's).",
         ),
     ] = None,
     mask_dir: Annotated[

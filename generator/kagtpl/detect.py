@@ -20,7 +20,9 @@ TRAIN_DIRS = ("train", "train_images", "images/train", "train/images", "images")
 TEST_DIRS = ("test", "test_images", "images/test", "test/images")
 LAYOUT_KEYS = (
     "labels_csv", "id_col", "label_col", "train_dir", "test_dir", "image_ext", "sample_submission", "submission",
+    "metric",
 )  # fmt: skip
+IMAGE_METRICS = tasks().IMAGE_METRICS  # by what the submission holds (train.py checks --metric against it too)
 # what an image submission holds (train.py's --submission), in words: auto reads the sample; positive is for
 # AUC on 0/1 labels, where the sample's 0s cannot say it
 IMAGE_SUBMISSIONS = {
@@ -158,7 +160,48 @@ def no_image_folder(data: Path, o: dict) -> None:
 
 
 def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
-    """Answers for the layout keys; `overrides` (flags) win over what is found."""
+    """Answers for the layout keys and --metric; `overrides` (flags) win over what is found."""
+    found = image_layout(data, overrides)
+    metric = overrides.get("metric")
+    return found if metric is None else {**found, **image_metric(data, found, metric)}
+
+
+def image_metric(data: Path, found: dict, metric: str) -> dict[str, str]:
+    """--metric for an image project, checked against what the submission holds (IMAGE_METRICS):
+    a sample whose one label column holds whole numbers, scored on probabilities (auc, logloss:
+    Histopathologic's 0s), is the second class's probability (--submission positive) for two classes."""
+    kind, sample = found["submission"], data / found["sample_submission"]
+    if kind == "auto" and _header(sample)[1:] != [found["label_col"]]:
+        kind = "probs"
+    elif kind == "auto":
+        sampled, numeric = _column_values(sample, found["label_col"])
+        kind = "positive" if numeric and sampled and not all(_is_int(v) for v in sampled) else "label"
+        if kind == "label" and metric in IMAGE_METRICS["positive"]:
+            two_classes(data, found, metric)
+            return {"submission": "positive", "metric": metric}
+    if metric not in IMAGE_METRICS[kind]:
+        raise KagtplError(
+            f"--metric {metric} does not score a {kind} submission ({IMAGE_SUBMISSIONS[kind]}); use "
+            f"{' or '.join(IMAGE_METRICS[kind])}"
+        )
+    return {"metric": metric}
+
+
+def two_classes(data: Path, found: dict, metric: str) -> None:
+    """The sample's one column holds a probability for two classes only: the labels CSV's (class
+    folders' count is train.py's preflight)."""
+    if not found["labels_csv"]:
+        return
+    labels = _column_values(data / found["labels_csv"], found["label_col"])[0]
+    if len(labels) != 2:
+        raise KagtplError(
+            f"--metric {metric} scores probabilities, but {found['sample_submission']}'s one column "
+            f"{found['label_col']!r} holds one only for two classes ({found['labels_csv']} has {len(labels)})"
+        )
+
+
+def image_layout(data: Path, overrides: dict[str, str | None]) -> dict[str, str]:
+    """The layout keys' answers; `overrides` (flags) win over what is found."""
     if not data.is_dir():
         raise KagtplError(f"--data {data}: no such folder")
     o = {k: overrides.get(k) for k in LAYOUT_KEYS}
@@ -197,7 +240,8 @@ def detect_image(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         submission = score_submission(data / labels, label_col)
         sampled, numeric = _column_values(data / sample, label_col)
         if submission == "auto" and not (numeric and sampled and not all(_is_int(v) for v in sampled)):
-            rare_class_warning(data / labels, label_col, "--submission positive")  # not a fraction: labels
+            if overrides.get("metric") is None:  # not a fraction: labels, unless --metric scores probabilities
+                rare_class_warning(data / labels, label_col, "--metric auc")
     return {
         "labels_csv": labels,
         "id_col": id_col,

@@ -103,7 +103,7 @@ def image_lines(data: Path, a: dict) -> list[str]:
         f"{a['image_size']} px  [--train-dir --test-dir --image-ext --image-size]",
         f"labels: {labels}  [--labels-csv --id-col --label-col]",
         f"classes: {classes}",
-        f"submission: {image_submission(data, a)}  [--submission]",
+        f"submission: {image_submission(data, a)}; metric {image_metric(a)}  [--submission --metric]",
         f"model: {a['model']}, "
         + (
             "from ImageNet weights (offline: train.py --weights FILE, or --no-pretrained)"
@@ -124,8 +124,16 @@ def image_submission(data: Path, a: dict) -> str:
         return f"auto: {IMAGE_SUBMISSIONS['probs']} (the sample's columns)"
     return (
         f"auto: the sample's {columns[1]!r} holds a label, or the second class's probability where it holds a "
-        "fraction (0/1 labels scored by AUC: --submission positive)"
+        "fraction (0/1 labels scored by AUC: --metric auc)"
     )
+
+
+def image_metric(a: dict) -> str:
+    """The image project's metric, in words: auto is the submission's own."""
+    metric = a.get("metric", "auto")
+    if metric == "auc":
+        return "auc (each class's ROC AUC, averaged; two classes: the positive's)"
+    return "auto (log loss on probabilities, accuracy on labels, RMSE on a score)" if metric == "auto" else metric
 
 
 def image_labels(data: Path, a: dict) -> tuple[int, str, str]:

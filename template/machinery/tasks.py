@@ -58,6 +58,16 @@ PROBLEM_METRICS = {
 TABLE_ONLY_METRICS = ("rmsle", "mae")
 LABELS_ONLY_METRICS = ("f1", "mcc", "map3")  # scored on the labels handed in: --submission label
 TOP_LABELS = 3  # map3: the labels a row hands in, the likeliest first
+# an image's metrics by what its submission holds, the first its default (--metric auto): kagtpl new and the
+# generated train.py check --metric against them. auc: ROC AUC of the positive class (Histopathologic, SIIM-ISIC),
+# or each class's averaged (Plant Pathology's mean column-wise AUC); it ranks runs, picks tune.py's trials and
+# judges the folds against the fallback (hand_in.py), as log loss did for every probability submission
+IMAGE_METRICS = {
+    "probs": ("logloss", "auc"),
+    "positive": ("logloss", "auc"),
+    "label": ("accuracy",),
+    "number": ("rmse",),
+}
 
 
 def get(name: str) -> Task:
