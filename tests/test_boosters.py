@@ -172,6 +172,46 @@ def test_hill_climbing_never_scores_below_its_best_member(tmp_path):
     assert score(y, mix) == pytest.approx(blended)  # the weights are the blend that was scored
 
 
+def test_f1_labels_are_cut_where_the_blends_oof_rows_score_best(tmp_path, capsys):
+    """--metric f1 (Quora's insincere questions, 6% positive) handed in the argmax's labels, a cut at
+    0.5: a rare class is best cut lower. predict.py and serve.py now cut the blend where its OOF rows
+    score the best F1 (metrics.with_threshold, a THRESHOLD line), a text's at its folds' OOF rows;
+    other metrics, and a blend with no OOF rows to choose on, keep the argmax."""
+    project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="binary", metric="f1", submission="label")
+    m = import_project(project, ("blend", "metrics", "submission"))
+    rng = np.random.default_rng(0)
+    y = (rng.random(2000) < 0.08).astype(int)
+    ids = [f"r{i}" for i in range(len(y))]
+    # calibrated scores of a rare class: a positive's probability is mostly under 0.5
+    for name, noise in (("lgbm", 0.12), ("mlp", 0.14)):
+        p1 = np.clip(0.05 + 0.35 * y + rng.normal(0, noise, len(y)), 0.001, 0.999)
+        oof = pd.DataFrame({"id": ids, "target": y, "p_0": 1 - p1, "p_1": p1})
+        oof.to_csv(tmp_path / f"oof_{name}.csv", index=False)
+    config = {"metric": "f1", "problem": "binary", "submission": "label"}
+    read = lambda df: df["target"].to_numpy()  # noqa: E731
+    cut, best, at_half = m.metrics.f1_threshold(y, pd.read_csv(tmp_path / "oof_lgbm.csv")["p_1"].to_numpy())
+    assert cut < 0.45 and best > at_half + 0.05, (cut, best, at_half)
+    decided = m.blend.decided(config, tmp_path, {"lgbm": 0.6, "mlp": 0.4}, "id", read)
+    said = capsys.readouterr().out
+    assert decided["threshold"] < 0.45 and config.get("threshold") is None
+    assert re.search(
+        rf"^THRESHOLD: labels are the positive class where its probability >= {decided['threshold']:.2f}: OOF F1 "
+        r"[\d.]+ over 2000 rows, chosen on them \(0\.5: [\d.]+\)$",
+        said,
+        re.M,
+    ), said
+    sample = pd.DataFrame({"id": ["a", "b", "c"], "target": 0})
+    pred = np.array([[0.7, 0.3], [0.9, 0.1], [0.4, 0.6]])
+    filled = m.submission.fill(sample, pred, decided, [0, 1])[0]["target"].tolist()
+    assert filled == [int(0.3 >= decided["threshold"]), 0, 1]
+    assert m.submission.fill(sample, pred, config, [0, 1])[0]["target"].tolist() == [0, 0, 1]  # the argmax's
+    for other in ({**config, "metric": "auc"}, {**config, "submission": "probs"}, {**config, "metric": "mcc"}):
+        assert m.blend.decided(other, tmp_path, {"lgbm": 1.0}, "id", read) == other
+    (tmp_path / "oof_mlp.csv").unlink()  # the plain mean: no OOF rows of every member to choose on
+    assert m.blend.decided(config, tmp_path, {"lgbm": 0.5, "mlp": 0.5}, "id", read) == config
+    assert "THRESHOLD" not in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------- slow: render and run
 
 

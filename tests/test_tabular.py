@@ -566,9 +566,31 @@ def test_metric_f1_scores_the_labels_and_its_fallback_is_the_positive_class(tmp_
     assert said and float(said[1]) == pytest.approx(
         f1_score(oof["target"], oof[["p_0", "p_1"]].to_numpy().argmax(1)), abs=1e-4
     )
-    run_script(project, "predict.py", "--device", "cpu")
+    log = run_script(project, "predict.py", "--device", "cpu").stdout
+    # the labels are cut where the blend's OOF rows score the best F1 (0.5 before: the argmax's)
+    cut = re.search(r"^THRESHOLD: labels are the positive class where its probability >= ([\d.]+): OOF F1", log, re.M)
+    assert cut, log[-3000:]
     sub = pd.read_csv(project / "output" / "submission.csv")
     truth = pd.read_csv(tmp_path / "data_solution.csv").iloc[:, 1].astype(str)
     assert list(sub.columns) == list(sample.columns) and set(sub.iloc[:, 1].astype(str)) <= set(classes)
     held_out = f1_score(truth, sub.iloc[:, 1].astype(str), pos_label=classes[1])
     assert held_out > f1_score(truth, fallback.iloc[:, 1].astype(str), pos_label=classes[1]) + 0.1, held_out
+    (project / "serve_f1.py").write_text(SERVE_F1)  # serve.py's ensemble cuts where predict.py cut
+    served = run_script(project, "serve_f1.py", str(data), answers["test_csv"], answers["sample_submission"]).stdout
+    assert f"CONFIG THRESHOLD {float(cut[1])}" in served, served[-2000:]
+    assert pd.read_csv(project / "served.csv").equals(sub), pd.read_csv(project / "served.csv").head()
+
+
+SERVE_F1 = """
+import sys, time
+from pathlib import Path
+import pandas as pd, torch
+import predict
+from machinery import serving
+data = Path(sys.argv[1])
+columns = list(pd.read_csv(data / sys.argv[3], nrows=0).columns)
+clock = serving.StartClock(time.time(), 600)
+ensemble = predict.load_ensemble(Path("output"), data, columns, torch.device("cpu"), clock)
+print("CONFIG THRESHOLD", ensemble.config.get("threshold"))
+predict.predict_batch(ensemble, {}, pd.read_csv(data / sys.argv[2])).to_csv("served.csv", index=False)
+"""

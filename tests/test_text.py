@@ -403,6 +403,42 @@ def test_killed_after_fold_0_predict_submits_from_fold_0(text_data, tmp_path):
     assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in log and "SUBMISSION:" in log
 
 
+SERVE_REVIEWS = """
+import sys, time
+from pathlib import Path
+import pandas as pd, torch
+import predict
+from machinery import serving
+data = Path(sys.argv[1])
+test = pd.read_csv(data / "test.csv", dtype=str)
+columns = list(pd.read_csv(data / "sample_submission.csv", nrows=0).columns)
+clock = serving.StartClock(time.time(), 600)
+ensemble = predict.load_ensemble(Path("output"), data, columns, torch.device("cpu"), clock)
+print("CONFIG THRESHOLD", ensemble.config.get("threshold"))
+predict.predict_batch(ensemble, {}, test).to_csv("served.csv", index=False)
+"""
+
+
+@pytest.mark.slow
+def test_f1_labels_are_cut_where_the_oof_rows_score_best_by_predict_and_serve_alike(text_data, tmp_path):
+    """--metric f1 on a text (Disaster Tweets, Quora): predict.py cuts the folds' mean probability
+    where the OOF rows score the best F1, with a THRESHOLD line (the argmax's 0.5 before), and
+    serve.py's ensemble cuts at the same place: its answers are predict.py's labels."""
+    data = text_data["reviews"]
+    project = text_project(tmp_path / "p", data, "reviews", metric="f1")
+    dry_run_into_output(project, "--device", "cpu")
+    log = run_script(project, "predict.py", "--device", "cpu").stdout
+    said = re.search(r"^THRESHOLD: labels are the positive class where its probability >= ([\d.]+): OOF F1 [\d.]+ "
+                     r"over (\d+) rows, chosen on them \(0\.5: [\d.]+\)$", log, re.M)  # fmt: skip
+    assert said and int(said.group(2)) > 0, log[-3000:]
+    (project / "serve_reviews.py").write_text(SERVE_REVIEWS)
+    served = run_script(project, "serve_reviews.py", str(data)).stdout
+    assert f"CONFIG THRESHOLD {float(said.group(1))}" in served, served[-2000:]
+    written = pd.read_csv(project / "output" / "submission.csv", dtype=str)
+    answered = pd.read_csv(project / "served.csv", dtype=str)
+    assert answered.equals(written), (answered.head(), written.head())
+
+
 def _edit(path: Path, fn) -> None:
     df = pd.read_csv(path)
     fn(df)

@@ -47,9 +47,8 @@ def in_sample_order(test, sample, id_col: str, sample_path, test_path):
 
 
 def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = TRAIN):
-    """The submission in sample_submission's shape from the ensembled predictions, and how to check its
-    values. config: the checkpoint's problem, submission (probs | label), metric and target (several
-    regression targets: comma-separated, each a column of the sample); `train`, check_classes'."""
+    """The submission in sample_submission's shape from the ensembled predictions, and how to check its values.
+    config: the checkpoint's problem, submission, metric, target(s) and F1's threshold; `train`, check_classes'."""
     sub, cols = sample.copy(), list(sample.columns[1:])
     problem, kind = config["problem"], config["submission"]
     if problem == "regression":
@@ -65,8 +64,9 @@ def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = TRA
 
         sub[cols[0]] = [" ".join(str(classes[k]) for k in row) for row in top_classes(pred)]
         return sub, "labels"
-    if kind == "label":
-        sub[cols[0]] = [classes[k] for k in pred.argmax(1)]
+    if kind == "label":  # F1's cut, chosen on the OOF rows (metrics.with_threshold), or the argmax
+        hard = (pred[:, 1] >= config["threshold"]).astype(int) if "threshold" in config else pred.argmax(1)
+        sub[cols[0]] = [classes[k] for k in hard]
         return sub, "label"
     if problem == "binary":
         sub[cols[0]] = pred[:, 1]
