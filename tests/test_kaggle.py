@@ -194,6 +194,9 @@ def test_the_weights_dataset_takes_what_serve_and_predict_read_and_no_fold_oof(t
     assert sorted(f.name for f in kaggle.served_files(out, left_out)) == sorted(names)
     assert left_out[0] == "output/model_fold1.pth: 0 bytes" and left_out[1].startswith("output/model_fold2.pth: ")
     assert len(left_out) == 2
+    (out / "oof.csv").write_text("x")  # a text's F1 threshold is chosen on it: shipped under --metric f1 alone
+    assert sorted(f.name for f in kaggle.served_files(out, [], "f1")) == sorted([*names, "oof.csv"])
+    assert sorted(f.name for f in kaggle.served_files(out, [], "auc")) == sorted(names)
 
     # grown seeds that lost on the OOF rows (hand_in.json names them by their times, which do not
     # travel): predict.py leaves them out here, and the notebook's predict.py would not

@@ -437,6 +437,11 @@ def test_f1_labels_are_cut_where_the_oof_rows_score_best_by_predict_and_serve_al
     written = pd.read_csv(project / "output" / "submission.csv", dtype=str)
     answered = pd.read_csv(project / "served.csv", dtype=str)
     assert answered.equals(written), (answered.head(), written.head())
+    oof = (project / "output" / "oof.csv").read_bytes()
+    (project / "output" / "oof.csv").write_bytes(oof[: len(oof) // 2])  # cut short: no rows to choose on
+    log = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "OOF: oof.csv left out: it does not read back" in log and "THRESHOLD" not in log, log[-3000:]
+    assert "SUBMISSION: output/submission.csv (40 rows" in log, log[-2000:]  # the argmax's labels
 
 
 def _edit(path: Path, fn) -> None:

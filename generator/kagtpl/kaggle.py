@@ -114,6 +114,9 @@ SERVED_FILES = (
     "postprocess.json",
     "tta_views.json",
 )
+# --metric f1: a text's labels are cut where its folds' OOF rows score the best F1 (metrics.oof_threshold; a table's
+# blend chooses on its models' oof_<model>.csv, shipped anyway)
+F1_OOF = "oof.csv"
 SERVED_BASE = "base-model"  # --serve --model-dir: the LoRA folds' base model, inside the weights dataset
 
 
@@ -160,15 +163,16 @@ def check_servable(project: Path, runs: Path, task: str, mode: str = "serve") ->
         )
 
 
-def served_files(runs: Path, left_out: list[str] | None = None) -> list[Path]:
+def served_files(runs: Path, left_out: list[str] | None = None, metric: str = "") -> list[Path]:
     """The run folder's (output/'s) files serve.py loads: the model folds, serve_defaults.json, config.json, the
-    models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv) and the chosen
-    post-processing and TTA views. A fold checkpoint that predict.py would skip (0 bytes, cut
+    models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv; oof.csv under --metric f1: F1_OOF)
+    and the chosen post-processing and TTA views. A fold checkpoint that predict.py would skip (0 bytes, cut
     short, not a kagtpl checkpoint), and a grown seed that lost on the OOF rows (hand_in.json's
     verdict, which does not travel: it names the files by their modification times), is left
     out, and why goes to `left_out`."""
     found = [f for pattern in SERVED_FILES for f in sorted(runs.glob(pattern)) if f.is_file()]
     found = [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
+    found += [runs / F1_OOF] if metric == "f1" and (runs / F1_OOF).is_file() else []
     hand_in = template_module("hand_in")
     lost = hand_in.left_out(runs)
     kept = []
@@ -398,7 +402,8 @@ def write_weights(pkg: Package, out: Path, req: KaggleRequest) -> str | None:
     if req.serve or req.predict:
         shipped_base = pkg.lora and req.model_dir is not None and req.base_model is None
         base = {SERVED_BASE: req.model_dir} if shipped_base else {}
-        weights_dataset(pkg, out, req.user, served_files(pkg.runs, pkg.left_out), {**tokenizers, **base})
+        served = served_files(pkg.runs, pkg.left_out, str(pkg.answers.get("metric", "")))
+        weights_dataset(pkg, out, req.user, served, {**tokenizers, **base})
         return None
     if req.base_model is not None:
         if pkg.lora:
