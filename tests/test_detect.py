@@ -215,6 +215,11 @@ def test_an_image_metric_is_checked_against_what_the_submission_holds(tmp_path, 
     five = r"--metric auc scores probabilities, but .*two classes \(train_labels.csv has 5\)"
     with pytest.raises(KagtplError, match=five):
         detect.detect_image(data, {"metric": "auc"})
+    # QWK (APTOS): whole grades, learned as a score; words are no grades
+    assert (detect.detect_image(data, {"metric": "qwk"})["submission"], "qwk") == ("number", "qwk")
+    (data / "train_labels.csv").write_text("\n".join(["id,label", *(f"i{k},{'ab'[k % 2]}" for k in range(40))]) + "\n")
+    with pytest.raises(KagtplError, match=r"--metric qwk scores ordered grades .*'label' holds a, b"):
+        detect.detect_image(data, {"metric": "qwk"})
     probs = write(tmp_path / "probs", {"train_labels.csv": "id,label\ni0,a\ni1,b\ni2,c\n",
                                        "sample_submission.csv": "id,a,b,c\nt1,0.3,0.3,0.4\n"})  # fmt: skip
     images(probs, ["train/i0.jpg", "train/i1.jpg", "train/i2.jpg", "test/t1.jpg"])

@@ -112,3 +112,35 @@ def test_a_rerun_as_classes_retrains_the_score_folds(scored, tmp_path):
     assert "is complete, skipping (resume)" not in log, log[:3000]
     assert "DATA: 240 train images, 10 classes, 60 test rows" in log, log[-2000:]
     assert re.search(r"^OOF: logloss=[\d.]+, Acc=[\d.]+ over 240 rows", log, re.M), log[-2000:]
+
+
+def test_qwk_learns_whole_grades_as_a_score_and_hands_them_in_rounded(tmp_path):
+    """APTOS 2019's diabetic retinopathy: train.csv `id_code,diagnosis` (grades 0-4), a sample of 0s,
+    scored by quadratic weighted kappa. `--metric qwk` (an image project took no metric) learns the
+    grades as a score (MSE on the standardized grade) and hands in whole grades within the training
+    range, the fallback too (the mean, rounded); the OOF and epoch lines say QWK."""
+    digits = demo.write_digits(tmp_path / "digits", n_train=120, n_test=30)
+    data = tmp_path / "data"
+    shutil.copytree(digits / "train", data / "train_images")
+    shutil.copytree(digits / "test", data / "test_images")
+    grade = {name: k % 5 for k, name in enumerate(demo.CLASSES)}
+    labels = pd.read_csv(digits / "labels.csv")
+    graded = pd.DataFrame({"id_code": labels["id"], "diagnosis": labels["breed"].map(grade)})
+    graded.to_csv(data / "train.csv", index=False)
+    ids = pd.read_csv(tmp_path / "digits_solution.csv")["id"]
+    pd.DataFrame({"id_code": ids, "diagnosis": 0}).to_csv(data / "sample_submission.csv", index=False)
+    new_project(NewAnswers(name="aptos", task="image", gpu="cpu", data=data, dest=tmp_path, folds=2, metric="qwk"))
+    project = tmp_path / "aptos"
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert (answers["submission"], answers["metric"]) == ("number", "qwk"), answers
+    log = run_script(project, "train.py", "--dry-run", "--device", "cpu", "--no-pretrained").stdout
+    said = "SUBMISSION: output/dry-run/submission.csv is a fallback (the training mean for every row)"
+    assert said in log, log[:3000]
+    fallback = pd.read_csv(project / "output" / "dry-run" / "submission.csv")["diagnosis"]
+    mean = float(pd.read_csv(data / "train.csv")["diagnosis"].mean())
+    assert fallback.dtype.kind == "i" and set(fallback) == {round(mean)}, (fallback.head(), mean)
+    assert re.search(r"^Epoch 1: .*QWK=-?[\d.]+", log, re.M), log[-3000:]
+    assert re.search(r"^OOF: rmse=[\d.]+, QWK=-?[\d.]+", log, re.M), log[-3000:]
+    run_script(project, "predict.py", "--device", "cpu", "--out-dir", "output/dry-run")
+    sub = pd.read_csv(project / "output" / "dry-run" / "submission.csv")["diagnosis"]
+    assert sub.dtype.kind == "i" and sub.between(0, 4).all(), sub.describe()

@@ -179,12 +179,28 @@ def image_metric(data: Path, found: dict, metric: str) -> dict[str, str]:
         if kind == "label" and metric in IMAGE_METRICS["positive"]:
             two_classes(data, found, metric)
             return {"submission": "positive", "metric": metric}
+        if kind == "label" and metric == "qwk":  # ordered grades (APTOS's 0-4): learned as a score, handed in whole
+            graded(data, found)
+            return {"submission": "number", "metric": metric}
     if metric not in IMAGE_METRICS[kind]:
         raise KagtplError(
             f"--metric {metric} does not score a {kind} submission ({IMAGE_SUBMISSIONS[kind]}); use "
             f"{' or '.join(IMAGE_METRICS[kind])}"
         )
     return {"metric": metric}
+
+
+def graded(data: Path, found: dict) -> None:
+    """QWK's labels are grades: whole numbers in the labels CSV (class folders' names are words)."""
+    values, numeric = (
+        _column_values(data / found["labels_csv"], found["label_col"]) if found["labels_csv"] else (set(), False)
+    )
+    if not numeric or not all(_is_int(v) for v in values):
+        where = f"{found['labels_csv']}'s {found['label_col']!r}" if found["labels_csv"] else "class folders"
+        shown = ", ".join(sorted(values)[:3])
+        raise KagtplError(
+            f"--metric qwk scores ordered grades (whole numbers, APTOS's 0-4); {where} holds {shown or 'names'}"
+        )
 
 
 def two_classes(data: Path, found: dict, metric: str) -> None:

@@ -133,6 +133,8 @@ def image_metric(a: dict) -> str:
     metric = a.get("metric", "auto")
     if metric == "auc":
         return "auc (each class's ROC AUC, averaged; two classes: the positive's)"
+    if metric == "qwk":
+        return "qwk (quadratic weighted kappa: the grades learned as a score, handed in rounded)"
     return "auto (log loss on probabilities, accuracy on labels, RMSE on a score)" if metric == "auto" else metric
 
 

@@ -66,7 +66,7 @@ IMAGE_METRICS = {
     "probs": ("logloss", "auc"),
     "positive": ("logloss", "auc"),
     "label": ("accuracy",),
-    "number": ("rmse",),
+    "number": ("rmse", "qwk"),  # qwk: whole grades (APTOS's 0-4), learned as a score, handed in rounded
 }
 
 
