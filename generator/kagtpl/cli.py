@@ -203,7 +203,8 @@ def new_cmd(
         typer.Option(
             metavar="METRIC",
             help="Tables and text: logloss, accuracy, auc, f1, mcc, rmse, rmsle, mae, qwk or map3 (default: inferred); "
-            "images: logloss, accuracy, auc, rmse or qwk (default: the submission's).",
+            "images: logloss, accuracy, auc, rmse or qwk (default: the submission's); masks: dice or iou; boxes: map, "
+            "map50 or wheat; audio: auc or cmap.",
         ),
     ] = None,
     mask_dir: Annotated[
