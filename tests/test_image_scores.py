@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory) -> tuple[Path, Path, pd.Series]:
     """(project, data, the test images' true scores): the digits in Pawpularity's layout (train.csv
-    Id, score; sample Id, score of 0), rendered by kagtpl new, trained 2 folds x 12 epochs."""
+    Id, score; sample Id, score of 0), rendered by kagtpl new, trained 2 folds x 8 epochs."""
     root = tmp_path_factory.mktemp("scores")
     digits = demo.write_digits(root / "digits", n_train=240, n_test=60)
     score = {name: k + 0.5 for k, name in enumerate(demo.CLASSES)}
@@ -35,7 +35,7 @@ def scored(tmp_path_factory) -> tuple[Path, Path, pd.Series]:
     pd.DataFrame({"Id": labels["id"], "score": labels["breed"].map(score)}).to_csv(data / "train.csv", index=False)
     truth = pd.read_csv(root / "digits_solution.csv")
     pd.DataFrame({"Id": truth["id"], "score": 0}).to_csv(data / "sample_submission.csv", index=False)
-    new_project(NewAnswers(name="scores", task="image", gpu="cpu", data=data, dest=root, folds=2, epochs=12))
+    new_project(NewAnswers(name="scores", task="image", gpu="cpu", data=data, dest=root, folds=2, epochs=8))
     project = root / "scores"
     return project, data, truth.set_index("id")["breed"].map(score)
 
@@ -52,7 +52,8 @@ def test_a_fractional_score_trains_a_regression_that_beats_the_mean(scored):
     train = pd.read_csv(data / "train.csv")["score"]
     held_out = float(np.sqrt(((sub - truth.loc[sub.index]) ** 2).mean()))
     mean_only = float(np.sqrt(((train.mean() - truth) ** 2).mean()))
-    # measured 2026-12-06 (2 cores, -n0): held-out RMSE 1.934 against the training mean's 2.809, OOF 1.878
+    # measured 2026-12-06 (2 cores, -n0): held-out RMSE 2.059 against the training mean's 2.809, OOF 1.966 (12
+    # epochs: 1.934, OOF 1.878; 8 since, ~12 s less in each of this fixture and the rerun test)
     assert held_out < 0.85 * mean_only and oof < 0.85 * float(train.std()), (held_out, mean_only, oof)
 
 
