@@ -119,7 +119,7 @@ def test_qwk_learns_whole_grades_as_a_score_and_hands_them_in_rounded(tmp_path):
     """APTOS 2019's diabetic retinopathy: train.csv `id_code,diagnosis` (grades 0-4), a sample of 0s,
     scored by quadratic weighted kappa. `--metric qwk` (an image project took no metric) learns the
     grades as a score (MSE on the standardized grade) and hands in whole grades within the training
-    range, the fallback too (the mean, rounded); the OOF and epoch lines say QWK."""
+    range, the fallback too (the mean, rounded, and said so); the OOF and epoch lines say QWK."""
     digits = demo.write_digits(tmp_path / "digits", n_train=120, n_test=30)
     data = tmp_path / "data"
     shutil.copytree(digits / "train", data / "train_images")
@@ -135,7 +135,7 @@ def test_qwk_learns_whole_grades_as_a_score_and_hands_them_in_rounded(tmp_path):
     answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
     assert (answers["submission"], answers["metric"]) == ("number", "qwk"), answers
     log = run_script(project, "train.py", "--dry-run", "--device", "cpu", "--no-pretrained").stdout
-    said = "SUBMISSION: output/dry-run/submission.csv is a fallback (the training mean for every row)"
+    said = "SUBMISSION: output/dry-run/submission.csv is a fallback (the rounded training mean for every row)"
     assert said in log, log[:3000]
     fallback = pd.read_csv(project / "output" / "dry-run" / "submission.csv")["diagnosis"]
     mean = float(pd.read_csv(data / "train.csv")["diagnosis"].mean())

@@ -426,6 +426,7 @@ def test_metric_qwk_hands_in_whole_labels_in_the_training_range(tmp_path):
     project = _regression_project(tmp_path, frame, "quality", quality, n, "qwk", epochs=10, placeholder=5)
     log = run_script(project, "train.py", "--device", "cpu", "--models", "lgbm,mlp").stdout
     fallback = pd.read_csv(project / "output" / "submission.csv")["quality"]  # train.py's, until predict.py
+    assert "is a fallback (the rounded training mean for every row)" in log, log[:3000]
     assert fallback.dtype == np.int64 and set(fallback) == {round(quality[:n].mean())}, fallback.head()
     oof = float(re.search(r"^OOF: qwk=([\d.]+) over 400 rows .*\(lgbm\)$", log, re.M).group(1))
     assert oof > 0.5, log[-3000:]  # the acidity is learnt

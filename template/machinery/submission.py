@@ -23,9 +23,8 @@ RLE = re.compile(r"(\d+ \d+( \d+ \d+)*)?")  # "start length start length ...", o
 
 
 def read_table(path: Path, id_col: str):
-    """A CSV with an id column whose values are unique; ids are strings ('PassengerId' 892..,
-    'id' 'a1f3'..: labels, not positions). A missing column or a duplicate id is a DataError
-    naming the file and line."""
+    """A CSV with an id column whose values are unique; ids are strings ('PassengerId' 892.., 'id' 'a1f3'..:
+    labels, not positions). A missing column or a duplicate id is a DataError naming the file and line."""
     df = read_csv(path, text=(id_col,))
     if id_col not in df.columns:
         raise DataError(f"{path}: no id column {id_col!r} (columns: {list(df.columns)[:10]})")
@@ -119,12 +118,11 @@ def empty_prediction(sample, kind: str):
 
 
 def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: list, since: float = float("inf")):
-    """The submission that exists from preflight on, so that a run stopped anywhere still hands one
-    in: every row the training prior (class frequencies, the majority class, or the mean). A
-    submission already at `path` written before `since` (the run's start: --start-time) is an
-    earlier run's (a dry run's, or one from other data): moved to `submission.earlier.csv` with a
-    line, so that the file this run hands in is its own; one written since is this run's (a
-    train.py run.py started again), replaced where it is. predict.py replaces the fallback.
+    """The submission that exists from preflight on, so that a run stopped anywhere still hands one in: every
+    row the training prior (class frequencies, the majority class, or the mean). A submission already at
+    `path` written before `since` (the run's start: --start-time) is an earlier run's (a dry run's, or one
+    from other data): moved to `submission.earlier.csv` with a line, so that the file this run hands in is
+    its own; one written since is this run's (a train.py run.py started again), replaced where it is.
     Returns it and its kind (fill's: "label", "number", ...), or None when there is none."""
     if config.get("submission") in EMPTY_KINDS:  # segmentation, detection: an empty mask, no box
         sub, kind = empty_prediction(sample, config["submission"]), config["submission"]
@@ -145,7 +143,9 @@ def write_fallback(path: Path, sample, y: np.ndarray, config: dict, classes: lis
         print(f"SUBMISSION: the earlier run's {path.name} moved to {earlier} (this run hands in its own)")
     room.write_csv(sub, path, ahead=True)  # a full disk: train.py's training cache is in use
     what = {
-        "number": "the training median" if config.get("metric") == "mae" else "the training mean",
+        "number": {"mae": "the training median", "qwk": "the rounded training mean"}.get(
+            config.get("metric"), "the training mean"
+        ),
         "label": "the positive class" if config.get("metric") == "f1" else "the majority class",
         "labels": "the three most common classes",
         "rle": "an empty mask",
