@@ -174,8 +174,7 @@ def image_metric(data: Path, found: dict, metric: str) -> dict[str, str]:
     if kind == "auto" and _header(sample)[1:] != [found["label_col"]]:
         kind = "probs"
     elif kind == "auto":
-        sampled, numeric = _column_values(sample, found["label_col"])
-        kind = "positive" if numeric and sampled and not all(_is_int(v) for v in sampled) else "label"
+        kind = "positive" if holds_fraction(sample, found["label_col"]) else "label"
         if kind == "label" and metric in IMAGE_METRICS["positive"]:
             two_classes(data, found, metric)
             return {"submission": "positive", "metric": metric}
@@ -254,8 +253,7 @@ def image_layout(data: Path, overrides: dict[str, str | None]) -> dict[str, str]
         ext = image_ext(data / train_dir, _first_value(data / labels, id_col) or "")
     if submission == "auto" and label_col and sample_cols[1:] == [label_col]:  # the sample's one column: a label
         submission = score_submission(data / labels, label_col)
-        sampled, numeric = _column_values(data / sample, label_col)
-        if submission == "auto" and not (numeric and sampled and not all(_is_int(v) for v in sampled)):
+        if submission == "auto" and not holds_fraction(data / sample, label_col):
             if overrides.get("metric") is None:  # not a fraction: labels, unless --metric scores probabilities
                 rare_class_warning(data / labels, label_col, "--metric auc")
     return {
@@ -417,6 +415,13 @@ def _column_values(path: Path, column: str, limit: int = 64) -> tuple[set[str], 
         if len(values) < limit:
             values.add(v)
     return values, numeric
+
+
+def holds_fraction(sample: Path, column: str) -> bool:
+    """The sample's label column holds a fraction (Dogs vs. Cats Redux's 0.5): a probability to fill,
+    not a label (whole numbers, 0s among them, say nothing)."""
+    sampled, numeric = _column_values(sample, column)
+    return numeric and bool(sampled) and not all(_is_int(v) for v in sampled)
 
 
 def _is_int(v: str) -> bool:
