@@ -51,6 +51,7 @@ def shapes_args() -> argparse.Namespace:
     p.add_argument("--train", type=int, default=200, help="training images")
     p.add_argument("--test", type=int, default=50, help="held-out images")
     p.add_argument("--size", type=int, default=128, help="image side in pixels")
+    p.add_argument("--flags", default="", help="train.py flags for the run, e.g. '--folds 2 --epochs 2' (a smoke)")
     return p.parse_args()
 
 

@@ -2,7 +2,7 @@
 mAP@.5 and mAP@[.5:.95] of the default project on held-out images, the gain of weighted box
 fusion over the best single fold on the same images, and a classical baseline on the same folds.
 
-    python benchmarks/detection.py [--budget 10m] [--train 200] [--test 50] [--size 128]
+    python benchmarks/detection.py [--budget 10m] [--train 200] [--test 50] [--size 128] [--flags '--epochs 2']
 
 The data is `kagtpl shapes --task detection` (Global Wheat's layout: ellipses to find among
 triangles and lines, on noise and a lighting gradient; a quarter of the images without an
@@ -30,6 +30,7 @@ import contextlib
 import io
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -173,7 +174,7 @@ def main() -> None:
     solution = solution_boxes(work / "boxes_solution.csv")
     test_ids = list(pd.read_csv(data / "sample_submission.csv", dtype=str)["image_id"])
     project = cpu_project(work, "det", "detection", data)
-    log, wall = run_budget(project, args.budget)
+    log, wall = run_budget(project, args.budget, tuple(shlex.split(args.flags)))
     out = project / "output"
     oof_line = re.search(r"^OOF: mAP@\.5=([\d.]+), mAP@\[\.5:\.95\]=([\d.]+)", log, re.M)
     oof_score = (float(oof_line.group(1)), float(oof_line.group(2))) if oof_line else (float("nan"),) * 2

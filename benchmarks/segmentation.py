@@ -2,7 +2,7 @@
 against two classical baselines on the same folds and the same held-out images (and the floor:
 every mask empty, which scores the share of empty images).
 
-    python benchmarks/segmentation.py [--budget 10m] [--train 200] [--test 50] [--size 128]
+    python benchmarks/segmentation.py [--budget 10m] [--train 200] [--test 50] [--size 128] [--flags '--epochs 2']
 
 The data is `kagtpl shapes` (ellipses to find among triangles, lines, noise and a lighting
 gradient; a quarter of the images empty), rendered by `kagtpl new --task segmentation` as a user
@@ -23,6 +23,7 @@ all training images to predict the held-out ones, scored against the solution fi
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -134,7 +135,7 @@ def main() -> None:
     data = shapes.write_shapes(work / "shapes", "png", args.train, args.test, args.size)
     solution = work / "shapes_solution.csv"
     project = cpu_project(work, "seg", "segmentation", data)
-    log, wall = run_budget(project, args.budget)
+    log, wall = run_budget(project, args.budget, tuple(shlex.split(args.flags)))
     chosen = json.loads((project / "output" / "postprocess.json").read_text())
     oof = pd.concat([pd.read_csv(f) for f in sorted((project / "output").glob("oof_fold*.csv"))])
     all_ids = pd.read_csv(data / "sample_submission.csv")  # the held-out ids

@@ -1011,13 +1011,18 @@ class SlowRows(torch.utils.data.Dataset):
         return i
 
 
-@pytest.mark.slow  # torch finds a dead worker within 5 s of waiting for its batch: ~5 s a kill
-def test_a_killed_loader_workers_pass_goes_on_in_order_on_half_the_workers(project_modules, capsys):
+@pytest.mark.slow
+def test_a_killed_loader_workers_pass_goes_on_in_order_on_half_the_workers(project_modules, capsys, monkeypatch):
     """RestartingLoader (machinery/loader_restarts.py): a worker SIGKILLed mid-pass, then one of the
     persistent pool killed between two passes: each pass still reads every row once, in order
     (predict.py's rows and their predictions stay aligned), on half the workers each time, with one
     WARNING each. A dataset's own error comes through as itself."""
     restarting = project_modules.loader_restarts.RestartingLoader
+    # torch looks for a dead worker each time a batch has not come in MP_STATUS_CHECK_INTERVAL (5 s: ~5 s of
+    # this test's waiting a kill, ~15 s in all); 0.5 s here, where what is checked is what the pass does once
+    # torch has raised (a default argument, bound when torch defined the method)
+    iterator = torch.utils.data.dataloader._MultiProcessingDataLoaderIter
+    monkeypatch.setattr(iterator._try_get_data, "__defaults__", (0.5,))
     # as the scripts make them: 2 persistent workers, their socket folder made first (a killed worker's
     # own would stay in /tmp: loader_sockets.py)
     settings = project_modules.hardware.flag_loader(2, "cpu")
