@@ -619,6 +619,7 @@ PROJECT_MODULES = (
     "storage",
     "room",
     "submission",
+    "grades",
     "tuning",
     "tune",
     "steps",

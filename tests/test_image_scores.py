@@ -119,7 +119,8 @@ def test_qwk_learns_whole_grades_as_a_score_and_hands_them_in_rounded(tmp_path):
     """APTOS 2019's diabetic retinopathy: train.csv `id_code,diagnosis` (grades 0-4), a sample of 0s,
     scored by quadratic weighted kappa. `--metric qwk` (an image project took no metric) learns the
     grades as a score (MSE on the standardized grade) and hands in whole grades within the training
-    range, the fallback too (the mean, rounded, and said so); the OOF and epoch lines say QWK."""
+    range, the fallback too (the mean, rounded, and said so), predict.py's cut where the OOF rows
+    score the best kappa (a CUTS line); the OOF and epoch lines say QWK."""
     digits = demo.write_digits(tmp_path / "digits", n_train=120, n_test=30)
     data = tmp_path / "data"
     shutil.copytree(digits / "train", data / "train_images")
@@ -142,6 +143,8 @@ def test_qwk_learns_whole_grades_as_a_score_and_hands_them_in_rounded(tmp_path):
     assert fallback.dtype.kind == "i" and set(fallback) == {round(mean)}, (fallback.head(), mean)
     assert re.search(r"^Epoch 1: .*QWK=-?[\d.]+", log, re.M), log[-3000:]
     assert re.search(r"^OOF: rmse=[\d.]+, QWK=-?[\d.]+", log, re.M), log[-3000:]
-    run_script(project, "predict.py", "--device", "cpu", "--out-dir", "output/dry-run")
+    said = run_script(project, "predict.py", "--device", "cpu", "--out-dir", "output/dry-run").stdout
+    cuts = r"^CUTS: diagnosis's grades 0-4 cut at \[[-\d., ]+\]: OOF QWK -?[\d.]+ over \d+ rows"
+    assert re.search(cuts, said, re.M), said
     sub = pd.read_csv(project / "output" / "dry-run" / "submission.csv")["diagnosis"]
     assert sub.dtype.kind == "i" and sub.between(0, 4).all(), sub.describe()

@@ -1087,3 +1087,36 @@ def test_a_qwk_submission_holds_whole_labels_in_the_training_range(project_modul
     assert kind == "number" and sub["score"].tolist() == [1, 2, 4, 6] and sub["score"].dtype == np.int64
     assert fill(sample, pred, {**config, "target_range": []}, [])[0]["score"].tolist() == [0, 2, 4, 10]
     assert fill(sample, pred, {**config, "metric": "rmse"}, [])[0]["score"].tolist() == [0.2, 2.5, 3.6, 9.7]
+    # the cuts chosen on the OOF rows (grades.with_cuts) instead of the halves: 2.5 reaches 1.5 and 2.2, grade 3
+    cut = {**config, "cuts": [[1.5, 2.2, 3.0, 4.9, 5.5]]}
+    assert fill(sample, pred, cut, [])[0]["score"].tolist() == [1, 3, 4, 6]
+
+
+def test_qwk_cuts_chosen_on_oof_rows_beat_rounding_on_held_out_rows_and_the_kappa_is_sklearns(project_modules, capsys):
+    """grades.py: a regression fitted for squared error pulls its predictions toward the mean (here
+    0.6 of the way), and rounding at the halves hands in too few of the outer grades. The cuts
+    chosen on 1,000 rows (the OOF rows) score better there and on 1,000 others; the kappa they are
+    chosen by is scikit-learn's cohen_kappa_score(weights="quadratic")."""
+    from sklearn.metrics import cohen_kappa_score
+
+    grades = project_modules.grades
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, 2000)
+    pred = 2 + 0.6 * (y - 2) + rng.normal(0, 0.45, 2000)
+    rounded = np.clip(np.rint(pred), 0, 4).astype(int)
+    for a, b in ((y, rounded), (y[:7], rounded[7:14]), (y + 3, y + 3), (np.zeros(5, int), np.ones(5, int))):
+        sklearns = np.nan_to_num(cohen_kappa_score(a, b, weights="quadratic"))  # one label and one grade: nan, 0 here
+        assert grades.quadratic_kappa(a, b) == pytest.approx(sklearns)
+    cuts, best, at_halves = grades.qwk_cuts(y[:1000], pred[:1000], 0, 4)
+    assert cuts == sorted(cuts) and len(cuts) == 4 and best > at_halves + 0.02, (cuts, best, at_halves)
+    held_out = grades.quadratic_kappa(y[1000:], grades.cut(pred[1000:], cuts, 0))
+    assert held_out > grades.quadratic_kappa(y[1000:], rounded[1000:]) + 0.02, held_out
+    config = {"metric": "qwk", "problem": "regression", "target": "grade", "target_range": [[0.0], [4.0]]}
+    chosen = grades.with_cuts(config, y[:1000], pred[:1000])
+    assert chosen["cuts"] == [cuts] and chosen["target_range"] == config["target_range"]
+    line = f"CUTS: grade's grades 0-4 cut at [{', '.join(f'{c:.2f}' for c in cuts)}]: OOF QWK {best:.4f} over 1000 rows"
+    assert capsys.readouterr().out.startswith(line + f", chosen on them (rounded at the halves: {at_halves:.4f})\n")
+    assert (grades.whole(pred[1000:], chosen)[:, 0] == grades.cut(pred[1000:], cuts, 0)).all()
+    assert grades.with_cuts({**config, "metric": "rmse"}, y, pred) == {**config, "metric": "rmse"}
+    many = {**config, "target_range": [[0.0], [99.0]]}  # a score of 100 values, not grades: rounded, no cut
+    assert grades.with_cuts(many, y, pred) == many and grades.with_cuts(config, None, None) == config

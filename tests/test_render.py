@@ -55,6 +55,7 @@ MACHINERY = {
     "serving.py",
     "study_storage.py",
     "submission.py",
+    "grades.py",
     "tuning.py",
     "tuning_report.py",
     "timings.py",

@@ -418,7 +418,8 @@ def test_metric_qwk_hands_in_whole_labels_in_the_training_range(tmp_path):
     scored by quadratic weighted kappa. The OOF score rounded the predictions into the labels'
     range, but the submission held the regression's floats (3.27): Kaggle's kappa scorer refuses
     a float column. Now train.py's fallback, predict.py and serve.py write whole labels, clipped
-    into the training labels' range (config.json's target_range)."""
+    into the training labels' range (config.json's target_range), predict.py's cut where the blend's
+    OOF rows score the best kappa."""
     rng, n, m = np.random.default_rng(0), 400, 80
     x = rng.normal(size=(n + m, 2))
     quality = np.clip(np.rint(5 + 1.2 * x[:, 0] + rng.normal(0, 0.5, n + m)), 3, 8).astype(int)
@@ -430,7 +431,11 @@ def test_metric_qwk_hands_in_whole_labels_in_the_training_range(tmp_path):
     assert fallback.dtype == np.int64 and set(fallback) == {round(quality[:n].mean())}, fallback.head()
     oof = float(re.search(r"^OOF: qwk=([\d.]+) over 400 rows .*\(lgbm\)$", log, re.M).group(1))
     assert oof > 0.5, log[-3000:]  # the acidity is learnt
-    run_script(project, "predict.py", "--device", "cpu")
+    said = run_script(project, "predict.py", "--device", "cpu").stdout
+    # the grades cut where the blend's OOF rows score best (grades.with_cuts), not at the halves
+    cuts = re.search(r"^CUTS: quality's grades 3-8 cut at \[(.*)\]: OOF QWK ([\d.]+) over 400 rows, chosen on them "
+                     r"\(rounded at the halves: ([\d.]+)\)$", said, re.M)  # fmt: skip
+    assert cuts and float(cuts[2]) >= float(cuts[3]) and len(cuts[1].split(", ")) == 5, said[-3000:]
     sub = pd.read_csv(project / "output" / "submission.csv")["quality"]
     assert sub.dtype == np.int64 and sub.between(quality[:n].min(), quality[:n].max()).all() and sub.nunique() > 2
     config = json.loads((project / "output" / "config.json").read_text())["config"]

@@ -114,9 +114,11 @@ SERVED_FILES = (
     "postprocess.json",
     "tta_views.json",
 )
-# --metric f1: a text's labels are cut where its folds' OOF rows score the best F1 (metrics.oof_threshold; a table's
-# blend chooses on its models' oof_<model>.csv, shipped anyway)
+# --metric f1: a text's labels are cut where its folds' OOF rows score the best F1 (metrics.oof_threshold), and
+# --metric qwk: a text's or an image's grades where they score the best QWK (grades.oof_cuts); a table's blend
+# chooses on its models' oof_<model>.csv, shipped anyway
 F1_OOF = "oof.csv"
+OOF_CHOSEN = ("f1", "qwk")  # the metrics whose labels are chosen on the OOF rows
 SERVED_BASE = "base-model"  # --serve --model-dir: the LoRA folds' base model, inside the weights dataset
 
 
@@ -165,14 +167,14 @@ def check_servable(project: Path, runs: Path, task: str, mode: str = "serve") ->
 
 def served_files(runs: Path, left_out: list[str] | None = None, metric: str = "") -> list[Path]:
     """The run folder's (output/'s) files serve.py loads: the model folds, serve_defaults.json, config.json, the
-    models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv; oof.csv under --metric f1: F1_OOF)
+    models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv; oof.csv under f1 and qwk: F1_OOF)
     and the chosen post-processing and TTA views. A fold checkpoint that predict.py would skip (0 bytes, cut
     short, not a kagtpl checkpoint), and a grown seed that lost on the OOF rows (hand_in.json's
     verdict, which does not travel: it names the files by their modification times), is left
     out, and why goes to `left_out`."""
     found = [f for pattern in SERVED_FILES for f in sorted(runs.glob(pattern)) if f.is_file()]
     found = [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
-    found += [runs / F1_OOF] if metric == "f1" and (runs / F1_OOF).is_file() else []
+    found += [runs / F1_OOF] if metric in OOF_CHOSEN and (runs / F1_OOF).is_file() else []
     hand_in = template_module("hand_in")
     lost = hand_in.left_out(runs)
     kept = []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import hand_in, locks, logs, planner, room, serving
+from . import grades, hand_in, locks, logs, planner, room, serving
 from .errors import TRAIN, DataError, RunError
 from .storage import read_csv
 
@@ -47,15 +47,15 @@ def in_sample_order(test, sample, id_col: str, sample_path, test_path):
 
 def fill(sample, pred: np.ndarray, config: dict, classes: list, train: str = TRAIN):
     """The submission in sample_submission's shape from the ensembled predictions, and how to check its values.
-    config: the checkpoint's problem, submission, metric, target(s) and F1's threshold; `train`, check_classes'."""
+    config: the checkpoint's problem, submission, metric, target(s), F1's threshold, QWK's cuts; `train`, check_classes'."""
     sub, cols = sample.copy(), list(sample.columns[1:])
     problem, kind = config["problem"], config["submission"]
     if problem == "regression":
         targets = [t for t in str(config.get("target", "")).split(",") if t]
         cols = targets if len(targets) > 1 and set(targets) <= set(cols) else cols[: pred.shape[1]]
         values = np.clip(np.expm1(pred), 0, None) if config.get("metric") == "rmsle" else pred
-        if config.get("metric") == "qwk":  # kappa scores whole labels (a float one failed Kaggle's scorer)
-            values = np.clip(np.rint(values), *config.get("target_range") or (-np.inf, np.inf)).astype(np.int64)
+        if config.get("metric") == "qwk":  # whole grades, cut where the OOF rows said (grades.with_cuts) or rounded
+            values = grades.whole(values, config)
         sub[cols] = values
         return sub, "number"
     if kind == "label" and config.get("metric") == "map3":  # MAP@3: the three likeliest classes, space-separated
