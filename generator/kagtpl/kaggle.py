@@ -114,11 +114,10 @@ SERVED_FILES = (
     "postprocess.json",
     "tta_views.json",
 )
-# --metric f1: a text's labels are cut where its folds' OOF rows score the best F1 (metrics.oof_threshold), and
-# --metric qwk: a text's or an image's grades where they score the best QWK (grades.oof_cuts); a table's blend
-# chooses on its models' oof_<model>.csv, shipped anyway
+# --metric f1 and qwk (the registry's CHOSEN_ON_OOF): a text's labels and grades, an image's grades, are cut where
+# the folds' OOF rows score best (artifacts.oof_rows); a table's blend chooses on its models' oof_<model>.csv,
+# shipped anyway
 F1_OOF = "oof.csv"
-OOF_CHOSEN = ("f1", "qwk")  # the metrics whose labels are chosen on the OOF rows
 SERVED_BASE = "base-model"  # --serve --model-dir: the LoRA folds' base model, inside the weights dataset
 
 
@@ -174,7 +173,7 @@ def served_files(runs: Path, left_out: list[str] | None = None, metric: str = ""
     out, and why goes to `left_out`."""
     found = [f for pattern in SERVED_FILES for f in sorted(runs.glob(pattern)) if f.is_file()]
     found = [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
-    found += [runs / F1_OOF] if metric in OOF_CHOSEN and (runs / F1_OOF).is_file() else []
+    found += [runs / F1_OOF] if metric in tasks().CHOSEN_ON_OOF and (runs / F1_OOF).is_file() else []
     hand_in = template_module("hand_in")
     lost = hand_in.left_out(runs)
     kept = []

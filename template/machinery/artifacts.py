@@ -327,6 +327,18 @@ def read_targets(oof: pd.DataFrame) -> np.ndarray:
     return oof[[c for c in oof.columns if c.startswith("target_")]].to_numpy()
 
 
+PREDICTED = ("p_", "pred")  # an OOF file's prediction columns: p_<class>, a score's pred, a text's pred_<target>
+
+
+def oof_rows(out: Path, signature: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(targets, predictions) of this run's oof.csv (the folds' own rows, grown seeds averaged in as the
+    ensemble averages them); (None, None) when it is missing, cut short or another run's (read_signed's line)."""
+    oof = read_signed(Path(out) / "oof.csv", signature)
+    if oof is None:
+        return None, None
+    return read_targets(oof), oof[[c for c in oof.columns if c.startswith(PREDICTED)]].to_numpy()
+
+
 def fallback_submission(args, sample, y: np.ndarray, classes: list, config: dict | None = None) -> None:
     """A valid <out-dir>/submission.csv as soon as preflight has read sample_submission: the
     training prior for every row (submission.write_fallback). A run stopped anywhere after this

@@ -8,8 +8,6 @@ submission.fill hands in `whole(values, config)`. Machinery: `copier update` may
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 MAX_GRADES = 30  # more whole values than this is a score, not grades: rounded, no cut chosen
@@ -101,15 +99,11 @@ def with_cuts(config: dict, y: np.ndarray | None, pred: np.ndarray | None) -> di
 
 
 def oof_cuts(config: dict, out) -> dict:
-    """with_cuts on this run's oof.csv (the folds' OOF rows, grown seeds averaged in as the ensemble
-    averages them): a text's or an image's, whose submission is the folds' mean (a table's blend:
-    blend.decided). Without it (missing, cut short, another run's) the predictions are rounded."""
+    """with_cuts on this run's oof.csv (artifacts.oof_rows): an image's, whose submission is the folds'
+    mean (a text's: metrics.oof_threshold; a table's blend: blend.decided). Without it (missing, cut
+    short, another run's) the predictions are rounded."""
     if config.get("metric") != "qwk":
         return config
-    from .artifacts import read_signed, read_targets  # torch: predict.py has it imported by now
+    from .artifacts import oof_rows  # torch: predict.py has it imported by now
 
-    oof = read_signed(Path(out) / "oof.csv", config.get("signature", ""))  # None: missing, cut short, another run's
-    if oof is None:
-        return config
-    predicted = [c for c in oof.columns if c.startswith(("p_", "pred"))]  # a table's `pred`, a text's pred_<target>
-    return with_cuts(config, read_targets(oof), oof[predicted].to_numpy())
+    return with_cuts(config, *oof_rows(out, config.get("signature", "")))

@@ -58,6 +58,9 @@ PROBLEM_METRICS = {
 TABLE_ONLY_METRICS = ("rmsle", "mae")
 LABELS_ONLY_METRICS = ("f1", "mcc", "map3")  # scored on the labels handed in: --submission label
 TOP_LABELS = 3  # map3: the labels a row hands in, the likeliest first
+# the metrics whose labels predict.py and serve.py choose on the OOF rows: F1's cut of the positive class
+# (metrics.with_threshold), QWK's cuts of a score into grades (grades.with_cuts); kagtpl kaggle ships the rows
+CHOSEN_ON_OOF = ("f1", "qwk")
 # an image's metrics by what its submission holds, the first its default (--metric auto): kagtpl new and the
 # generated train.py check --metric against them. auc: ROC AUC of the positive class (Histopathologic, SIIM-ISIC),
 # or each class's averaged (Plant Pathology's mean column-wise AUC); it ranks runs, picks tune.py's trials and
