@@ -610,6 +610,7 @@ PROJECT_MODULES = (
     "hardware",
     "images",
     "caches",
+    "timm_models",
     "logs",
     "parallel",
     "planner",

@@ -967,6 +967,40 @@ def test_the_fold_loop_holds_one_model_at_a_time_skips_unfit_weights_and_ends_at
     assert predicted == [0, 2, 3] and all(ref() is None for ref in alive)
 
 
+def test_folds_past_the_deadline_keep_the_submission_unless_run_py_stops_them(project_modules, tmp_path, capsys):
+    """prediction.Folds, every predict.py's folds under its deadline: past it, the first fold's first
+    batch stops the fold, predict() answers None and keep() leaves train.py's fallback in place (a
+    file that is not this test set's submission: one clear error); started by run.py (supervised),
+    whose own stop is the limit, the first fold runs on and is handed in; the table's MLP
+    (hard_stop=False), whose trees still run after it, stops as a lone predict.py does."""
+    m = project_modules
+    sample = pd.DataFrame({"id": ["1", "2", "3", "4"], "label": [0, 1, 0, 1]})  # ids as text, as read
+    sample.to_csv(tmp_path / "submission.csv", index=False)
+    checkpoints = [(tmp_path / f"model_fold{k}.pth", {"fold": k, "val_loss": k}) for k in range(2)]
+    args = argparse.Namespace(deadline=time.time() - 60, submission="submission.csv")
+
+    def started(supervised: bool):
+        cpu = torch.device("cpu")
+        return m.prediction.Start(supervised, cpu, tmp_path, tmp_path, checkpoints, {}, [0, 1], "python train.py")
+
+    def predict_fold(folds, path, ckpt, model):
+        for rows in (1, 2, 4):  # a test set of 4 rows in 3 batches
+            if not folds.on_batch(rows):
+                return None
+        return ckpt["fold"]
+
+    for supervised, hard_stop in ((False, True), (True, False)):
+        folds = m.prediction.Folds(args, started(supervised), 4, hard_stop=hard_stop)
+        assert folds.predict(functools.partial(predict_fold, folds), restore=lambda p, c: object()) is None
+        folds.keep(sample)
+        assert "SUBMISSION: " + str(tmp_path / "submission.csv") + " kept" in capsys.readouterr().out
+    folds = m.prediction.Folds(args, started(True), 4)
+    assert folds.predict(functools.partial(predict_fold, folds), restore=lambda p, c: object())[0] == 0
+    (tmp_path / "submission.csv").write_text("id,label\n9,0\n")
+    with pytest.raises(m.errors.RunError, match="not a submission for this test set"):
+        folds.keep(sample)
+
+
 def augmented_batches(m, workers: int) -> list[np.ndarray]:
     """The image task's training batches of 8 copies of one picture, after torch.manual_seed(0):
     what differs between two of them is the augmentation's draws alone."""

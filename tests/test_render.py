@@ -65,7 +65,7 @@ MACHINERY = {
 EXPECTED_FILES = {f for f in TOP if "." in f and f != "tests"} | {"tests/test_project.py"}
 EXPECTED_FILES |= {f"machinery/{name}" for name in MACHINERY}
 # the decode cache and its files, and timm weights: tabular projects do not ship them
-IMAGE_ONLY = {"machinery/images.py", "machinery/caches.py"}
+IMAGE_ONLY = {"machinery/images.py", "machinery/caches.py", "machinery/timm_models.py"}
 SEGMENTATION_ONLY = IMAGE_ONLY | {"machinery/masks.py"}  # and RLE, tiles, Dice statistics
 TEXT_ONLY = {"machinery/texts.py", "machinery/adapters.py", "machinery/text_sizing.py"}  # tokens; LoRA; the batch rules
 # the trees, their fold files (serve.py's) and predict.py's hill-climbing blend
@@ -339,7 +339,8 @@ def test_the_competition_code_shared_between_tasks_stays_under_20_lines(tmp_path
 # runs.start's profile and recommendation, 19.9% / 23.7% with the metrics tables and texts share in
 # machinery/metrics.py and the image-like tasks' --pretrained/--weights in images.add_weights_flags; the
 # goal is 10%. A ratchet: copy-paste between tasks may shrink, never grow; each step down lowers these.
-ENTRY_SHARED_CEILING = {"train.py": 0.2, "predict.py": 0.24}
+# 16.0% / 18.6% on 2026-12-07 with predict.py's folds under the deadline in prediction.Folds.
+ENTRY_SHARED_CEILING = {"train.py": 0.165, "predict.py": 0.19}
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ RECIPE = (
 
 
 def test_the_recipe_changes_only_a_default_model_trained_from_scratch(project_modules):
-    recipe = project_modules.images.scratch_recipe
+    recipe = project_modules.timm_models.scratch_recipe
     assert recipe("efficientnet_b4", False, "", False) == ("resnet18", RECIPE)
     assert recipe("efficientnet_b4", True, "", False) == ("efficientnet_b4", None)  # pretrained
     assert recipe("efficientnet_b4", False, "b4.safetensors", False) == ("efficientnet_b4", None)  # --weights

@@ -245,7 +245,7 @@ def test_dry_run_then_predict_writes_the_sample_layout(text_data, tmp_path, layo
         # machinery/class_columns.py; it stopped the preflight, "label 'HPL' is not a class of sample_submission.csv"
         _edit(
             data / "sample_submission.csv",
-            lambda d: d.rename(columns=lambda c: c if c == "id" else f"author_{c}", inplace=True),
+            lambda d: setattr(d, "columns", [c if c == "id" else f"author_{c}" for c in d.columns]),
         )
     # reviews as a Kaggle notebook runs it: rendered with no model at all (MODEL microsoft/deberta-v3-base,
     # MODEL_DIR the template's), then given MiniLM's folder: the run records the name that folder's

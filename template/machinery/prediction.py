@@ -154,6 +154,31 @@ def each_fold(checkpoints: list, clock: submission.FoldClock, restore, predict_f
     return done
 
 
+class Folds:
+    """predict.py's folds under its deadline, for a test set of `rows` rows in `views` views each:
+    the deadline's clock (submission.FoldClock: run.py's hard stop when it started predict.py), the
+    check each test batch makes (`on_batch`, from the measured rate), the fold loop (each_fold) and,
+    when not one fold fit before the deadline, the submission already there kept (`keep`).
+    `hard_stop=False`: the table's MLP, whose trees still run after it."""
+
+    def __init__(self, args, run: Start, rows: int, views: int = 1, hard_stop: bool = True):
+        self.clock = submission.FoldClock(args.deadline, views=views, hard_stop=hard_stop and run.supervised)
+        self.on_batch = partial(self.clock.batch_done, total=rows)
+        self.run, self.path = run, run.out / args.submission
+
+    def predict(self, predict_fold, build_model=None, channels_last: bool = False, restore=None) -> list | None:
+        """Each fold's predict_fold(path, ckpt, model), in the order done; each model restored by
+        `restore(path, ckpt)`, by default restore_fold with the task's build_model. None when the
+        deadline came before one fold was done: then `keep`."""
+        restore = restore or partial(restore_fold, build_model, self.run.device, channels_last)
+        done = each_fold(self.run.checkpoints, self.clock, restore, predict_fold)
+        return None if not done and self.clock.cut else done
+
+    def keep(self, rows, kind: str = "") -> None:
+        """No fold before the deadline: the submission already there stays (submission.keep)."""
+        submission.keep(self.path, rows, kind)
+
+
 def serve_folds(
     out: Path, device, build_model, clock: serving.StartClock, layout: bool = True, check=None
 ) -> tuple[dict, list, Machine, list]:
