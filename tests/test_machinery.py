@@ -1154,3 +1154,8 @@ def test_qwk_cuts_chosen_on_oof_rows_beat_rounding_on_held_out_rows_and_the_kapp
     assert grades.with_cuts({**config, "metric": "rmse"}, y, pred) == {**config, "metric": "rmse"}
     many = {**config, "target_range": [[0.0], [99.0]]}  # a score of 100 values, not grades: rounded, no cut
     assert grades.with_cuts(many, y, pred) == many and grades.with_cuts(config, None, None) == config
+    # two targets, the second a score: no cut for either, and no CUTS line for the first's, which is not used
+    two = {**config, "target": "grade,score", "target_range": [[0.0, 0.0], [4.0, 99.0]]}
+    capsys.readouterr()
+    assert grades.with_cuts(two, np.column_stack([y, y]), np.column_stack([pred, pred])) == two
+    assert "CUTS" not in capsys.readouterr().out

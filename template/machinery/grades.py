@@ -81,13 +81,15 @@ def with_cuts(config: dict, y: np.ndarray | None, pred: np.ndarray | None) -> di
         return config
     y, pred = np.asarray(y, np.float64).reshape(len(y), -1), np.asarray(pred, np.float64).reshape(len(y), -1)
     low, high = bounds(config, y.shape[1])
+    ranges = [
+        (int(np.rint(lo if np.isfinite(lo) else y[:, j].min())), int(np.rint(hi if np.isfinite(hi) else y[:, j].max())))
+        for j, (lo, hi) in enumerate(zip(low, high, strict=True))
+    ]
+    if not all(2 <= hi - lo + 1 <= MAX_GRADES for lo, hi in ranges):  # before any CUTS line: none is used then
+        return config
     names = [t for t in str(config.get("target") or config.get("label_col") or "").split(",") if t]  # an image's
     chosen = []
-    for j in range(y.shape[1]):
-        lo = int(np.rint(low[j] if np.isfinite(low[j]) else y[:, j].min()))
-        hi = int(np.rint(high[j] if np.isfinite(high[j]) else y[:, j].max()))
-        if not 2 <= hi - lo + 1 <= MAX_GRADES:
-            return config
+    for j, (lo, hi) in enumerate(ranges):
         cuts, best, at_halves = qwk_cuts(y[:, j], pred[:, j], lo, hi)
         name = names[j] if len(names) == y.shape[1] else f"target {j}"
         print(
