@@ -98,8 +98,8 @@ def test_multi_label_images_with_bce(tmp_path, digits_dir):
         project,
         readme,
         "predict.py",
-        'probs, folds = submission.ensemble(all_probs, sample[id_col], normalize=kind != "number")',
-        "probs, folds = submission.ensemble(all_probs, sample[id_col], normalize=False)",
+        'probs, used = submission.ensemble(all_probs, sample[id_col], normalize=kind != "number")',
+        "probs, used = submission.ensemble(all_probs, sample[id_col], normalize=False)",
         documented="`normalize=False` in `submission.ensemble(...)`",
     )
     apply(
