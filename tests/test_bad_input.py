@@ -1427,7 +1427,7 @@ def test_the_projects_preflight_names_a_training_image_linked_to_itself(project_
     image = tmp_path / "a.jpg"
     image.symlink_to("a.jpg")
     with pytest.raises(project_modules.errors.DataError, match="a.jpg: a symlink that leads to itself or nowhere"):
-        project_modules.train.check_images_exist([str(image)], "labels.csv")
+        project_modules.images.check_images_exist([str(image)], "labels.csv")
 
 
 @round_two()

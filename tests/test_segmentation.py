@@ -324,10 +324,20 @@ def test_preflight_names_the_line_of_a_bad_rle_row(tmp_path, m, shapes_data):
     (data / "train.csv").write_text("\n".join(rows) + "\n")
     with pytest.raises(m.errors.DataError, match="train.csv line 6 .id img0002.: class 'triangle' is not one of"):
         preflight(m, data, *flags)
-    ids = sorted({r.split(",")[0] for r in (data / "sample_submission.csv").read_text().splitlines()[1:]})
+    sample = (data / "sample_submission.csv").read_text()
+    ids = sorted({r.split(",")[0] for r in sample.splitlines()[1:]})
     nine = [f"{i},c{k}," for i in ids for k in range(9)]  # a bit per class in a uint8: 9 do not fit
     (data / "sample_submission.csv").write_text("\n".join(["id,class,rle", *nine]) + "\n")
     with pytest.raises(m.errors.DataError, match="sample_submission.csv: 9 classes; overlapping .* at most 8"):
+        preflight(m, data, *flags)
+    # an image of a row per image and class with no file: its first row's line, not its place among the images
+    (data / "sample_submission.csv").write_text(sample)
+    rows[5] = "img0002,ellipse,"
+    rows = [r.replace("img0003,", "img9999,") for r in rows]
+    (data / "train.csv").write_text("\n".join(rows) + "\n")
+    line = next(k + 1 for k, r in enumerate(rows) if r.startswith("img9999,"))
+    assert line > 4, rows  # the fourth image's rows: line 4 would be its place among the images
+    with pytest.raises(m.errors.DataError, match=rf"img9999\.png: image not found \(train\.csv line {line}\)"):
         preflight(m, data, *flags)
 
 
