@@ -226,7 +226,7 @@ def _train(m, amp_mode, batches, step_ooms=0, backward_error=None, forget=True):
     return model, batching, amp
 
 
-@pytest.mark.filterwarnings("ignore:Seems like .optimizer.step.. has been overridden")
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer\\.step\\(\\)` has been overridden")
 @pytest.mark.parametrize("amp_mode", ["fp16", "bf16", "off"])
 def test_oom_in_optimizer_step_redoes_the_group_with_a_real_grad_scaler(project_modules, amp_mode, capsys):
     m, batches = project_modules, _batches()
@@ -239,7 +239,7 @@ def test_oom_in_optimizer_step_redoes_the_group_with_a_real_grad_scaler(project_
         assert amp.scaler.is_enabled() and amp.scaler.get_scale() == 65536.0  # a real scaler, no inf seen
 
 
-@pytest.mark.filterwarnings("ignore:Seems like .optimizer.step.. has been overridden")
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer\\.step\\(\\)` has been overridden")
 def test_the_stale_scaler_bug_is_what_forget_step_prevents(project_modules):
     """Without dropping the scaler's stage after an OOM in step(), the redone gradients are applied
     still scaled (65536x): the test above would fail."""
