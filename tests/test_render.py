@@ -340,7 +340,7 @@ def test_the_competition_code_shared_between_tasks_stays_under_20_lines(tmp_path
 # machinery/metrics.py and the image-like tasks' --pretrained/--weights in images.add_weights_flags; the
 # goal is 10%. A ratchet: copy-paste between tasks may shrink, never grow; each step down lowers these.
 # 16.0% / 18.6% on 2026-12-07 with predict.py's folds under the deadline in prediction.Folds.
-ENTRY_SHARED_CEILING = {"train.py": 0.165, "predict.py": 0.19}
+ENTRY_SHARED_CEILING = {"train.py": 0.16, "predict.py": 0.19}
 
 
 @pytest.mark.slow
