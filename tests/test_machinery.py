@@ -650,6 +650,21 @@ def test_a_full_disks_room_comes_from_the_runs_cache_alone(project_modules, tmp_
     assert room.free_cache(tmp_path / "no_cache_here") is None
 
 
+def test_image_files_name_the_line_each_id_came_from(project_modules, tmp_path):
+    """A table with a row per image and class lists an image on several lines: a missing image's
+    error named its place among the images (line 3 for line 5); each id's own line now."""
+    images, errors = project_modules.images, project_modules.errors
+    (tmp_path / "a.png").write_bytes(b"x")
+    assert images.image_files(tmp_path, ["a"], ".png", "train.csv") == [str(tmp_path / "a.png")]
+    with pytest.raises(errors.DataError, match=r"b\.png: image not found \(train\.csv line 5\)"):
+        images.image_files(tmp_path, ["a", "b"], ".png", "train.csv", [2, 5])
+    with pytest.raises(errors.DataError, match=r"b\.png: image not found \(train\.csv line 3\)"):
+        images.image_files(tmp_path, ["a", "b"], ".png", "train.csv")  # a row per id: line k + 2
+    with pytest.raises(errors.DataError, match=r"^train\.csv line 7: id '\.\./x' points outside"):
+        images.image_files(tmp_path, ["a", "../x"], ".png", "train.csv", [2, 7])
+    assert images.image_files(tmp_path, ["a", "b"], ".png", "test.csv", [2, 5], test=True)[1].endswith("b.png")
+
+
 def test_an_image_under_another_extension_is_read_as_it_is(project_modules, tmp_path, capsys):
     """A test/ of .png beside a train/ of .jpg (--image-ext .jpg): every test image was "not found",
     and the run stopped at its preflight. An image missing under --image-ext but there under
