@@ -1166,6 +1166,11 @@ def test_qwk_cuts_chosen_on_oof_rows_beat_rounding_on_held_out_rows_and_the_kapp
     line = f"CUTS: grade's grades 0-4 cut at [{', '.join(f'{c:.2f}' for c in cuts)}]: OOF QWK {best:.4f} over 1000 rows"
     assert capsys.readouterr().out.startswith(line + f", chosen on them (rounded at the halves: {at_halves:.4f})\n")
     assert (grades.whole(pred[1000:], chosen)[:, 0] == grades.cut(pred[1000:], cuts, 0)).all()
+    # a checkpoint of an earlier kagtpl has no target_range: the cuts are chosen in the OOF rows' grades, 0-4,
+    # and the submission is cut there (it was the smallest int64 in every row: a grade of -inf plus its cuts)
+    earlier = grades.with_cuts({**config, "target_range": []}, y[:1000], pred[:1000])
+    assert earlier["cuts"] == [cuts] and earlier["target_range"] == [[0.0], [4.0]], earlier
+    assert (grades.whole(pred[1000:], earlier)[:, 0] == grades.cut(pred[1000:], cuts, 0)).all()
     assert grades.with_cuts({**config, "metric": "rmse"}, y, pred) == {**config, "metric": "rmse"}
     many = {**config, "target_range": [[0.0], [99.0]]}  # a score of 100 values, not grades: rounded, no cut
     assert grades.with_cuts(many, y, pred) == many and grades.with_cuts(config, None, None) == config

@@ -75,8 +75,9 @@ def whole(values: np.ndarray, config: dict) -> np.ndarray:
 
 def with_cuts(config: dict, y: np.ndarray | None, pred: np.ndarray | None) -> dict:
     """config with the cuts chosen on these OOF rows (y: the grades, pred: the predictions, one
-    column a target) under --metric qwk, a CUTS line for each target; as it is under another metric,
-    without OOF rows, or where a target has more than MAX_GRADES grades (a score: rounded)."""
+    column a target) under --metric qwk, a CUTS line for each target, and the grades they were chosen
+    in as its target_range where it had none; as it is under another metric, without OOF rows, or
+    where a target has more than MAX_GRADES grades (a score: rounded)."""
     if config.get("metric") != "qwk" or y is None or pred is None or not len(y):
         return config
     y, pred = np.asarray(y, np.float64).reshape(len(y), -1), np.asarray(pred, np.float64).reshape(len(y), -1)
@@ -97,7 +98,10 @@ def with_cuts(config: dict, y: np.ndarray | None, pred: np.ndarray | None) -> di
             f"over {len(y)} rows, chosen on them (rounded at the halves: {at_halves:.4f})"
         )
         chosen.append(cuts)
-    return {**config, "cuts": chosen}
+    # the grades the cuts were chosen in: a checkpoint of an earlier kagtpl has no target_range, and `whole`
+    # would count its grades up from -inf
+    found = [[float(lo) for lo, _ in ranges], [float(hi) for _, hi in ranges]]
+    return {**config, "cuts": chosen, "target_range": config.get("target_range") or found}
 
 
 def oof_cuts(config: dict, out) -> dict:
