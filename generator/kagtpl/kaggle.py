@@ -117,7 +117,7 @@ SERVED_FILES = (
 # --metric f1 and qwk (the registry's CHOSEN_ON_OOF): a text's labels and grades, an image's grades, are cut where
 # the folds' OOF rows score best (artifacts.oof_rows); a table's blend chooses on its models' oof_<model>.csv,
 # shipped anyway
-F1_OOF = "oof.csv"
+CHOSEN_OOF = "oof.csv"
 SERVED_BASE = "base-model"  # --serve --model-dir: the LoRA folds' base model, inside the weights dataset
 
 
@@ -166,14 +166,14 @@ def check_servable(project: Path, runs: Path, task: str, mode: str = "serve") ->
 
 def served_files(runs: Path, left_out: list[str] | None = None, metric: str = "") -> list[Path]:
     """The run folder's (output/'s) files serve.py loads: the model folds, serve_defaults.json, config.json, the
-    models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv; oof.csv under f1 and qwk: F1_OOF)
+    models' OOF files (not each fold's: oof_fold0.csv, oof_lgbm_fold0.csv; oof.csv under f1 and qwk: CHOSEN_OOF)
     and the chosen post-processing and TTA views. A fold checkpoint that predict.py would skip (0 bytes, cut
     short, not a kagtpl checkpoint), and a grown seed that lost on the OOF rows (hand_in.json's
     verdict, which does not travel: it names the files by their modification times), is left
     out, and why goes to `left_out`."""
     found = [f for pattern in SERVED_FILES for f in sorted(runs.glob(pattern)) if f.is_file()]
     found = [f for f in found if not (f.name.startswith("oof_") and "fold" in f.name)]
-    found += [runs / F1_OOF] if metric in tasks().CHOSEN_ON_OOF and (runs / F1_OOF).is_file() else []
+    found += [runs / CHOSEN_OOF] if metric in tasks().CHOSEN_ON_OOF and (runs / CHOSEN_OOF).is_file() else []
     hand_in = template_module("hand_in")
     lost = hand_in.left_out(runs)
     kept = []
