@@ -104,6 +104,14 @@ def kinds(lines: dict[str, list[str]], projects: dict[str, Path], script: str) -
     return counts
 
 
+def split(by_kind: collections.Counter) -> tuple[int, int]:
+    """(the shared lines every task's interface holds: its signatures, run commands, imports and
+    one-line calls of the machinery; the competition code two or three tasks share). The first is
+    what the measure keeps while the tasks keep this interface: its floor."""
+    competition = sum(n for name, n in by_kind.items() if name.startswith("competition code of "))
+    return sum(by_kind.values()) - competition, competition
+
+
 def holders(lines: dict[str, list[str]]) -> list[tuple[int, list[str], str]]:
     """Each line standing in two or more tasks' scripts: (how many times it is counted, the tasks, the
     line), the most counted first: where a change would be made more than once."""
@@ -136,6 +144,13 @@ def main() -> None:
             print(f"{script}: {same} of {total} lines ({share:.1%}) stand in another task's {script} ({tasks})")
             for name, n in (by_kind or collections.Counter()).most_common():
                 print(f"  {n:4d}  {name}")
+            if by_kind:
+                interface, competition = split(by_kind)
+                print(
+                    f"  the interface every task implements: {interface} ({interface / max(total, 1):.1%}, this "
+                    f"interface's floor); competition code two or three tasks share: {competition} "
+                    f"({competition / max(total, 1):.1%})"
+                )
             for n, where, line in by_line or []:
                 print(f"  {n}  {','.join(where)}  {line}")
 

@@ -357,6 +357,8 @@ def test_the_entry_scripts_copied_between_tasks_do_not_grow(tmp_path):
         assert same / total <= ENTRY_SHARED_CEILING[script], (script, same, total, per_task)
         # --kinds sorts every shared line into one kind (docs/generated-project.md's table)
         assert sum(by_kind.values()) == same and by_kind["signatures every task implements"] > 0, by_kind
+        interface, competition = entry_duplication.split(by_kind)  # --kinds' last line: the interface's floor
+        assert interface + competition == same and interface > 0 and competition >= 0, by_kind
         # --lines: each shared line once, with the two or more tasks that hold it (a line twice in one counts twice)
         assert sum(n for n, _, _ in by_line) == same and all(n >= len(t) > 1 for n, t, _ in by_line), by_line[:5]
         assert 'if __name__ == "__main__":' in {line for _, _, line in by_line}, by_line[:5]
