@@ -444,6 +444,44 @@ def test_f1_labels_are_cut_where_the_oof_rows_score_best_by_predict_and_serve_al
     assert "SUBMISSION: output/submission.csv (40 rows" in log, log[-2000:]  # the argmax's labels
 
 
+@pytest.mark.slow
+def test_qwk_grades_are_cut_where_the_oof_rows_score_best_by_predict_and_serve_alike(text_data, tmp_path):
+    """--metric qwk on a text (the Learning Agency Lab's essay scoring: one whole score 1-5 a
+    text, quadratic weighted kappa): learned as a regression, handed in as whole grades in the
+    training range, cut where the OOF rows score the best kappa (a CUTS line), by predict.py and
+    serve.py's ensemble alike. One epoch of MiniLM spreads the scores (a dry run's sit near the mean,
+    every row one grade whichever way it is cut): OOF QWK 0.63 cut, 0.52 rounded here, 13 s. An
+    oof.csv cut short: no cuts, the scores rounded, still grades, and other ones."""
+    data = shutil.copytree(text_data["essays"], tmp_path / "data")
+    train = pd.read_csv(data / "train.csv")
+    train["score"] = train["cohesion"].round().astype(int)  # 1-5, whole
+    train.drop(columns=["cohesion", "syntax"]).to_csv(data / "train.csv", index=False)
+    sample = pd.read_csv(data / "sample_submission.csv")
+    sample[["text_id"]].assign(score=3).to_csv(data / "sample_submission.csv", index=False)
+    project = text_project(tmp_path / "p", data, "essays", target="score", metric="qwk", model_dir=str(minilm_dir()))
+    run_script(project, "train.py", "--device", "cpu", "--lr", "2e-4")
+    log = run_script(project, "predict.py", "--device", "cpu").stdout
+    said = re.search(r"^CUTS: score's grades 1-5 cut at \[[-\d., ]+\]: OOF QWK -?[\d.]+ over (\d+) rows, chosen on "
+                     r"them \(rounded at the halves: -?[\d.]+\)$", log, re.M)  # fmt: skip
+    assert said and int(said.group(1)) > 0, log[-3000:]
+    written = pd.read_csv(project / "output" / "submission.csv", dtype=str)
+    grades = written["score"].astype(int)  # whole grades: a "3.0" or "2.7" would not read as int
+    assert list(written.columns) == ["text_id", "score"] and grades.between(1, 5).all(), written.head()
+    assert grades.nunique() >= 3, grades.value_counts()  # spread: the cuts and serve's answers can tell
+    serve = SERVE_REVIEWS.replace('print("CONFIG THRESHOLD", ensemble.config.get("threshold"))', "")
+    (project / "serve_essays.py").write_text(serve)
+    run_script(project, "serve_essays.py", str(data))
+    answered = pd.read_csv(project / "served.csv", dtype=str)
+    assert answered.equals(written), (answered.head(), written.head())
+    oof = (project / "output" / "oof.csv").read_bytes()
+    (project / "output" / "oof.csv").write_bytes(oof[: len(oof) // 2])  # cut short: no rows to choose on
+    log = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "OOF: oof.csv left out: it does not read back" in log and "CUTS" not in log, log[-3000:]
+    rounded = pd.read_csv(project / "output" / "submission.csv", dtype=str)["score"].astype(int)
+    assert rounded.between(1, 5).all() and len(rounded) == 40, rounded.head()
+    assert not rounded.equals(grades), "the cuts changed no grade: this test would not see them go"
+
+
 def _edit(path: Path, fn) -> None:
     df = pd.read_csv(path)
     fn(df)
