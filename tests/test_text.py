@@ -403,7 +403,7 @@ def test_killed_after_fold_0_predict_submits_from_fold_0(text_data, tmp_path):
     assert "ENSEMBLE: 1 checkpoint(s), folds [0]" in log and "SUBMISSION:" in log
 
 
-SERVE_REVIEWS = """
+SERVE_TEXTS = """
 import sys, time
 from pathlib import Path
 import pandas as pd, torch
@@ -419,6 +419,27 @@ predict.predict_batch(ensemble, {}, test).to_csv("served.csv", index=False)
 """
 
 
+def served_as_predicted(project: Path, data: Path) -> str:
+    """serve.py's ensemble (SERVE_TEXTS) on test.csv: its answers are predict.py's submission, to
+    the letter. Returns what it printed."""
+    (project / "serve_texts.py").write_text(SERVE_TEXTS)
+    served = run_script(project, "serve_texts.py", str(data)).stdout
+    written = pd.read_csv(project / "output" / "submission.csv", dtype=str)
+    answered = pd.read_csv(project / "served.csv", dtype=str)
+    assert answered.equals(written), (answered.head(), written.head())
+    return served
+
+
+def predicted_without_oof(project: Path) -> str:
+    """predict.py again with oof.csv cut short (no rows to choose a cut on): it says the file is left
+    out. Returns its log."""
+    oof = (project / "output" / "oof.csv").read_bytes()
+    (project / "output" / "oof.csv").write_bytes(oof[: len(oof) // 2])
+    log = run_script(project, "predict.py", "--device", "cpu").stdout
+    assert "OOF: oof.csv left out: it does not read back" in log, log[-3000:]
+    return log
+
+
 @pytest.mark.slow
 def test_f1_labels_are_cut_where_the_oof_rows_score_best_by_predict_and_serve_alike(text_data, tmp_path):
     """--metric f1 on a text (Disaster Tweets, Quora): predict.py cuts the folds' mean probability
@@ -431,16 +452,10 @@ def test_f1_labels_are_cut_where_the_oof_rows_score_best_by_predict_and_serve_al
     said = re.search(r"^THRESHOLD: labels are the positive class where its probability >= ([\d.]+): OOF F1 [\d.]+ "
                      r"over (\d+) rows, chosen on them \(0\.5: [\d.]+\)$", log, re.M)  # fmt: skip
     assert said and int(said.group(2)) > 0, log[-3000:]
-    (project / "serve_reviews.py").write_text(SERVE_REVIEWS)
-    served = run_script(project, "serve_reviews.py", str(data)).stdout
+    served = served_as_predicted(project, data)
     assert f"CONFIG THRESHOLD {float(said.group(1))}" in served, served[-2000:]
-    written = pd.read_csv(project / "output" / "submission.csv", dtype=str)
-    answered = pd.read_csv(project / "served.csv", dtype=str)
-    assert answered.equals(written), (answered.head(), written.head())
-    oof = (project / "output" / "oof.csv").read_bytes()
-    (project / "output" / "oof.csv").write_bytes(oof[: len(oof) // 2])  # cut short: no rows to choose on
-    log = run_script(project, "predict.py", "--device", "cpu").stdout
-    assert "OOF: oof.csv left out: it does not read back" in log and "THRESHOLD" not in log, log[-3000:]
+    log = predicted_without_oof(project)
+    assert "THRESHOLD" not in log, log[-3000:]
     assert "SUBMISSION: output/submission.csv (40 rows" in log, log[-2000:]  # the argmax's labels
 
 
@@ -468,15 +483,9 @@ def test_qwk_grades_are_cut_where_the_oof_rows_score_best_by_predict_and_serve_a
     grades = written["score"].astype(int)  # whole grades: a "3.0" or "2.7" would not read as int
     assert list(written.columns) == ["text_id", "score"] and grades.between(1, 5).all(), written.head()
     assert grades.nunique() >= 3, grades.value_counts()  # spread: the cuts and serve's answers can tell
-    serve = SERVE_REVIEWS.replace('print("CONFIG THRESHOLD", ensemble.config.get("threshold"))', "")
-    (project / "serve_essays.py").write_text(serve)
-    run_script(project, "serve_essays.py", str(data))
-    answered = pd.read_csv(project / "served.csv", dtype=str)
-    assert answered.equals(written), (answered.head(), written.head())
-    oof = (project / "output" / "oof.csv").read_bytes()
-    (project / "output" / "oof.csv").write_bytes(oof[: len(oof) // 2])  # cut short: no rows to choose on
-    log = run_script(project, "predict.py", "--device", "cpu").stdout
-    assert "OOF: oof.csv left out: it does not read back" in log and "CUTS" not in log, log[-3000:]
+    served_as_predicted(project, data)
+    log = predicted_without_oof(project)
+    assert "CUTS" not in log, log[-3000:]
     rounded = pd.read_csv(project / "output" / "submission.csv", dtype=str)["score"].astype(int)
     assert rounded.between(1, 5).all() and len(rounded) == 40, rounded.head()
     assert not rounded.equals(grades), "the cuts changed no grade: this test would not see them go"
