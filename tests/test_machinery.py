@@ -1158,6 +1158,14 @@ def test_qwk_cuts_chosen_on_oof_rows_beat_rounding_on_held_out_rows_and_the_kapp
         assert grades.quadratic_kappa(a, b) == pytest.approx(sklearns)
     cuts, best, at_halves = grades.qwk_cuts(y[:1000], pred[:1000], 0, 4)
     assert cuts == sorted(cuts) and len(cuts) == 4 and best > at_halves + 0.02, (cuts, best, at_halves)
+    # the search counts its confusion matrices by binary search (CutConfusion): the kappa it reports is
+    # the rows' own, cut by `cut`, and so is every matrix, values on a cut and NaN (graded lowest) too
+    assert best == pytest.approx(grades.quadratic_kappa(y[:1000], grades.cut(pred[:1000], cuts, 0)), abs=1e-12)
+    ties = np.concatenate([pred[:300], [0.5, 1.5, 2.5, 3.5, np.nan, np.nan]])
+    labels = np.concatenate([y[:300], [0, 1, 2, 3, 4, 2]])
+    for at in ([0.5, 1.5, 2.5, 3.5], [-9.0, 1.5, 1.5, 9.0], cuts):
+        rows = np.bincount(labels * 5 + grades.cut(ties, at, 0), minlength=25).reshape(5, 5)
+        assert (grades.CutConfusion(labels, ties, 5)(np.asarray(at)) == rows).all(), at
     held_out = grades.quadratic_kappa(y[1000:], grades.cut(pred[1000:], cuts, 0))
     assert held_out > grades.quadratic_kappa(y[1000:], rounded[1000:]) + 0.02, held_out
     config = {"metric": "qwk", "problem": "regression", "target": "grade", "target_range": [[0.0], [4.0]]}

@@ -1,5 +1,5 @@
 """benchmarks/suite_cpu.py's reading of process accounting: the records' encoding and the kind each
-process gets from its command line and its parents (the measuring itself needs root: README)."""
+process gets from its command line and its parents (the measuring itself needs root: docs/testing.md)."""
 
 from __future__ import annotations
 

@@ -16,15 +16,21 @@ STEPS, PASSES = 41, 3  # each cut tried at STEPS points between its neighbours, 
 
 def quadratic_kappa(y: np.ndarray, grades: np.ndarray) -> float:
     """Cohen's kappa with quadratic weights of whole grades against whole labels (scikit-learn's
-    cohen_kappa_score(weights="quadratic"), counted with one bincount: the cut search calls it
-    ~1,000 times). 0 where every row has one label and one grade."""
+    cohen_kappa_score(weights="quadratic"), counted with one bincount). 0 where every row has one
+    label and one grade."""
     y, grades = np.rint(y).astype(np.int64).ravel(), np.rint(grades).astype(np.int64).ravel()
     if not len(y):
         return 0.0
     low, k = min(y.min(), grades.min()), int(max(y.max(), grades.max()) - min(y.min(), grades.min()) + 1)
-    observed = np.bincount((y - low) * k + (grades - low), minlength=k * k).reshape(k, k).astype(np.float64)
-    weights = (np.arange(k)[:, None] - np.arange(k)[None, :]) ** 2
-    expected = np.outer(observed.sum(1), observed.sum(0)) / len(y)
+    return kappa_of(np.bincount((y - low) * k + (grades - low), minlength=k * k).reshape(k, k))
+
+
+def kappa_of(observed: np.ndarray) -> float:
+    """Quadratic weighted kappa of a confusion matrix: observed[label, grade], both counted up from
+    one grade (rows or columns of zeros at either end change nothing)."""
+    observed = np.asarray(observed, np.float64)
+    weights = (np.arange(len(observed))[:, None] - np.arange(len(observed))[None, :]) ** 2
+    expected = np.outer(observed.sum(1), observed.sum(0)) / max(observed.sum(), 1.0)
     chance = (weights * expected).sum()
     return float(1.0 - (weights * observed).sum() / chance) if chance else 0.0
 
@@ -38,19 +44,36 @@ def qwk_cuts(y: np.ndarray, pred: np.ndarray, low: int, high: int) -> tuple[list
     """The cuts between the grades low..high of one target's predictions that score the best QWK on
     these rows (coordinate descent from the halves; a cut moves only where the kappa rises), that
     kappa, and the kappa of rounding at the halves."""
-    y, pred = np.clip(np.rint(y), low, high), np.asarray(pred, np.float64).ravel()
+    y, pred = np.clip(np.rint(y), low, high).astype(np.int64) - low, np.asarray(pred, np.float64).ravel()
+    confusion = CutConfusion(y, pred, high - low + 1)
     cuts = np.arange(low, high, dtype=np.float64) + 0.5
-    at_halves = best = quadratic_kappa(y, cut(pred, cuts, low))
+    at_halves = best = kappa_of(confusion(cuts))
     for _ in range(PASSES):
         for j in range(len(cuts)):
-            below = cuts[j - 1] if j else min(pred.min(), cuts[j] - 1)
-            above = cuts[j + 1] if j + 1 < len(cuts) else max(pred.max(), cuts[j] + 1)
+            below = cuts[j - 1] if j else min(np.nanmin(pred, initial=np.inf), cuts[j] - 1)  # NaN: no cut there
+            above = cuts[j + 1] if j + 1 < len(cuts) else max(np.nanmax(pred, initial=-np.inf), cuts[j] + 1)
             for c in np.linspace(below, above, STEPS)[1:-1]:
                 trial = np.concatenate([cuts[:j], [c], cuts[j + 1 :]])
-                kappa = quadratic_kappa(y, cut(pred, trial, low))
+                kappa = kappa_of(confusion(trial))
                 if kappa > best + 1e-12:
                     best, cuts = kappa, trial
     return [round(float(c), 4) for c in cuts], best, at_halves
+
+
+class CutConfusion:
+    """The confusion matrix of one target's grades (0..k-1) against its predictions cut at sorted
+    cuts, as `cut` grades them (a value reaching a cut is above it), counted without a pass over the
+    rows: each grade's predictions are sorted once, and a cut finds how many lie below it by binary
+    search. The search's ~1,000 matrices then cost little more for 200,000 rows than for 2,000 (10
+    grades: 9.3 s with a pass over the rows for each, 0.07 s so: docs/tabular.md)."""
+
+    def __init__(self, y: np.ndarray, pred: np.ndarray, k: int):
+        pred = np.where(np.isnan(pred), -np.inf, pred)  # `cut` grades a NaN lowest: it reaches no cut
+        self.by_grade = [np.sort(pred[y == g]) for g in range(k)]
+
+    def __call__(self, cuts: np.ndarray) -> np.ndarray:
+        below = [np.concatenate([[0], np.searchsorted(s, cuts, side="left"), [len(s)]]) for s in self.by_grade]
+        return np.diff(np.array(below), axis=1)  # [label, grade]: the rows between two cuts
 
 
 def bounds(config: dict, targets: int) -> tuple[np.ndarray, np.ndarray]:
