@@ -48,10 +48,11 @@ def qwk_cuts(y: np.ndarray, pred: np.ndarray, low: int, high: int) -> tuple[list
     confusion = CutConfusion(y, pred, high - low + 1)
     cuts = np.arange(low, high, dtype=np.float64) + 0.5
     at_halves = best = kappa_of(confusion(cuts))
+    least, most = np.nanmin(pred, initial=np.inf), np.nanmax(pred, initial=-np.inf)  # NaN: no cut there
     for _ in range(PASSES):
         for j in range(len(cuts)):
-            below = cuts[j - 1] if j else min(np.nanmin(pred, initial=np.inf), cuts[j] - 1)  # NaN: no cut there
-            above = cuts[j + 1] if j + 1 < len(cuts) else max(np.nanmax(pred, initial=-np.inf), cuts[j] + 1)
+            below = cuts[j - 1] if j else min(least, cuts[j] - 1)
+            above = cuts[j + 1] if j + 1 < len(cuts) else max(most, cuts[j] + 1)
             for c in np.linspace(below, above, STEPS)[1:-1]:
                 trial = np.concatenate([cuts[:j], [c], cuts[j + 1 :]])
                 kappa = kappa_of(confusion(trial))
