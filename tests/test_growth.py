@@ -169,6 +169,14 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     assert growth.epochs_target(10, [falling, falling, flat, stopped]) == (15, said)
     assert growth.epochs_target(10, [falling, flat, flat]) == (10, "")  # 1 of 3: the plan's
     assert growth.epochs_target(10, []) == (10, "")  # every fold resumed: no evidence
+    # a 2-epoch plan reads its second epoch (a third began at the last and read nothing: a MiniLM
+    # fold's val loss fell 0.6549 -> 0.4995, and the grown seeds kept 2 epochs); one epoch has none
+    assert growth.late_gain([0.6549, 0.4995], 2) == pytest.approx((0.6549 - 0.4995) / 0.6549)
+    said = "validation still improving after epoch 1 in 3 of 3 folds: 3 epochs"
+    assert growth.epochs_target(2, [[0.6549, 0.4995], [0.6662, 0.5022], [0.7009, 0.5434]]) == (3, said)
+    assert growth.epochs_target(2, [[0.52, 0.50]] * 3) == (2, "")  # 4%: converged
+    assert growth.late_gain([0.65], 1) == 0.0 and growth.epochs_target(1, [[0.65]] * 3) == (1, "")
+    assert growth.late_start(3) == 2 and growth.late_start(4) == 3 and growth.late_start(10) == 7
     # the engine sizes it by the slowest fold after the first, with that fold's own epochs (it
     # early-stopped at 8: the grown fold may not), and the median epoch
     engine = project_modules.engine
