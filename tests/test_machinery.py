@@ -669,17 +669,19 @@ def test_an_image_under_another_extension_is_read_as_it_is(project_modules, tmp_
     """A test/ of .png beside a train/ of .jpg (--image-ext .jpg): every test image was "not found",
     and the run stopped at its preflight. An image missing under --image-ext but there under
     another image extension is read from there, with one line; one missing under every extension
-    still stops a training set."""
+    still stops a training set. Ids that name their own extension, of several kinds (im0.png, im5.jpg:
+    kagtpl new took .jpg from the first id), looked for im5.png.jpg and stopped the run."""
     images, errors = project_modules.images, project_modules.errors
-    for name in ("a.jpg", "b.png", "c.tif", "d.1.png"):
+    for name in ("a.jpg", "b.png", "c.tif", "d.1.png", "e.png"):
         (tmp_path / name).write_bytes(b"x")
-    paths = [images.image_path(tmp_path, i, ".jpg", f"line {k}") for k, i in enumerate(("a", "b", "c.jpg", "d.1"))]
+    ids = ("a", "b", "c.jpg", "d.1", "e.png")
+    paths = [images.image_path(tmp_path, i, ".jpg", f"line {k}") for k, i in enumerate(ids)]
     images.check_images_exist(paths, "sample_submission.csv", test=True)
-    assert paths == [str(tmp_path / n) for n in ("a.jpg", "b.png", "c.tif", "d.1.png")]
+    assert paths == [str(tmp_path / n) for n in ("a.jpg", "b.png", "c.tif", "d.1.png", "e.png")]
     said = capsys.readouterr().out
-    assert "WARNING: 3 of 4 images (sample_submission.csv) are .png, .tif, not --image-ext: read as they are" in said
-    with pytest.raises(errors.DataError, match=r"e\.jpg: image not found \(labels\.csv line 3\)"):
-        images.check_images_exist([str(tmp_path / "a.jpg"), str(tmp_path / "e.jpg")], "labels.csv")
+    assert "WARNING: 4 of 5 images (sample_submission.csv) are .png, .tif, not --image-ext: read as they are" in said
+    with pytest.raises(errors.DataError, match=r"f\.jpg: image not found \(labels\.csv line 3\)"):
+        images.check_images_exist([str(tmp_path / "a.jpg"), str(tmp_path / "f.jpg")], "labels.csv")
 
     import cv2  # serve.py's batch, decoded with no check before: a .png named .jpg was a blank image
 
