@@ -423,3 +423,12 @@ def test_unseen_categories_smoke():
     out = bench("unseen_categories.py", "--seeds", "2", "--epochs", "3")
     found = dict(re.findall(rf"^(random|zero)\s+{NUMBER}", out, re.M))
     assert set(found) == {"random", "zero"} and re.search(r"zero better in \d+% of the seeds", out), out
+
+
+def test_booster_early_stop_smoke():
+    """One split of the wine table, LightGBM and XGBoost, each early-stopped both ways; the line a
+    table and booster and the count over the fits."""
+    out = bench("booster_early_stop.py", "--splits", "1", "--tables", "wine", "--models", "lgbm,xgb")
+    found = re.findall(rf"^wine\s+(lgbm|xgb)\s+{NUMBER}\s+{NUMBER}\s+[+-]", out, re.M)
+    assert [model for model, *_ in found] == ["lgbm", "xgb"], out
+    assert re.search(r"higher in \d+ of 2 fits, lower in \d+, the same in \d+; [+-]\d+\.\d+ points", out), out
