@@ -49,7 +49,7 @@ def accuracies(fits, name: str, params: dict, stop_on: str, rows: tuple, seed: i
     problem = "binary" if len(np.unique(y_tr)) == 2 else "multiclass"
     chosen = fits.eval_metric
     if stop_on == "error":
-        fits.eval_metric = lambda n, p, m, gpu=False: ERROR_NAMES[n][p]
+        fits.eval_metric = lambda name, problem, metric, on_gpu=False: ERROR_NAMES[name][problem]
     try:
         model, seen, _ = fits.fit(name, params, problem, "accuracy", (x_tr, y_tr, x_va, y_va), "cpu", 2, seed, bool)
     finally:
