@@ -139,6 +139,23 @@ def test_a_metric_of_labels_early_stops_on_log_loss(tmp_path):
     assert fits.eval_metric("cat", "binary", "accuracy", on_gpu=True) == "Logloss"
 
 
+def test_a_fold_stopped_on_another_metric_is_not_reused(tmp_path, monkeypatch):
+    """A project updated from a template whose accuracy stopped on the error (before f4ab8e4) has
+    folds whose trees were chosen on it; --metric is the same, so the run signature is too. The
+    metric early stopping watched is in a fold's signature: those folds train again, once."""
+    project, _ = project_for(tmp_path, "binary")
+    m = import_project(project, ("boosters", "booster_fits"))
+    comp = SimpleNamespace(features=["a", "b"])
+    args = SimpleNamespace(metric="accuracy", target="target", signature="run1")
+    sig = lambda name: m.boosters.signature(name, {"rounds": 100}, "folds.csv", comp, args)  # noqa: E731
+    now = {n: sig(n) for n in ("lgbm", "xgb", "cat")}
+    assert now == {n: sig(n) for n in now}  # the same fold is reused
+    before = {"lgbm": "binary_error", "xgb": "error", "cat": "Accuracy"}
+    for name, metric in before.items():
+        monkeypatch.setitem(m.booster_fits.EVAL_METRICS[name], "accuracy", metric)
+    assert all(sig(n) != now[n] for n in now), "a fold stopped on the error would be reused"
+
+
 def test_members_over_different_rows_are_blended_on_the_shared_rows_with_a_line_that_says_so(tmp_path, capsys):
     """The planner cut the MLP to 3 of 5 folds: it has 360 OOF rows where the trees have 600."""
     project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="binary", metric="auc")
