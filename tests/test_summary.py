@@ -44,6 +44,12 @@ def test_an_image_competition_names_its_columns_classes_model_and_plan(tmp_path)
         (data / folder / "thumbs.jpg").mkdir()
     said = new(tmp_path, "mac", "--task", "image", "--gpu", "t4", "--data", str(data))
     assert said["images"].startswith("60 in train/, 10 (.png: read as they are) in test/ (.jpg), trained"), said
+    # a few training images of another type among the .jpg files: train.py reads them all (images.
+    # other_extension); the count was of the .jpg files alone ("55 in train/")
+    for jpg in [p for p in sorted((data / "train").glob("*.jpg")) if p.is_file()][-5:]:
+        jpg.rename(jpg.with_suffix(".png"))
+    said = new(tmp_path, "mixed", "--task", "image", "--gpu", "t4", "--data", str(data))
+    assert said["images"].startswith("60 (5 .png: read as they are) in train/, 10 (.png: read as they are) in"), said
 
 
 def test_a_binary_sample_of_0s_says_how_to_hand_in_the_probability(tmp_path):

@@ -63,14 +63,20 @@ def count_files(folder: Path, ext: str) -> int:
     return len(data_files(folder, f"*{ext}"))
 
 
-def count_images(folder: Path, ext: str) -> str:
-    """The test images under `ext`, or, with none, those under other image extensions, which train.py
-    and predict.py read as they are (a test/ of .png beside a train/ of .jpg): "297 (.png: read as they are)"."""
-    found = count_files(folder, ext)
-    if found or not folder.is_dir():
+def count_images(*folders: Path, ext: str) -> str:
+    """The images of `folders`: those under `ext`, and those under other image extensions, which
+    the scripts read as they are (a test/ of .png beside a train/ of .jpg: "297 (.png: read as they
+    are)"; ids that name their own, im5.jpg among .png files: "300 (43 .jpg: read as they are)")."""
+    found = sum(count_files(f, ext) for f in folders)
+    other = [p.suffix for f in folders for p in data_files(f) if p.suffix.lower() in IMAGE_EXTS and p.suffix != ext]
+    if not other:
         return str(found)
-    other = [p.suffix for p in data_files(folder) if p.suffix.lower() in IMAGE_EXTS and p.suffix != ext]
-    return f"{len(other)} ({', '.join(sorted(set(other)))}: read as they are)" if other else "0"
+    kinds = ", ".join(sorted(set(other)))
+    return (
+        f"{len(other)} ({kinds}: read as they are)"
+        if not found
+        else f"{found + len(other)} ({len(other)} {kinds}: read as they are)"
+    )
 
 
 def audio_lines(data: Path, a: dict) -> list[str]:
@@ -96,7 +102,7 @@ def audio_lines(data: Path, a: dict) -> list[str]:
 
 
 def image_lines(data: Path, a: dict) -> list[str]:
-    test = count_images(data / a["test_dir"], a["image_ext"])
+    test = count_images(data / a["test_dir"], ext=a["image_ext"])
     train, labels, classes = image_labels(data, a)
     return [
         f"images: {train} in {a['train_dir']}/, {test} in {a['test_dir']}/ ({a['image_ext']}), trained at "
@@ -138,7 +144,7 @@ def image_metric(a: dict) -> str:
     return "auto (log loss on probabilities, accuracy on labels, RMSE on a score)" if metric == "auto" else metric
 
 
-def image_labels(data: Path, a: dict) -> tuple[int, str, str]:
+def image_labels(data: Path, a: dict) -> tuple[str, str, str]:
     """(training images, where their labels are, the classes) for the image layouts: a label
     column, one-hot columns (label_col ''), or class folders (labels_csv '')."""
     if not a["labels_csv"]:
@@ -148,12 +154,12 @@ def image_labels(data: Path, a: dict) -> tuple[int, str, str]:
         if not folders:  # <class>.<n>.<ext>
             where = f"the start of each file's name in {a['train_dir']}/ (<class>.<n>), id column {a['id_col']!r}"
             names = name_classes(data / a["train_dir"])
-            return count_files(data / a["train_dir"], a["image_ext"]), where, f"{classes_text(names)}  [the names]"
-        images = sum(count_files(d, a["image_ext"]) for d in folders)
+            return count_images(data / a["train_dir"], ext=a["image_ext"]), where, f"{classes_text(names)}  [the names]"
+        images = count_images(*folders, ext=a["image_ext"])
         where = f"class folders of {a['train_dir']}/ (<class>/<image>), id column {a['id_col']!r}"
         return images, where, f"{classes_text([d.name for d in folders])}  [the folders' names]"
     labels = read_csv(data / a["labels_csv"])
-    train = count_files(data / a["train_dir"], a["image_ext"])
+    train = count_images(data / a["train_dir"], ext=a["image_ext"])
     where = f"{a['labels_csv']}, id column {a['id_col']!r}, " + (
         f"label column {a['label_col']!r}, " if a["label_col"] else "one-hot (a 0/1 column per class), "
     )
@@ -168,7 +174,10 @@ def image_labels(data: Path, a: dict) -> tuple[int, str, str]:
 
 
 def mask_lines(data: Path, a: dict) -> list[str]:
-    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_images(data / a["test_dir"], a["image_ext"])
+    train, test = (
+        count_files(data / a["train_dir"], a["image_ext"]),
+        count_images(data / a["test_dir"], ext=a["image_ext"]),
+    )
     if a.get("mask_dir"):
         values = str(a.get("mask_values", ""))
         kind = "binary" if "," not in values else f"{len(values.split(','))} classes"
@@ -191,7 +200,10 @@ def mask_lines(data: Path, a: dict) -> list[str]:
 
 
 def box_lines(data: Path, a: dict) -> list[str]:
-    train, test = count_files(data / a["train_dir"], a["image_ext"]), count_images(data / a["test_dir"], a["image_ext"])
+    train, test = (
+        count_files(data / a["train_dir"], a["image_ext"]),
+        count_images(data / a["test_dir"], ext=a["image_ext"]),
+    )
     labels = f"labels {a['label_col']!r}: {a.get('box_classes', '')}" if a.get("label_col") else "one class"
     negatives = "an image with no row has no object" if a["missing_boxes"] == "empty" else "images with no row skipped"
     if a.get("pred_style") == "rows":
