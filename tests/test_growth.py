@@ -67,8 +67,8 @@ def test_growth_prices_a_rerun_by_the_timing_its_checkpoints_recorded_or_does_no
         clock.t += 5.0
         plan.end_epoch(epoch)
     plan.prediction.fold_s = 2.0
-    timing = plan.times.fold_timing(plan.prediction.fold_s)
-    assert timing == {"fold_s": 10.0, "epochs": 2, "epoch_s": [5.0, 5.0], "predict_fold_s": 2.0}
+    timing = plan.times.fold_timing(plan.prediction.fold_s, 10)
+    assert timing == {"fold_s": 10.0, "epochs": 2, "planned_epochs": 10, "epoch_s": [5.0, 5.0], "predict_fold_s": 2.0}
     rerun = planner_module.TimePlanner(600, 3, 10, clock=Clock(), log=lambda line: None)
     rerun.resumed_fold(None)  # an older checkpoint: nothing recorded, nothing timed
     assert rerun.times.fold_s == [] and rerun.prediction.fold_s == 0.0
@@ -76,6 +76,11 @@ def test_growth_prices_a_rerun_by_the_timing_its_checkpoints_recorded_or_does_no
         rerun.resumed_fold(timing)
     assert rerun.times.fold_s == [10.0] * 3 and rerun.times.fold_epochs == [2] * 3 and rerun.times.epoch_s == [5.0] * 6
     assert rerun.prediction.fold_s == 2.0 and rerun.prediction.measured
+    assert rerun.times.fold_planned == [10] * 3 and rerun.times.shortest(20) == 10
+    del timing["planned_epochs"]  # a checkpoint from before 2026-12-07: the plan's epochs now stand in
+    older = planner_module.TimePlanner(600, 3, 20, clock=Clock(), log=lambda line: None)
+    older.resumed_fold(timing)
+    assert older.times.fold_planned == [] and older.times.shortest(20) == 20
 
 
 def test_a_grown_oof_file_counts_only_with_its_whole_checkpoint_of_this_runs_settings(
@@ -238,6 +243,47 @@ def test_growth_rules_with_a_fake_clock(project_modules):
         clock.t += 30.0
         plan.end_epoch(epoch)
     assert not [line for line in lines if line.startswith("TIME PLAN")] and plan.epochs == 10
+
+
+def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may_not(project_modules):
+    """A segmentation run under --budget 3m: the plan was cut to 2 folds x 13 epochs, given back
+    15 in fold 0 and 20 in fold 1, which early-stopped at 9. Fold 2 of the split at the plan's
+    20 epochs did not fit the 63 s left, and 15 was not tried: `GROW: stop before fold 2`, 35% of
+    the budget unused. A fold given back is its fold's only model: it may be as short as the
+    fewest epochs the plan gave a fold (its schedule: an early stop does not lower it). A seed,
+    averaged into its fold, keeps the plan's epochs."""
+    engine, growth, planner_module = project_modules.engine, project_modules.growth, project_modules.planner
+    clock = Clock()
+    plan = planner_module.TimePlanner(180, 5, 20, clock=clock, log=lambda line: None)
+    for k, (planned, epochs, epoch_s) in enumerate([(15, 15, 3.9), (20, 9, 3.6)]):
+        plan.agreed(2, planned)  # the plan as it stood in that fold (cut, then given back)
+        plan.times.begin_fold(k)
+        for e in range(1, epochs + 1):
+            plan.times.begin_epoch(12, 3)
+            clock.t += epoch_s
+            plan.end_epoch(e)
+        plan.end_fold(k, False)
+    assert plan.times.fold_epochs == [15, 9] and plan.times.fold_planned == [15, 20] and plan.epochs == 20
+    assert plan.times.shortest(plan.epochs) == 15 and plan.times.shortest(12) == 12
+    plan.planned, plan.growing, plan.prediction.fold_s = True, True, 1.0
+    clock.t = plan.t0 + 180 - plan.reserve() - 5 - 63.0  # 63 s of training time left
+    assert plan.training_left() == pytest.approx(63.0)
+    # the measured fold: fold 1, 9 epochs in 32.4 s; 0.9 x 63 - 1 - 32.4 = 23.3 s: 6 epochs more
+    said = "a fold takes ~32s, 63s training time left"
+    assert engine.grown_epochs(plan, plan.epochs) == (0, said)  # a seed: the plan's 20, or none
+    assert engine.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs)) == (15, said)
+    clock.t += 12.0  # 51 s left: 9 + floor((0.9 x 51 - 1 - 32.4) / 3.6) = 12 epochs fit, fewer than 15: none
+    assert engine.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs))[0] == 0
+    assert growth.back_line(2, 2, (15, 20, 15), said) == (
+        "GROW: fold 2 back (the plan had cut it to 2 folds) in 15 epochs (the plan's 20 do not fit; a fold of "
+        f"the plan had 15): {said}"
+    )
+    assert growth.back_line(2, 2, (20, 20, 15), said) == f"GROW: fold 2 back (the plan had cut it to 2 folds): {said}"
+    # a grown fold is recorded as planned for its own epochs (planner.grown_fold), not the plan's
+    plan.times.begin_fold(2)
+    with plan.grown_fold(16):
+        plan.end_fold(2, False)
+    assert plan.times.fold_planned == [15, 20, 16] and plan.epochs == 20
 
 
 def test_tta_views_rules_and_the_views_predict_py_reads(project_modules, tmp_path):

@@ -109,11 +109,14 @@ def fold_fits(left: float, fold_s: float, predict_fold_s: float) -> bool:
 
 def grown_epochs(target: int, left: float, fold: tuple[float, int], epoch_s: float, predict_fold_s: float, least: int):
     """The epochs of the next grown fold: `target` when that fits FIT_FRACTION of what is left,
-    else the most that do (a shorter last fold), or 0 when that is under `least` (the engine's:
-    the plan's epochs). Whole folds alone left up to a fold's time unused (0.82 of a 10-minute
-    image budget, 26 s left before a 69 s fold); a fold shorter than the plan lowered its fold's
-    OOF AUC when averaged in (a 13-epoch audio fold of a 20-epoch plan 0.953 -> 0.939; a 16-epoch
-    one, --mixup 1.0, 0.957 -> 0.938), so it is never shorter than the plan. `fold`: the
+    else the most that do (a shorter last fold), or 0 when that is under `least` (the engine's).
+    Whole folds alone left up to a fold's time unused (0.82 of a 10-minute image budget, 26 s left
+    before a 69 s fold); a seed shorter than the plan lowered its fold's OOF AUC when averaged in
+    (a 13-epoch audio fold of a 20-epoch plan 0.953 -> 0.939; a 16-epoch one, --mixup 1.0, 0.957
+    -> 0.938), so a seed is never shorter than the plan; a fold of the split given back, its fold's
+    only model, is never shorter than the fewest epochs the plan gave a fold (Timings.shortest:
+    its schedule, not where early stopping ended it; folds back as short as an early stop, 7 and
+    11 epochs of a plan of 14-20, lowered a held-out dice 0.5026 -> 0.4746). `fold`: the
     measured fold growth sizes by (its seconds and its epochs); each epoch more or less costs
     `epoch_s`. Nothing timed (every fold resumed from checkpoints with no timing): 0."""
     fold_s, epochs = fold
@@ -171,6 +174,14 @@ def fold_line(which: str, epochs: tuple[int, int, int], said: str, fold_s: float
         return f"GROW: {which}: ~{fmt_s(fold_s)} of {fmt_s(left)} training time left"
     short = f"; {target} do not fit" if n < target else ""
     return f"GROW: {which} in {n} epochs (the plan's {planned}{short}): {said}"
+
+
+def back_line(k: int, folds: int, epochs: tuple[int, int, int], said: str) -> str:
+    """The GROW line before a fold of the split given back. `epochs`: its own, the plan's now and
+    the fewest a fold was planned for; fewer than the plan's says so (the most that fit)."""
+    n, planned, least = epochs
+    fewer = f" in {n} epochs (the plan's {planned} do not fit; a fold of the plan had {least})" if n < planned else ""
+    return f"GROW: fold {k} back (the plan had cut it to {folds} folds){fewer}: {said}"
 
 
 def late_start(planned: int) -> int:

@@ -58,6 +58,7 @@ class Timings:
         self.epoch_s: list[float] = []  # every epoch's wall time, in order
         self.fold_s: list[float] = []  # each fold's wall time, as trained by this process (growth.py reads it)
         self.fold_epochs: list[int] = []  # ...and the epochs it trained (early stopping ends some sooner)
+        self.fold_planned: list[int] = []  # ...and the epochs its schedule had (the plan's then, or a grown fold's)
         self.val_curves: list[list[float]] = []  # the planned folds' val loss each epoch (growth's evidence)
         self.steady_epoch_s = 0.0  # the epoch's time from the timed steps after warm-up
         self.fold = self.epoch = self.batches = self.valid_batches = 0  # this fold, its epochs done, its batches
@@ -104,13 +105,21 @@ class Timings:
         self.epoch = epoch  # epochs of this fold done
         self.epoch_s.append(self.clock() - self._epoch_t0)
 
-    def end_fold(self) -> float:
-        """The fold's wall time, recorded with its epochs."""
+    def end_fold(self, planned: int) -> float:
+        """The fold's wall time, recorded with its epochs and the epochs it was `planned` for."""
         took = self.clock() - self._fold_t0
         self.fold_finished = True
         self.fold_s.append(took)
         self.fold_epochs.append(self.epoch)
+        self.fold_planned.append(planned)
         return took
+
+    def shortest(self, epochs: int) -> int:
+        """The fewest epochs a fold of this run was planned for (its schedule, not where early
+        stopping ended it), or `epochs`, the plan's now, when fewer: how short a fold of the split
+        given back may be (engine.folds_back). A plan cut to 13 epochs and given back 15 in fold 0
+        and 20 in fold 1 grew no fold 2 when 15 epochs fitted: a run left 35% of its budget."""
+        return min([epochs, *self.fold_planned])
 
     @property
     def last_epoch_s(self) -> float | None:
@@ -122,12 +131,19 @@ class Timings:
     def progress(self, parallel: int) -> Progress:
         return Progress(self.fold, self.epoch, self.fold_finished, parallel)
 
-    def fold_timing(self, predict_fold_s: float) -> dict:
-        """This fold's measure so far and predict.py's seconds a fold (reserve.py), saved in its complete
-        checkpoint: a rerun that resumes the fold prices growth by it (TimePlanner.resumed_fold), not by nothing."""
+    def fold_timing(self, predict_fold_s: float, planned: int) -> dict:
+        """This fold's measure so far, the epochs it was `planned` for and predict.py's seconds a fold
+        (reserve.py), saved in its complete checkpoint: a rerun that resumes the fold prices growth
+        by it (TimePlanner.resumed_fold), not by nothing."""
         epochs = self.epoch_s[-self.epoch :] if self.epoch else []
         fold_s = self.clock() - self._fold_t0 if self._fold_t0 is not None else 0.0
-        return {"fold_s": fold_s, "epochs": self.epoch, "epoch_s": epochs, "predict_fold_s": predict_fold_s}
+        return {
+            "fold_s": fold_s,
+            "epochs": self.epoch,
+            "planned_epochs": planned,
+            "epoch_s": epochs,
+            "predict_fold_s": predict_fold_s,
+        }
 
     def resumed(self, timing) -> bool:
         """A resumed fold's recorded measure stands for this process's; False when it has none."""
@@ -135,5 +151,7 @@ class Timings:
             return False
         self.fold_s.append(float(timing["fold_s"]))
         self.fold_epochs.append(int(timing.get("epochs") or 0))
+        if timing.get("planned_epochs"):  # a checkpoint from before 2026-12-07 has none: the plan's now stands in
+            self.fold_planned.append(int(timing["planned_epochs"]))
         self.epoch_s.extend(float(t) for t in timing.get("epoch_s") or [])
         return True
