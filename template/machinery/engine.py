@@ -233,13 +233,12 @@ def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[i
 
 
 def folds_back(comp, splits: list, trained: list[int], run: Run) -> list[int]:
-    """The folds of the split a cut plan left out, trained before any seed grows, at the plan's
-    epochs or the most that fit down to the fewest a fold was planned for (Timings.shortest: epochs
-    given back in fold 1 raised a plan of 15 to 20, and fold 2 at 15 was not tried: a segmentation
-    run left 35% of its budget),
-    each while it and its share of prediction fit (a loaded 2-core machine cut a table's
-    plan 5->3 and its MLP spent 61% of the training time on seeds while folds 3 and 4 were never
-    trained: the blend was fitted on 720 of 1,200 rows). Returns the folds trained."""
+    """The folds of the split a cut plan left out, trained before any seed grows, each while it and
+    its share of prediction fit (a loaded 2-core machine cut a table's plan 5->3 and its MLP spent
+    61% of the training time on seeds while folds 3 and 4 were never trained: the blend was fitted
+    on 720 of 1,200 rows); at the plan's epochs, or the most that fit down to the fewest the plan
+    gave a fold (Timings.shortest: epochs given back in fold 1 raised a plan of 15 to 20, and fold
+    2 at 15 was not tried; a segmentation run left 35% of its budget). Returns the folds trained."""
     planner = run.planner
     for k in range(len(splits)):
         if k in trained:

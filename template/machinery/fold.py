@@ -164,9 +164,8 @@ def finish_fold(model, fold: Fold, out: Path, machine, planner) -> None:
     parallel.check_in_sync(model, machine.device)
     if planner.stop_reason is not None or not parallel.writes():
         return
-    timing = planner.times.fold_timing(
-        planner.prediction.fold_s, planner.epochs
-    )  # a rerun that resumes the fold prices growth by it
+    # a rerun that resumes the fold prices growth by it, and knows the epochs it was planned for
+    timing = planner.times.fold_timing(planner.prediction.fold_s, planner.epochs)
     mark = functools.partial(storage.mark_complete, out / fold.checkpoint, timing=timing)  # rewritten: a copy's room
     if not room.with_room(out / fold.checkpoint, mark, ahead=True):
         print(f"WARNING: fold {fold.index} never produced a finite val loss; no checkpoint written")
