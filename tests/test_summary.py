@@ -157,3 +157,19 @@ def test_one_hot_text_targets_are_named_as_classes_and_several_scores_as_numbers
     essays = textdata.write_essays(tmp_path / "essays")
     said = new(tmp_path, "e", "--task", "text", "--gpu", "cpu", "--data", str(essays), "--model-dir", str(tmp_path))
     assert said["problem"] == "regression, 2 numbers a row; metric rmse  [--problem --metric]"
+
+
+def test_test_images_of_another_type_are_counted_where_the_layout_reads_them(tmp_path):
+    """Detection: test images named by the sample's ids are read under another image type too
+    (images.other_extension), so they count; the row-per-box layout takes its test ids from
+    test/'s --image-ext files alone, so a .jpg there is not one of them."""
+    from kagtpl import shapes
+
+    for layout, said in (("wheat", "30 (2 .jpg: read as they are) in test/"), ("rows", "28 in test/")):
+        data = shapes.write_boxes(tmp_path / layout, layout, n_train=20, n_test=30)
+        for png in sorted((data / "test").glob("*.png"))[-2:]:
+            png.rename(png.with_suffix(".jpg"))
+        images = new(tmp_path / f"p_{layout}", "p", "--task", "detection", "--gpu", "cpu", "--data", str(data))[
+            "images"
+        ]
+        assert f"20 in train/, {said} (.png)" in images, (layout, images)

@@ -200,10 +200,11 @@ def mask_lines(data: Path, a: dict) -> list[str]:
 
 
 def box_lines(data: Path, a: dict) -> list[str]:
-    train, test = (
-        count_files(data / a["train_dir"], a["image_ext"]),
-        count_images(data / a["test_dir"], ext=a["image_ext"]),
-    )
+    train = count_files(data / a["train_dir"], a["image_ext"])
+    if a.get("pred_style") == "rows":  # train.py takes the test ids from test/'s --image-ext files alone
+        test = str(count_files(data / a["test_dir"], a["image_ext"]))
+    else:  # by the sample's ids, each read under another image type too (images.other_extension)
+        test = count_images(data / a["test_dir"], ext=a["image_ext"])
     labels = f"labels {a['label_col']!r}: {a.get('box_classes', '')}" if a.get("label_col") else "one class"
     negatives = "an image with no row has no object" if a["missing_boxes"] == "empty" else "images with no row skipped"
     if a.get("pred_style") == "rows":
