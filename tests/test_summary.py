@@ -173,3 +173,14 @@ def test_test_images_of_another_type_are_counted_where_the_layout_reads_them(tmp
             "images"
         ]
         assert f"20 in train/, {said} (.png)" in images, (layout, images)
+
+
+def test_images_named_by_their_id_alone_are_each_counted_once(tmp_path):
+    """--image-ext '' (detection's images named by their id alone): every file is one, read as it
+    is named; an image type among them is not counted a second time as another type."""
+    from kagtpl import summary
+
+    for name in ("a", "b", "c.png"):
+        (tmp_path / name).write_bytes(b"\0")
+    assert summary.count_images(tmp_path, ext="") == "3"
+    assert summary.count_images(tmp_path, ext=".png") == "1"

@@ -66,9 +66,12 @@ def count_files(folder: Path, ext: str) -> int:
 def count_images(*folders: Path, ext: str) -> str:
     """The images of `folders`: those under `ext`, and those under other image extensions, which
     the scripts read as they are (a test/ of .png beside a train/ of .jpg: "297 (.png: read as they
-    are)"; ids that name their own, im5.jpg among .png files: "300 (43 .jpg: read as they are)")."""
-    found = sum(count_files(f, ext) for f in folders)
-    other = [p.suffix for f in folders for p in data_files(f) if p.suffix.lower() in IMAGE_EXTS and p.suffix != ext]
+    are)"; ids that name their own, im5.jpg among .png files: "300 (43 .jpg: read as they are)").
+    One listing a folder; a name ends with `ext` as count_files' glob matches it (ext '', images
+    named by their id alone: every file)."""
+    files = [p for f in folders for p in data_files(f)]
+    found = sum(p.name.endswith(ext) for p in files)
+    other = [p.suffix for p in files if not p.name.endswith(ext) and p.suffix.lower() in IMAGE_EXTS]
     if not other:
         return str(found)
     kinds = ", ".join(sorted(set(other)))
