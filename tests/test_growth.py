@@ -171,16 +171,24 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     assert growth.late_gain(falling, 10) == pytest.approx((0.2613 - 0.1837) / 0.2613)
     assert growth.late_gain(stopped, 10) == 0.0 and growth.late_gain(flat, 10) == pytest.approx(0.05)
     said = "validation still improving after epoch 7 in 2 of 4 folds: 15 epochs"
-    assert growth.epochs_target(10, [falling, falling, flat, stopped]) == (15, said)
-    assert growth.epochs_target(10, [falling, flat, flat]) == (10, "")  # 1 of 3: the plan's
+    assert growth.epochs_target(10, [(c, 10) for c in (falling, falling, flat, stopped)]) == (15, said)
+    assert growth.epochs_target(10, [(falling, 10), (flat, 10), (flat, 10)]) == (10, "")  # 1 of 3: the plan's
     assert growth.epochs_target(10, []) == (10, "")  # every fold resumed: no evidence
+    # each fold is judged by the epochs its schedule had: a plan cut to 8 and given back 10 in fold 1
+    # (fold 0 trained its 8, still falling 30% after its epoch 6); by the plan's 10 it counted against
+    eight = [2.25, 1.35, 0.87, 0.61, 0.44, 0.2613, 0.1900, 0.1837]
+    assert growth.late_gain(eight, 8) == pytest.approx((0.2613 - 0.1837) / 0.2613) and growth.late_gain(eight, 10) == 0
+    said = "validation still improving in the last third of their epochs in 2 of 3 folds: 15 epochs"
+    assert growth.epochs_target(10, [(eight, 8), (falling, 10), (flat, 10)]) == (15, said)
+    assert growth.epochs_target(10, [(eight[:7], 8), (falling, 10), (flat, 10)]) == (10, "")  # stopped at 7 of 8
     # a 2-epoch plan reads its second epoch (a third began at the last and read nothing: a MiniLM
     # fold's val loss fell 0.6549 -> 0.4995, and the grown seeds kept 2 epochs); one epoch has none
     assert growth.late_gain([0.6549, 0.4995], 2) == pytest.approx((0.6549 - 0.4995) / 0.6549)
     said = "validation still improving after epoch 1 in 3 of 3 folds: 3 epochs"
-    assert growth.epochs_target(2, [[0.6549, 0.4995], [0.6662, 0.5022], [0.7009, 0.5434]]) == (3, said)
-    assert growth.epochs_target(2, [[0.52, 0.50]] * 3) == (2, "")  # 4%: converged
-    assert growth.late_gain([0.65], 1) == 0.0 and growth.epochs_target(1, [[0.65]] * 3) == (1, "")
+    minilm = [[0.6549, 0.4995], [0.6662, 0.5022], [0.7009, 0.5434]]
+    assert growth.epochs_target(2, [(c, 2) for c in minilm]) == (3, said)
+    assert growth.epochs_target(2, [([0.52, 0.50], 2)] * 3) == (2, "")  # 4%: converged
+    assert growth.late_gain([0.65], 1) == 0.0 and growth.epochs_target(1, [([0.65], 1)] * 3) == (1, "")
     assert growth.late_start(3) == 2 and growth.late_start(4) == 3 and growth.late_start(10) == 7
     # the engine sizes it by the slowest fold after the first, with that fold's own epochs (it
     # early-stopped at 8: the grown fold may not), and the median epoch
@@ -255,6 +263,7 @@ def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may
     engine, growth, planner_module = project_modules.engine, project_modules.growth, project_modules.planner
     clock = Clock()
     plan = planner_module.TimePlanner(180, 5, 20, clock=clock, log=lambda line: None)
+    falling = [1.0 - 0.04 * e for e in range(15)]  # fold 0: 0.64 -> 0.44 in its last third (31%)
     for k, (planned, epochs, epoch_s) in enumerate([(15, 15, 3.9), (20, 9, 3.6)]):
         plan.agreed(2, planned)  # the plan as it stood in that fold (cut, then given back)
         plan.times.begin_fold(k)
@@ -262,8 +271,13 @@ def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may
             plan.times.begin_epoch(12, 3)
             clock.t += epoch_s
             plan.end_epoch(e)
-        plan.end_fold(k, False)
+        plan.end_fold(k, False, falling[:epochs])
     assert plan.times.fold_epochs == [15, 9] and plan.times.fold_planned == [15, 20] and plan.epochs == 20
+    # growth's evidence: each fold judged by its own schedule, fold 0 by its 15 (the plan's 20 now
+    # read it as early-stopped, against more epochs), fold 1 stopped at 9 of 20: 1 of 2 folds
+    assert plan.times.val_curves == [(falling, 15), (falling[:9], 20)]
+    more = "validation still improving in the last third of their epochs in 1 of 2 folds: 30 epochs"
+    assert growth.epochs_target(plan.epochs, plan.times.val_curves) == (30, more)
     assert plan.times.shortest(plan.epochs) == 15 and plan.times.shortest(12) == 12
     plan.planned, plan.growing, plan.prediction.fold_s = True, True, 1.0
     clock.t = plan.t0 + 180 - plan.reserve() - 5 - 63.0  # 63 s of training time left
@@ -282,8 +296,8 @@ def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may
     # a grown fold is recorded as planned for its own epochs (planner.grown_fold), not the plan's
     plan.times.begin_fold(2)
     with plan.grown_fold(16):
-        plan.end_fold(2, False)
-    assert plan.times.fold_planned == [15, 20, 16] and plan.epochs == 20
+        plan.end_fold(2, False, falling)
+    assert plan.times.fold_planned == [15, 20, 16] and plan.epochs == 20 and plan.times.val_curves[-1][1] == 16
 
 
 def test_tta_views_rules_and_the_views_predict_py_reads(project_modules, tmp_path):

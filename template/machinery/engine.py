@@ -197,8 +197,7 @@ def train_folds(comp, splits, run: Run) -> list[int]:
             planner.times.begin_fold(k)
             fold = comp.fold(k, trn_idx, dry_run_rows(val_idx, k) if args.dry_run else val_idx)
             best = train_fold(comp, fold, len(trn_idx), run, first)
-            planner.end_fold(k, first)
-            planner.times.val_curves.append(fold.val_losses)  # growth's evidence for more epochs
+            planner.end_fold(k, first, fold.val_losses)  # its val losses: growth's evidence for more epochs
             print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
             parallel.barrier()  # rank 0 has written the fold's files before any rank looks for them
         trained.append(k)
@@ -256,8 +255,7 @@ def folds_back(comp, splits: list, trained: list[int], run: Run) -> list[int]:
         fold = comp.fold(k, trn_idx, val_idx)
         with planner.grown_fold(epochs):
             best = train_fold(comp, fold, len(trn_idx), run, False)
-            planner.end_fold(k, False)  # recorded as planned for its own epochs
-        planner.times.val_curves.append(fold.val_losses)
+            planner.end_fold(k, False, fold.val_losses)  # recorded as planned for its own epochs
         print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
         trained.append(k)
         if planner.stop_reason:

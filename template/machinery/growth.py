@@ -192,22 +192,27 @@ def late_start(planned: int) -> int:
 
 
 def late_gain(curve: list[float], planned: int) -> float:
-    """How much a fold's val loss (`curve`, one a validated epoch) fell in the plan's last third:
-    (the loss where it began - the best after) / the loss where it began; 0 for a fold that did
-    not train every planned epoch (early-stopped or cut), and for a plan of one epoch."""
+    """How much a fold's val loss (`curve`, one a validated epoch) fell in the last third of the
+    `planned` epochs its schedule had: (the loss where it began - the best after) / the loss where
+    it began; 0 for a fold that did not train every planned epoch (early-stopped or cut), and for
+    a plan of one epoch."""
     start = late_start(planned)
     if len(curve) < planned or start < 1 or curve[start - 1] <= 0:
         return 0.0
     return (curve[start - 1] - min(curve[start:planned])) / curve[start - 1]
 
 
-def epochs_target(planned: int, curves: list[list[float]]) -> tuple[int, str]:
-    """The epochs grown seeds aim for, and why: EPOCH_GROWTH x `planned` when the planned folds'
-    val loss was still falling by LATE_GAIN or more in the last third of their epochs (`curves`:
-    each fold's, an entry an epoch) in at least half of them, else `planned`."""
-    late = sum(1 for curve in curves if late_gain(curve, planned) >= LATE_GAIN)
+def epochs_target(planned: int, curves: list[tuple[list[float], int]]) -> tuple[int, str]:
+    """The epochs grown seeds aim for, and why: EPOCH_GROWTH x `planned` (the plan's epochs now)
+    when the planned folds' val loss was still falling by LATE_GAIN or more in the last third of
+    their epochs in at least half of them, else `planned`. `curves`: each fold's val losses (an
+    entry an epoch) and the epochs its schedule had, by which it is judged: a plan cut to 13 and
+    given back 15 in fold 0 and 20 in fold 1 judged fold 0's 15 by the 20 and counted it against."""
+    late = sum(1 for curve, own in curves if late_gain(curve, own) >= LATE_GAIN)
     if curves and 2 * late >= len(curves):
-        more, tail = math.ceil(EPOCH_GROWTH * planned), f"after epoch {late_start(planned)}"
+        more = math.ceil(EPOCH_GROWTH * planned)
+        same = all(own == planned for _, own in curves)
+        tail = f"after epoch {late_start(planned)}" if same else "in the last third of their epochs"
         return more, f"validation still improving {tail} in {late} of {len(curves)} folds: {more} epochs"
     return planned, ""
 

@@ -209,8 +209,8 @@ class TimePlanner:
         elif self.budget and not self.growing:
             self._replan(self.times.estimate(), f"re-plan at {fmt_s(self.times.estimate())}/epoch")
 
-    def end_fold(self, fold: int, first: bool) -> None:
-        took = self.times.end_fold(self.epochs)
+    def end_fold(self, fold: int, first: bool, curve: list[float] | None = None) -> None:
+        took = self.times.end_fold(self.epochs, curve)  # a fold of the split's `curve`: growth's evidence
         why = self.budget and first and first_fold_overran(fold, took, self.budget)
         if why and not self._replan(max(self.times.estimate(), took / max(1, self.times.epoch)), why):
             self.log(f"TIME PLAN: {why} -> plan kept: folds={self.folds} epochs={self.epochs}")

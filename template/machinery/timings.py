@@ -59,7 +59,8 @@ class Timings:
         self.fold_s: list[float] = []  # each fold's wall time, as trained by this process (growth.py reads it)
         self.fold_epochs: list[int] = []  # ...and the epochs it trained (early stopping ends some sooner)
         self.fold_planned: list[int] = []  # ...and the epochs its schedule had (the plan's then, or a grown fold's)
-        self.val_curves: list[list[float]] = []  # the planned folds' val loss each epoch (growth's evidence)
+        self.val_curves: list[tuple[list[float], int]] = []  # the split's folds' val loss each epoch, and
+        # the epochs each was planned for (growth's evidence for more epochs; a seed's fold is none)
         self.steady_epoch_s = 0.0  # the epoch's time from the timed steps after warm-up
         self.fold = self.epoch = self.batches = self.valid_batches = 0  # this fold, its epochs done, its batches
         self.fold_finished = False
@@ -105,13 +106,16 @@ class Timings:
         self.epoch = epoch  # epochs of this fold done
         self.epoch_s.append(self.clock() - self._epoch_t0)
 
-    def end_fold(self, planned: int) -> float:
-        """The fold's wall time, recorded with its epochs and the epochs it was `planned` for."""
+    def end_fold(self, planned: int, curve: list[float] | None = None) -> float:
+        """The fold's wall time, recorded with its epochs and the epochs it was `planned` for; a
+        fold of the split gives its val loss `curve` as growth's evidence with them."""
         took = self.clock() - self._fold_t0
         self.fold_finished = True
         self.fold_s.append(took)
         self.fold_epochs.append(self.epoch)
         self.fold_planned.append(planned)
+        if curve is not None:
+            self.val_curves.append((curve, planned))
         return took
 
     def shortest(self, epochs: int) -> int:
