@@ -470,9 +470,12 @@ def test_a_tables_boosters_grow_seeds_that_predict_and_the_blend_take_in_and_a_r
     if ("0", "3") in grown:
         assert re.search(r"^GROW: lgbm seed 3 fold 0 \(seed 2042, lr 0\.0125\): ", log, re.M), log[-3000:]
     # DONE is train.py's last line, after the trees' seeds: a boosters-only run printed none, and with the
-    # MLP it came before the seeds grew (an agent starting predict.py on it blended half-written files)
+    # MLP it came before the seeds grew (an agent starting predict.py on it blended half-written files).
+    # Under run.py it names run.py's predict.py, not a command: it said `next: python predict.py`, a second
+    # predict.py beside the one run.py had started
     lines = log.splitlines()
-    done = [i for i, line in enumerate(lines) if re.match(r"DONE: 3 folds in [\d.]+s; next: python predict\.py$", line)]
+    beside = r"next: run\.py's predict\.py \(started beside train\.py\) hands in; its RUN: line says what"
+    done = [i for i, line in enumerate(lines) if re.match(rf"DONE: 3 folds in [\d.]+s; {beside}$", line)]
     last = max(i for i, line in enumerate(lines) if line.startswith(("GROW:", "OOF:", "FOLD ")))
     assert len(done) == 1 and done[0] > last, log[-3000:]
     growth = import_project(project, ("growth",)).growth

@@ -22,6 +22,10 @@ from . import engine, hardware, parallel, runflags
 from .machine import Batching, Machine, batch_set_by_user
 from .planner import TimePlanner
 
+# DONE's next step under run.py (train.py --predict-beside): its predict.py, started beside train.py,
+# hands in; the RUN: line says what (the ensemble, or the fallback where the folds were judged worse)
+BESIDE_NEXT = "run.py's predict.py (started beside train.py) hands in; its RUN: line says what"
+
 
 @dataclass
 class Run:
@@ -57,14 +61,18 @@ class Run:
 
     def done(self, folds: int | None = None) -> None:
         """train.py's last line, once nothing is left to write: DONE, the folds this run has, and
-        the predict.py command that reads them (a person or an agent starts it on this line). Only
-        the process that scored the folds says it, not a fold worker or a DDP rank."""
+        the predict.py command that reads them (a person or an agent starts it on this line), or,
+        under run.py, that its predict.py hands them in (it said `next: python predict.py` there,
+        where run.py's own predict.py was already started: a second one would predict beside it).
+        Only the process that scored the folds says it, not a fold worker or a DDP rank."""
         folds = self.folds_done if folds is None else folds
         if folds is None or not parallel.writes() or parallel.fold_worker():
             return
         # no fold at all: predict.py alone would stop (no model); the submission is the fallback train.py wrote
         fallback = Path(self.args.out_dir) / "submission.csv"
         then = f"next: {runflags.predict_command(self.args)}" if folds else f"{fallback} is train.py's fallback"
+        if folds and self.args.predict_beside:
+            then = f"next: {BESIDE_NEXT}"
         print(f"DONE: {folds} folds in {self.planner.elapsed():.1f}s; {then}")
 
 
