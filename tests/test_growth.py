@@ -536,7 +536,8 @@ train.main(sys.argv[1:])
 def test_a_cut_plan_gets_its_folds_back_before_any_seed_grows(tmp_path, digits_dir):
     """Item 1: a plan the planner cut (4 -> 2 folds) with time left trains folds 2 and 3 of the
     split, at the plan's epochs, before any seed grows; the OOF then holds every row. Before, the
-    seeds of folds 0 and 1 grew and folds 2 and 3 were never trained."""
+    seeds of folds 0 and 1 grew and folds 2 and 3 were never trained. A rerun skips them, complete
+    (resume): it trained them again over their complete checkpoints, which a stop then cost."""
     project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=4, epochs=2)
     (project / "cut_plan.py").write_text(CUT_PLAN)
     args = ["cut_plan.py", "--device", "cpu", "--no-pretrained", "--budget", "5m", "--out-dir=output"]
@@ -551,4 +552,16 @@ def test_a_cut_plan_gets_its_folds_back_before_any_seed_grows(tmp_path, digits_d
     last_fold = next(i for i, line in enumerate(lines) if line.startswith("FOLD 3 DONE: "))
     first_seed = next(i for i, line in enumerate(lines) if line.startswith(("GROW: more seeds", "GROW: seed")))
     assert last_fold < first_seed, log[-3000:]
+    assert re.search(r"^OOF: .* over 240 rows from folds \[0, 1, 2, 3\]$", log, re.M), log[-3000:]
+    out = project / "output"
+    made = {k: (out / f"model_fold{k}.pth").stat().st_mtime_ns for k in range(4)}
+    proc, seen = start_until(
+        project, args, lambda line: line.startswith(("GROW: seed 2 fold 0 ", "GROW: none", "GROW: stop"))
+    )
+    log = conftest.stop_group(proc, seen)
+    assert proc.returncode == 0, log[-3000:]
+    for k in range(4):
+        assert f"FOLD {k}: model_fold{k}.pth is complete, skipping (resume)" in log, log[-3000:]
+    assert "GROW: fold " not in log and "FOLD 2 DONE" not in log, log[-3000:]
+    assert {k: (out / f"model_fold{k}.pth").stat().st_mtime_ns for k in range(4)} == made
     assert re.search(r"^OOF: .* over 240 rows from folds \[0, 1, 2, 3\]$", log, re.M), log[-3000:]

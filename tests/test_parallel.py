@@ -15,9 +15,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from test_growth import CUT_PLAN
 from test_run import assert_valid_submission
 from test_tabular import new_tabular
 
+import conftest
 from conftest import GROW_ENV, RUN_ENV, epoch_at_least, render, run_script, start_until
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -362,6 +364,39 @@ def test_fold_workers_grow_the_seed_units_they_claim_once_each(tmp_path, digits_
     assert int(made[1]) == n or f"PREDICT: deadline: {made[1]} of {n} fold(s) used" in log, log[-3000:]
     share = float(re.search(r"^RUN: .* = ([\d.]+) of the 75s budget$", log, re.M).group(1))
     assert share <= 1.0, log[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.alone  # two fold workers on 2 cores under a budget
+def test_fold_workers_give_a_cut_plans_folds_back_before_any_seed(tmp_path, digits_dir):
+    """With fold workers (Kaggle's T4x2) a plan the planner cut (4 -> 2 folds) with time left
+    gets folds 2 and 3 of the split back, each claimed by one worker, before that worker grows a
+    seed; the OOF then holds every row. Before, the workers grew seeds of folds 0 and 1, and folds
+    2 and 3 were never trained (a sequential run had given them back since 2026-12-04)."""
+    project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=4, epochs=2)
+    (project / "cut_plan.py").write_text(CUT_PLAN)  # its workers run it too: each one's plan is cut
+    flags = ["--device", "cpu", "--no-pretrained", "--parallel", "folds", "--devices", "cpu,cpu", "--budget", "5m"]
+    ended = set()
+
+    def both_past_the_split(line: str) -> bool:  # each worker's first growth line after the split's folds
+        found = re.match(r"\[(cpu\d)\] GROW: (more seeds|none|stop)", line)
+        ended.update([found[1]] if found else [])
+        return len(ended) == 2
+
+    proc, seen = start_until(project, ["cut_plan.py", *flags], both_past_the_split, env=GROW_ENV)
+    log = conftest.stop_group(proc, seen)  # the order is the subject, not the seeds: save and end
+    assert proc.returncode == 0, log[-3000:]
+    backs = re.findall(r"^\[(cpu\d)\] GROW: fold (\d) back \(the plan had cut it to \d folds\)", log, re.M)
+    assert sorted(k for _, k in backs) == ["2", "3"], log[-3000:]  # each once, by one worker
+    lines = log.splitlines()
+    for tag, k in backs:  # the worker's fold of the split is done before it grows a seed
+        done = next(i for i, line in enumerate(lines) if line.startswith(f"[{tag}] FOLD {k} DONE: "))
+        seeds = (f"[{tag}] GROW: more seeds", f"[{tag}] GROW: seed")
+        grew = [i for i, line in enumerate(lines) if line.startswith(seeds)]
+        assert all(done < i for i in grew), log[-3000:]
+    assert re.search(r"^OOF: .* over 240 rows from folds \[0, 1, 2, 3\]$", log, re.M), log[-3000:]
+    folds = {p.name for p in (project / "output").glob("model_fold[0-9].pth")}
+    assert folds == {f"model_fold{k}.pth" for k in range(4)}, log[-3000:]
 
 
 @pytest.mark.slow

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import statistics
 import time
 from pathlib import Path
@@ -70,7 +69,7 @@ from .machine import (
     print_start,
     profile,
 )
-from .planner import SIGNALLED, fmt_s
+from .planner import fmt_s
 from .runflags import (
     FLAG_RANGES,
     Given,
@@ -173,9 +172,7 @@ def train_folds(comp, splits, run: Run) -> list[int]:
     (parallel.FoldQueue) and keeps the plan's fold count shared; under DDP every rank runs
     every fold, with the plan agreed. Returns the folds trained or found complete."""
     args, machine, planner = run.args, run.machine, run.planner
-    out, queue = Path(args.out_dir), None
-    if parallel.fold_worker():
-        queue = workers.FoldQueue(out / ".folds")
+    queue = workers.FoldQueue(Path(args.out_dir) / ".folds") if parallel.fold_worker() else None
     trained = []
     for k, (trn_idx, val_idx) in enumerate(splits):
         if queue is not None:
@@ -184,14 +181,10 @@ def train_folds(comp, splits, run: Run) -> list[int]:
             break
         if queue is not None and not queue.take(k):
             continue  # another worker has it (to train, or found complete)
-        path = out / f"model_fold{k}.pth"
-        done = storage.finished_fold(
-            path, artifacts.checkpoint_config(args, machine, run.batching), artifacts.run_keys(comp)
-        )
+        done = finished(comp, run, k)
         print(f"FOLD {k} ({k + 1} of {planner.folds}): {len(trn_idx)} train, {len(val_idx)} valid")
         if done:
-            print(f"FOLD {k}: {path.name} is complete, skipping (resume)")
-            planner.resumed_fold(done.get("timing"))  # growth prices what it adds by it
+            resumed(run, k, done)
         else:
             first = not planner.times.epoch_s  # the first fold this process trains: probe, Model line, estimate
             planner.times.begin_fold(k)
@@ -209,9 +202,9 @@ def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[i
     while it fits), then TTA views, then the same folds again from other seeds (growth.py's
     rules), each fold added only when it and its prediction fit; a GROW line says each step and
     why. A fold cut by the deadline or SIGTERM is never ensembled (growth.partial_oof_name).
-    A fold worker (`queue`) grows the seeds' folds it claims, as it claimed the plan's folds
-    (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused). Returns the folds trained
-    (the plan's, and those given back)."""
+    A fold worker (`queue`) claims the folds given back and the seeds' folds as it claimed the
+    plan's (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused); no TTA views (they
+    need every fold's OOF). Returns the folds trained (the plan's, and those given back)."""
     planner = run.planner
     why = growth.why_not(run.args, planner, worker=queue is not None)
     if why:
@@ -220,35 +213,46 @@ def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[i
     if growth_fold_s(planner) <= 0:
         print("GROW: none (nothing timed: every planned fold was resumed from checkpoints that record no timing)")
         return trained
-    if queue is not None:  # the folds every worker shares; the views need every fold's OOF: the plan's
-        grow_seeds(comp, splits[: queue.cap(planner.folds)], run, queue)
+    trained = folds_back(comp, splits, trained, run, queue)
+    taken = queue.claims() if queue is not None else trained  # a fold worker's: every worker's
+    if len(taken) < len(splits):  # a fold of the split does not fit: nor does a seed's (the same size)
         return trained
-    trained = folds_back(comp, splits, trained, run)
-    if len(trained) < len(splits):  # a fold of the split does not fit: nor does a seed's (the same size)
-        return trained
-    tta_views.grow(comp, splits, run)  # first: the seeds' fit checks count the views' price
-    grow_seeds(comp, splits, run)
+    if queue is not None:  # predict.py ensembles every fold of the split: the reserve counts them
+        planner.fold_back(len(splits) - 1)
+    else:
+        tta_views.grow(comp, splits, run)  # first: the seeds' fit checks count the views' price
+    grow_seeds(comp, splits, run, queue)
     return trained
 
 
-def folds_back(comp, splits: list, trained: list[int], run: Run) -> list[int]:
+def folds_back(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[int]:
     """The folds of the split a cut plan left out, trained before any seed grows, each while it and
     its share of prediction fit (a loaded 2-core machine cut a table's plan 5->3 and its MLP spent
     61% of the training time on seeds while folds 3 and 4 were never trained: the blend was fitted
     on 720 of 1,200 rows); at the plan's epochs, or the most that fit down to the fewest the plan
     gave a fold (Timings.shortest: epochs given back in fold 1 raised a plan of 15 to 20, and fold
-    2 at 15 was not tried; a segmentation run left 35% of its budget). Returns the folds trained."""
+    2 at 15 was not tried; a segmentation run left 35% of its budget). A fold worker (`queue`)
+    claims each as it claimed the plan's folds (Kaggle's T4x2 grew the seeds of a plan cut 5->3,
+    and folds 3 and 4 were never trained). Returns the folds trained."""
     planner = run.planner
     for k in range(len(splits)):
-        if k in trained:
-            continue
+        if k in trained or (queue is not None and queue.claimed(k)):
+            continue  # this process's, or another worker's
+        done = finished(comp, run, k)  # an earlier run gave it back (a rerun retrained it, overwriting it)
         least = planner.times.shortest(planner.epochs)
         epochs, said = grown_epochs(planner, planner.epochs, least)
-        if planner.stop_reason or not epochs:
+        if not done and (planner.stop_reason or not epochs):
             print(f"GROW: stop before fold {k} of the split ({planner.stop_reason or said}): no seeds either")
             break
-        print(growth.back_line(k, planner.folds, (epochs, planner.epochs, least), said))
+        if queue is not None and not queue.take(k):
+            continue  # another worker took it meanwhile
+        line = growth.back_line(k, planner.folds, (epochs, planner.epochs, least), said)  # the plan's folds before
         planner.fold_back(k)
+        trained.append(k)
+        if done:
+            resumed(run, k, done)
+            continue
+        print(line)
         trn_idx, val_idx = splits[k]
         print(f"FOLD {k} ({k + 1} of {len(splits)}): {len(trn_idx)} train, {len(val_idx)} valid")
         planner.times.begin_fold(k)
@@ -257,10 +261,22 @@ def folds_back(comp, splits: list, trained: list[int], run: Run) -> list[int]:
             best = train_fold(comp, fold, len(trn_idx), run, False)
             planner.end_fold(k, False, fold.val_losses)  # recorded as planned for its own epochs
         print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
-        trained.append(k)
         if planner.stop_reason:
             break
     return trained
+
+
+def finished(comp, run: Run, k: int) -> dict | None:
+    """Fold `k`'s checkpoint in --out-dir when it is complete and of this run's settings (resume), else None."""
+    config = artifacts.checkpoint_config(run.args, run.machine, run.batching)
+    return storage.finished_fold(Path(run.args.out_dir) / f"model_fold{k}.pth", config, artifacts.run_keys(comp))
+
+
+def resumed(run: Run, k: int, done: dict) -> None:
+    """Fold `k` is skipped, complete (`done`: its checkpoint): its recorded timing stands for this
+    process's measure (growth prices what it adds by it)."""
+    print(f"FOLD {k}: model_fold{k}.pth is complete, skipping (resume)")
+    run.planner.resumed_fold(done.get("timing"))
 
 
 def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
@@ -369,12 +385,12 @@ def train_on_workers(comp, run: Run, run_id: str) -> tuple[list[int], list[str]]
     out, devices = Path(args.out_dir), parallel.devices_for(args.devices, machine.device)
     start = time.time() - planner.elapsed()  # one deadline for every worker
     result = workers.run_fold_workers(devices, planner.folds, run_id, out, start, planner)
-    claimed, lost = set(result["claims"]), lost_folds(result, planner)
+    claimed, lost = set(result["claims"]), workers.lost_folds(result, planner)
     if lost and not planner.stop_reason and (not planner.budget or planner.training_left() > 0):
         # a worker killed by another (the OOM killer, a GPU fault): its fold trained again, once
         print(f"PARALLEL: {'; '.join(lost)}: the workers start again once for it (complete folds skipped, no growth)")
         result = workers.run_fold_workers(devices, result["cap"], run_id, out, start, planner, again=True)
-        claimed, lost = claimed | set(result["claims"]), lost_folds(result, planner)
+        claimed, lost = claimed | set(result["claims"]), workers.lost_folds(result, planner)
     config = artifacts.checkpoint_config(args, machine, run.batching)
     done = {
         k
@@ -382,17 +398,6 @@ def train_on_workers(comp, run: Run, run_id: str) -> tuple[list[int], list[str]]
         if storage.fold_is_done(out / f"model_fold{k}.pth", config, artifacts.run_keys(comp))
     }
     return sorted(done | claimed), lost
-
-
-def lost_folds(result: dict, planner) -> list[str]:
-    """A line for each fold worker that died (not of the SIGTERM this train.py forwarded: a worker
-    that exited on it saved its fold)."""
-    forwarded = planner.stop_reason in SIGNALLED
-    return [
-        f"fold worker {tag} exited {code}, fold(s) {folds or 'none'} lost"
-        for tag, code, folds in result["failed"]
-        if not (forwarded and code == -signal.SIGTERM)
-    ]
 
 
 def experiment_row(comp, run: Run, run_id: str) -> dict:

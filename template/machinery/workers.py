@@ -49,6 +49,10 @@ class FoldQueue:
         os.close(fd)
         return True
 
+    def claimed(self, fold: int) -> bool:
+        """Whether a worker has taken fold `fold` of the first seed (to train, or found complete)."""
+        return (self.folder / f"fold{fold}.claim").exists()
+
     def claims(self) -> dict[int, int]:
         """{fold: pid of the worker that took it}."""
         found = {}
@@ -165,6 +169,17 @@ def run_fold_workers(
         (tag, p.returncode, sorted(k for k, pid in claims.items() if pid == p.pid)) for p, tag in procs if p.returncode
     ]
     return {"claims": claims, "failed": failed, "cap": queue.cap(folds)}
+
+
+def lost_folds(result: dict, planner) -> list[str]:
+    """A line for each fold worker that died (not of the SIGTERM this train.py forwarded: a worker
+    that exited on it saved its fold). `result`: run_fold_workers'."""
+    forwarded = planner.stop_reason in time_planner.SIGNALLED
+    return [
+        f"fold worker {tag} exited {code}, fold(s) {folds or 'none'} lost"
+        for tag, code, folds in result["failed"]
+        if not (forwarded and code == -signal.SIGTERM)
+    ]
 
 
 # ----------------------------------------------------------------------------- tune.py's workers
