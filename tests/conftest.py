@@ -607,6 +607,7 @@ PROJECT_MODULES = (
     "experiments",
     "gpu",
     "growth",
+    "growing",
     "hardware",
     "images",
     "caches",

@@ -192,7 +192,7 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     assert growth.late_start(3) == 2 and growth.late_start(4) == 3 and growth.late_start(10) == 7
     # the engine sizes it by the slowest fold after the first, with that fold's own epochs (it
     # early-stopped at 8: the grown fold may not), and the median epoch
-    engine = project_modules.engine
+    growing = project_modules.growing  # the growth loop
     plan = planner_module.TimePlanner(600, 3, 10, clock=clock, log=lambda line: None)
     for k, (epochs, epoch_s, extra) in enumerate([(10, 6.0, 20.0), (8, 6.0, 9.0), (10, 5.0, 4.0)]):
         plan.times.begin_fold(k)
@@ -202,16 +202,16 @@ def test_growth_rules_with_a_fake_clock(project_modules):
             plan.end_epoch(e)
         clock.t += extra
         plan.end_fold(k, False)
-    assert engine.growth_fold(plan) == (57.0, 8) and plan.times.fold_epochs == [10, 8, 10]
+    assert growing.growth_fold(plan) == (57.0, 8) and plan.times.fold_epochs == [10, 8, 10]
     plan.planned, plan.growing, plan.prediction.fold_s = True, True, 2.0
     clock.t = plan.t0 + 600 - 90 - 5 - 90.0  # 90 s of training time left (15%: nothing measured)
     # 15 epochs (validation still improving): 57 + 7 x 6 + 2 = 101 s > 85.5 s; 12 epochs fit
-    assert engine.grown_epochs(plan, 15) == (12, "a fold takes ~57s, 90s training time left")
+    assert growing.grown_epochs(plan, 15) == (12, "a fold takes ~57s, 90s training time left")
     clock.t += 20.0  # 70 s left: 9 epochs fit, fewer than the plan's 10: none (a shorter fold than
-    assert engine.grown_epochs(plan, 15)[0] == 0  # the plan's lowered audio's OOF AUC twice)
-    assert engine.grown_epochs(plan, 10)[0] == 0  # the plan's 10 epochs do not fit: none
+    assert growing.grown_epochs(plan, 15)[0] == 0  # the plan's lowered audio's OOF AUC twice)
+    assert growing.grown_epochs(plan, 10)[0] == 0  # the plan's 10 epochs do not fit: none
     clock.t -= 5.0  # 75 s left: 57 + 2 x 6 + 2 = 71 s fits 71.25 s: the plan's 10
-    assert engine.grown_epochs(plan, 15) == (10, "a fold takes ~57s, 75s training time left")
+    assert growing.grown_epochs(plan, 15) == (10, "a fold takes ~57s, 75s training time left")
 
     # the line before a grown fold: the plan's epochs, more, or fewer than the target (the last that fits)
     said = "a fold takes ~7.0s, 6.9s training time left"  # the measured fold: 12 epochs
@@ -260,7 +260,7 @@ def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may
     the budget unused. A fold given back is its fold's only model: it may be as short as the
     fewest epochs the plan gave a fold (its schedule: an early stop does not lower it). A seed,
     averaged into its fold, keeps the plan's epochs."""
-    engine, growth, planner_module = project_modules.engine, project_modules.growth, project_modules.planner
+    growing, growth, planner_module = project_modules.growing, project_modules.growth, project_modules.planner
     clock = Clock()
     plan = planner_module.TimePlanner(180, 5, 20, clock=clock, log=lambda line: None)
     falling = [1.0 - 0.04 * e for e in range(15)]  # fold 0: 0.64 -> 0.44 in its last third (31%)
@@ -284,10 +284,10 @@ def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may
     assert plan.training_left() == pytest.approx(63.0)
     # the measured fold: fold 1, 9 epochs in 32.4 s; 0.9 x 63 - 1 - 32.4 = 23.3 s: 6 epochs more
     said = "a fold takes ~32s, 63s training time left"
-    assert engine.grown_epochs(plan, plan.epochs) == (0, said)  # a seed: the plan's 20, or none
-    assert engine.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs)) == (15, said)
+    assert growing.grown_epochs(plan, plan.epochs) == (0, said)  # a seed: the plan's 20, or none
+    assert growing.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs)) == (15, said)
     clock.t += 12.0  # 51 s left: 9 + floor((0.9 x 51 - 1 - 32.4) / 3.6) = 12 epochs fit, fewer than 15: none
-    assert engine.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs))[0] == 0
+    assert growing.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs))[0] == 0
     assert growth.back_line(2, 2, (15, 20, 15), said) == (
         "GROW: fold 2 back (the plan had cut it to 2 folds) in 15 epochs (the plan's 20 do not fit; a fold of "
         f"the plan had 15): {said}"

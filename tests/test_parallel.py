@@ -400,6 +400,32 @@ def test_fold_workers_give_a_cut_plans_folds_back_before_any_seed(tmp_path, digi
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # two fold workers on 2 cores under a budget
+def test_a_fold_whose_worker_died_is_taken_again_before_a_seed_grows(tmp_path, digits_dir):
+    """The OOM killer takes one fold worker mid-fold under a --budget (Kaggle's T4x2): the living
+    worker, its own folds done, takes the dead worker's fold again before it grows a seed, and the
+    run ends 0 with every fold (a WARNING names the dead worker). Before, the living worker grew
+    seeds to the budget's end, the workers' second round found no time left, and the run ended 1
+    with the fold lost (`fold worker cpu1 exited -9, fold(s) [1] lost`)."""
+    project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=2, epochs=30)
+    flags = ["--device", "cpu", "--no-pretrained", "--parallel", "folds", "--devices", "cpu,cpu", "--budget", "5m"]
+    proc, seen = start_until(project, ["train.py", *flags, "--patience", "30"], epoch_at_least(3, "[cpu1] "), GROW_ENV)
+    pid = int(re.search(r"^PARALLEL: cpu1 started, pid (\d+)$", "".join(seen), re.M).group(1))
+    k = int(re.search(r"^\[cpu1\] FOLD (\d) \(", "".join(seen), re.M).group(1))  # the fold cpu1 is on
+    os.kill(pid, signal.SIGKILL)
+    for line in proc.stdout:  # until the living worker has trained it
+        seen.append(line)
+        if line.startswith(f"[cpu0] FOLD {k} DONE: "):
+            break
+    log = conftest.stop_group(proc, seen)  # the seeds are not the subject: save and end
+    assert proc.returncode == 0, log[-3000:]
+    assert re.search(rf"^\[cpu0\] GROW: fold {k} back \(its worker, pid {pid}, died in it\): ", log, re.M), log[-3000:]
+    assert "WARNING: fold worker cpu1 exited -9: no fold lost" in log and " lost:" not in log, log[-3000:]
+    assert torch.load(project / "output" / f"model_fold{k}.pth", weights_only=True)["complete"], log[-3000:]
+    assert re.search(r"^OOF: .* over 240 rows from folds \[0, 1\]$", log, re.M), log[-3000:]
+
+
+@pytest.mark.slow
 def test_sigterm_to_train_py_reaches_every_fold_worker(tmp_path):
     """A container stop signals train.py; it forwards SIGTERM to its workers, each saves the fold
     it is on and exits 0, and train.py scores what there is and exits 0 so predict.py runs."""

@@ -28,6 +28,7 @@ MACHINERY = {
     "fold.py",
     "gpu.py",
     "growth.py",
+    "growing.py",
     "hand_in.py",
     "orphans.py",
     "compiling.py",

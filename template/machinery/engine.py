@@ -47,17 +47,16 @@ The competition is a plain object (train.py's `Competition`) with:
 from __future__ import annotations
 
 import os
-import shutil
-import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import artifacts, experiments, growth, logs, parallel, serving, storage, tta_views, workers
+from . import artifacts, experiments, growth, logs, parallel, tta_views, workers
 from .artifacts import copy_oof, fallback_submission, fixed_folds, read_targets, target_columns
 from .errors import RunError
 from .fold import Fold, dry_run_rows, train_fold, watchers_started, watchers_stopped, watching
-from .gpu import describe_gpu, device_memory, seed_everything
+from .gpu import describe_gpu
+from .growing import finished, grow, resumed
 from .machine import (
     Batching,
     Machine,
@@ -69,7 +68,6 @@ from .machine import (
     print_start,
     profile,
 )
-from .planner import fmt_s
 from .runflags import (
     FLAG_RANGES,
     Given,
@@ -197,186 +195,6 @@ def train_folds(comp, splits, run: Run) -> list[int]:
     return trained
 
 
-def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[int]:
-    """The plan's folds are trained with time to spare: first the folds a cut plan left out (each
-    while it fits), then TTA views, then the same folds again from other seeds (growth.py's
-    rules), each fold added only when it and its prediction fit; a GROW line says each step and
-    why. A fold cut by the deadline or SIGTERM is never ensembled (growth.partial_oof_name).
-    A fold worker (`queue`) claims the folds given back and the seeds' folds as it claimed the
-    plan's (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused); no TTA views (they
-    need every fold's OOF). Returns the folds trained (the plan's, and those given back)."""
-    planner = run.planner
-    why = growth.why_not(run.args, planner, worker=queue is not None)
-    if why:
-        print(f"GROW: none ({why})")
-        return trained
-    if growth_fold_s(planner) <= 0:
-        print("GROW: none (nothing timed: every planned fold was resumed from checkpoints that record no timing)")
-        return trained
-    trained = folds_back(comp, splits, trained, run, queue)
-    taken = queue.claims() if queue is not None else trained  # a fold worker's: every worker's
-    if len(taken) < len(splits):  # a fold of the split does not fit: nor does a seed's (the same size)
-        return trained
-    if queue is not None:  # predict.py ensembles every fold of the split: the reserve counts them
-        planner.fold_back(len(splits) - 1)
-    else:
-        tta_views.grow(comp, splits, run)  # first: the seeds' fit checks count the views' price
-    grow_seeds(comp, splits, run, queue)
-    return trained
-
-
-def folds_back(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[int]:
-    """The folds of the split a cut plan left out, trained before any seed grows, each while it and
-    its share of prediction fit (a loaded 2-core machine cut a table's plan 5->3 and its MLP spent
-    61% of the training time on seeds while folds 3 and 4 were never trained: the blend was fitted
-    on 720 of 1,200 rows); at the plan's epochs, or the most that fit down to the fewest the plan
-    gave a fold (Timings.shortest: epochs given back in fold 1 raised a plan of 15 to 20, and fold
-    2 at 15 was not tried; a segmentation run left 35% of its budget). A fold worker (`queue`)
-    claims each as it claimed the plan's folds (Kaggle's T4x2 grew the seeds of a plan cut 5->3,
-    and folds 3 and 4 were never trained). Returns the folds trained."""
-    planner = run.planner
-    for k in range(len(splits)):
-        if k in trained or (queue is not None and queue.claimed(k)):
-            continue  # this process's, or another worker's
-        done = finished(comp, run, k)  # an earlier run gave it back (a rerun retrained it, overwriting it)
-        least = planner.times.shortest(planner.epochs)
-        epochs, said = grown_epochs(planner, planner.epochs, least)
-        if not done and (planner.stop_reason or not epochs):
-            print(f"GROW: stop before fold {k} of the split ({planner.stop_reason or said}): no seeds either")
-            break
-        if queue is not None and not queue.take(k):
-            continue  # another worker took it meanwhile
-        line = growth.back_line(k, planner.folds, (epochs, planner.epochs, least), said)  # the plan's folds before
-        planner.fold_back(k)
-        trained.append(k)
-        if done:
-            resumed(run, k, done)
-            continue
-        print(line)
-        trn_idx, val_idx = splits[k]
-        print(f"FOLD {k} ({k + 1} of {len(splits)}): {len(trn_idx)} train, {len(val_idx)} valid")
-        planner.times.begin_fold(k)
-        fold = comp.fold(k, trn_idx, val_idx)
-        with planner.grown_fold(epochs):
-            best = train_fold(comp, fold, len(trn_idx), run, False)
-            planner.end_fold(k, False, fold.val_losses)  # recorded as planned for its own epochs
-        print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
-        if planner.stop_reason:
-            break
-    return trained
-
-
-def finished(comp, run: Run, k: int) -> dict | None:
-    """Fold `k`'s checkpoint in --out-dir when it is complete and of this run's settings (resume), else None."""
-    config = artifacts.checkpoint_config(run.args, run.machine, run.batching)
-    return storage.finished_fold(Path(run.args.out_dir) / f"model_fold{k}.pth", config, artifacts.run_keys(comp))
-
-
-def resumed(run: Run, k: int, done: dict) -> None:
-    """Fold `k` is skipped, complete (`done`: its checkpoint): its recorded timing stands for this
-    process's measure (growth prices what it adds by it)."""
-    print(f"FOLD {k}: model_fold{k}.pth is complete, skipping (resume)")
-    run.planner.resumed_fold(done.get("timing"))
-
-
-def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
-    """The same folds again from other seeds, each fold added only when it and its prediction fit;
-    a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
-    planner = run.planner
-    target, more = growth.epochs_target(planner.epochs, planner.times.val_curves)
-    fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
-    ok, said = growth.start(
-        planner.training_left(), planner.training_time(), growth_fold_s(planner), planner.prediction.fold_s, fits
-    )
-    print(f"GROW: {'more seeds' if ok else 'none'}: {said}{'; ' + more if ok and more else ''}")
-    for seed_no in range(2, growth.MAX_SEEDS + 1 if ok else 2):
-        for k, (trn_idx, val_idx) in enumerate(splits):
-            if queue is not None and not queue.take(k, seed_no):
-                continue  # another worker has it
-            if queue is not None:  # every worker's grown folds: predict.py ensembles them all (the reserve)
-                planner.prediction.set_grown(queue.grown() - 1)
-            if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, run, target):
-                return
-    if ok and queue is None:  # a fold worker's units end where the other workers' go on
-        print(growth.capped(planner.training_left()))
-
-
-def growth_fold(planner) -> tuple[float, int]:
-    """The fold growth's rules size by, as (seconds, epochs): the slowest measured fold after the
-    first (which carries the probe and the warm-up), else the first; (0, 0) when this process
-    trained none (all resumed)."""
-    timed = list(zip(planner.times.fold_s, planner.times.fold_epochs, strict=True))
-    return max(timed[1:] or timed or [(0.0, 0)])
-
-
-def growth_fold_s(planner) -> float:
-    return growth_fold(planner)[0]
-
-
-def grown_epochs(planner, target: int, least: int | None = None) -> tuple[int, str]:
-    """The epochs of the next grown fold, and why: `target` (growth.epochs_target) when that fits
-    the training time left, fewer when only a shorter fold does, but not fewer than `least` (by
-    default the plan's epochs: a seed averaged into its fold), 0 when none does (growth.grown_epochs)."""
-    fold, left = growth_fold(planner), planner.training_left()
-    said = f"a fold takes ~{fmt_s(fold[0])}, {fmt_s(max(0.0, left))} training time left"
-    epoch_s = statistics.median(planner.times.epoch_s) if planner.times.epoch_s else 0.0
-    least = planner.epochs if least is None else least
-    return growth.grown_epochs(target, left, fold, epoch_s, planner.prediction.fold_s, least), said
-
-
-def served_room(run: Run) -> str | None:
-    """growth.served_room for this run: its device's room for serve.py's folds, its first fold's
-    checkpoint as the size of each, the plan's folds and the grown ones with the next."""
-    args, planner = run.args, run.planner
-    room = int(serving.HELD_SHARE * device_memory(run.machine.device))
-    models = planner.folds + planner.prediction.extra_models + 1
-    return growth.served_room(args.data_dir, room, checkpoint_bytes(run), models)
-
-
-def disk_room(run: Run) -> str | None:
-    """growth.disk_room for this run: the output folder's free disk, its first fold's checkpoint as
-    the size of the next."""
-    return growth.disk_room(shutil.disk_usage(run.args.out_dir).free, checkpoint_bytes(run))
-
-
-def checkpoint_bytes(run: Run) -> int:
-    """The size of a checkpoint of this run, growth's measure of the next: its first fold's (0: none yet)."""
-    first = Path(run.args.out_dir) / "model_fold0.pth"
-    return first.stat().st_size if first.is_file() else 0
-
-
-def grow_fold(comp, split: tuple, seed_no: int, run: Run, target: int) -> bool:
-    """One grown seed's fold of `target` epochs (or fewer, the last, to fit): skipped when complete
-    (resume), else trained if it fits. Returns whether growth goes on."""
-    (k, trn_idx, val_idx), args, planner = split, run.args, run.planner
-    out, config = Path(args.out_dir), artifacts.checkpoint_config(args, run.machine, run.batching)
-    name = growth.checkpoint_name(k, seed_no)
-    if storage.fold_is_done(out / name, config, artifacts.run_keys(comp)):
-        print(f"GROW: seed {seed_no} fold {k}: {name} is complete, skipping (resume)")
-        return True
-    epochs, said = grown_epochs(planner, target)
-    held = served_room(run) or disk_room(run)
-    if planner.stop_reason or not epochs or held:
-        print(f"GROW: stop before seed {seed_no} fold {k} ({planner.stop_reason or held or said})")
-        return False
-    seed, planned = growth.seed_value(args.seed, seed_no), planner.epochs
-    fold_s, left = growth_fold_s(planner), planner.training_left()
-    print(growth.fold_line(f"seed {seed_no} fold {k} (seed {seed})", (epochs, planned, target), said, fold_s, left))
-    seed_everything(seed)
-    planner.times.begin_fold(k)
-    fold = comp.fold(k, trn_idx, val_idx)
-    fold.seed_no = seed_no
-    with planner.grown_fold(epochs):
-        best = train_fold(comp, fold, len(trn_idx), run, False)
-        planner.end_fold(k, False)  # recorded as planned for its own epochs
-    if planner.stop_reason:
-        print(f"GROW: seed {seed_no} fold {k} cut ({planner.stop_reason}): not ensembled")
-        return False
-    planner.prediction.add_model()
-    print(f"GROW: seed {seed_no} fold {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
-    return True
-
-
 def train_on_workers(comp, run: Run, run_id: str) -> tuple[list[int], list[str]]:
     """--parallel folds: one worker per device trains folds from a shared queue; returns the
     folds to score (taken by a worker this run, or complete from an earlier one) and a line for
@@ -385,19 +203,17 @@ def train_on_workers(comp, run: Run, run_id: str) -> tuple[list[int], list[str]]
     out, devices = Path(args.out_dir), parallel.devices_for(args.devices, machine.device)
     start = time.time() - planner.elapsed()  # one deadline for every worker
     result = workers.run_fold_workers(devices, planner.folds, run_id, out, start, planner)
-    claimed, lost = set(result["claims"]), workers.lost_folds(result, planner)
+
+    def complete(k: int) -> bool:
+        return finished(comp, run, k) is not None
+
+    claimed, lost = set(result["claims"]), workers.lost_folds(result, planner, complete)
     if lost and not planner.stop_reason and (not planner.budget or planner.training_left() > 0):
         # a worker killed by another (the OOM killer, a GPU fault): its fold trained again, once
         print(f"PARALLEL: {'; '.join(lost)}: the workers start again once for it (complete folds skipped, no growth)")
         result = workers.run_fold_workers(devices, result["cap"], run_id, out, start, planner, again=True)
-        claimed, lost = claimed | set(result["claims"]), workers.lost_folds(result, planner)
-    config = artifacts.checkpoint_config(args, machine, run.batching)
-    done = {
-        k
-        for k in range(result["cap"])
-        if storage.fold_is_done(out / f"model_fold{k}.pth", config, artifacts.run_keys(comp))
-    }
-    return sorted(done | claimed), lost
+        claimed, lost = claimed | set(result["claims"]), workers.lost_folds(result, planner, complete)
+    return sorted({k for k in range(result["cap"]) if complete(k)} | claimed), lost
 
 
 def experiment_row(comp, run: Run, run_id: str) -> dict:

@@ -1,7 +1,7 @@
 """Growing a plan: when the planned folds are trained with time to spare, more seeds of the same
 folds, their checkpoints ensembled with the first seed's (docs/time-budget.md, "Growth").
 
-Pure rules, no torch: the engine (engine.grow_seeds) asks them before every fold it adds, with
+Pure rules, no torch: the engine (growing.grow_seeds) asks them before every fold it adds, with
 the fold's measured time and the training time left; a fake clock drives them in the tests.
 It is machinery: `copier update` may replace it, so keep your own code elsewhere.
 """
@@ -84,7 +84,7 @@ def why_not(args, planner, worker: bool = False) -> str | None:
 def start(left: float, training_s: float, fold_s: float, predict_fold_s: float, fits: bool | None = None):
     """Whether to start growing, and the GROW line's reason: one more fold (with its share of
     prediction) fits the training time left; `fits` when the caller decided that (a shorter fold,
-    engine.grown_epochs). There is no least share: a 9-hour plan that leaves 10% spends 50 minutes."""
+    growing.grown_epochs). There is no least share: a 9-hour plan that leaves 10% spends 50 minutes."""
     share = left / training_s if training_s > 0 else 0.0
     said = f"{fmt_s(max(0.0, left))} of {fmt_s(training_s)} training time left ({share:.0%})"
     if fold_s <= 0:  # every planned fold resumed from checkpoints that record no timing: nothing to price by
@@ -176,12 +176,14 @@ def fold_line(which: str, epochs: tuple[int, int, int], said: str, fold_s: float
     return f"GROW: {which} in {n} epochs (the plan's {planned}{short}): {said}"
 
 
-def back_line(k: int, folds: int, epochs: tuple[int, int, int], said: str) -> str:
-    """The GROW line before a fold of the split given back. `epochs`: its own, the plan's now and
-    the fewest a fold was planned for; fewer than the plan's says so (the most that fit)."""
+def back_line(k: int, folds: int, epochs: tuple[int, int, int], said: str, dead: int = 0) -> str:
+    """The GROW line before a fold of the split given back: one a cut plan left out, or one whose
+    fold worker (pid `dead`) died in it. `epochs`: its own, the plan's now and the fewest a fold was
+    planned for; fewer than the plan's says so (the most that fit)."""
     n, planned, least = epochs
     fewer = f" in {n} epochs (the plan's {planned} do not fit; a fold of the plan had {least})" if n < planned else ""
-    return f"GROW: fold {k} back (the plan had cut it to {folds} folds){fewer}: {said}"
+    why = f"its worker, pid {dead}, died in it" if dead else f"the plan had cut it to {folds} folds"
+    return f"GROW: fold {k} back ({why}){fewer}: {said}"
 
 
 def late_start(planned: int) -> int:

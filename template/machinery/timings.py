@@ -3,7 +3,7 @@ trained, the planned folds' validation curves and the first timed steps (Timings
 the run stands (Progress: what the rest of a plan needs).
 
 Pure Python, no torch: the time planner (planner.py) keeps one Timings and plans from it;
-growth (engine.grow, growth.py) prices the folds it adds by it; a fold's measure is saved in its
+growth (growing.grow, growth.py) prices the folds it adds by it; a fold's measure is saved in its
 checkpoint (fold_timing) and read back when a rerun resumes the fold (resumed).
 It is machinery: `copier update` may replace it, so keep your own code elsewhere.
 """
@@ -121,7 +121,7 @@ class Timings:
     def shortest(self, epochs: int) -> int:
         """The fewest epochs a fold of this run was planned for (its schedule, not where early
         stopping ended it), or `epochs`, the plan's now, when fewer: how short a fold of the split
-        given back may be (engine.folds_back). A plan cut to 13 epochs and given back 15 in fold 0
+        given back may be (growing.folds_back). A plan cut to 13 epochs and given back 15 in fold 0
         and 20 in fold 1 grew no fold 2 when 15 epochs fitted: a run left 35% of its budget."""
         return min([epochs, *self.fold_planned])
 

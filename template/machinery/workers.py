@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import hardware, orphans
+from . import hardware, orphans, storage
 from . import planner as time_planner
 from .gpu import SHARE_ENV
 from .parallel import RUN_ID_ENV, WORKER_ENV
@@ -34,7 +34,11 @@ class FoldQueue:
     def reset(self, folds: int) -> None:
         """A new run (the parent holds the output folder's lock): no claims, the plan's folds."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        for f in [*self.folder.glob("fold*.claim"), *self.folder.glob("seed*_fold*.claim")]:
+        for f in [
+            *self.folder.glob("fold*.claim"),
+            *self.folder.glob("seed*_fold*.claim"),
+            *self.folder.glob("fold*.retake"),
+        ]:
             f.unlink()
         (self.folder / "cap").write_text(str(folds))
 
@@ -52,6 +56,29 @@ class FoldQueue:
     def claimed(self, fold: int) -> bool:
         """Whether a worker has taken fold `fold` of the first seed (to train, or found complete)."""
         return (self.folder / f"fold{fold}.claim").exists()
+
+    def orphan(self, fold: int) -> int:
+        """The pid of the worker that took fold `fold` and has died since (the OOM killer), else 0: a
+        living worker with time left takes it again (retake) before it grows a seed; once (0 after)."""
+        if (self.folder / f"fold{fold}.retake").exists():
+            return 0
+        try:
+            text = (self.folder / f"fold{fold}.claim").read_text().strip()
+        except OSError:
+            return 0
+        return int(text) if text.isdigit() and not storage.pid_alive(int(text)) else 0
+
+    def retake(self, fold: int) -> bool:
+        """Claim a fold whose worker died, once: exactly one living worker wins it (its retake file,
+        O_EXCL), and the claim names that worker from then on (the parent counts the fold as its)."""
+        try:
+            os.close(os.open(self.folder / f"fold{fold}.retake", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        tmp = self.folder / f"retake{fold}.{os.getpid()}.tmp"
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, self.folder / f"fold{fold}.claim")
+        return True
 
     def claims(self) -> dict[int, int]:
         """{fold: pid of the worker that took it}."""
@@ -171,15 +198,23 @@ def run_fold_workers(
     return {"claims": claims, "failed": failed, "cap": queue.cap(folds)}
 
 
-def lost_folds(result: dict, planner) -> list[str]:
+def lost_folds(result: dict, planner, complete) -> list[str]:
     """A line for each fold worker that died (not of the SIGTERM this train.py forwarded: a worker
-    that exited on it saved its fold). `result`: run_fold_workers'."""
-    forwarded = planner.stop_reason in time_planner.SIGNALLED
-    return [
-        f"fold worker {tag} exited {code}, fold(s) {folds or 'none'} lost"
-        for tag, code, folds in result["failed"]
-        if not (forwarded and code == -signal.SIGTERM)
-    ]
+    that exited on it saved its fold) holding a fold not `complete(k)`; `result`: run_fold_workers'.
+    One that lost none (it died in a grown seed's fold, or another worker trained its fold again) is
+    a WARNING: the run has every fold, and a rerun would train nothing (it ended 1, "fold(s) none lost")."""
+    forwarded, lines = planner.stop_reason in time_planner.SIGNALLED, []
+    for tag, code, folds in result["failed"]:
+        missing = [k for k in folds if not complete(k)]
+        if forwarded and code == -signal.SIGTERM:
+            continue
+        if missing:
+            lines.append(f"fold worker {tag} exited {code}, fold(s) {missing} lost")
+        else:
+            print(
+                f"WARNING: fold worker {tag} exited {code}: no fold lost (each complete, or trained again by another worker)"
+            )
+    return lines
 
 
 # ----------------------------------------------------------------------------- tune.py's workers

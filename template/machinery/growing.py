@@ -1,0 +1,209 @@
+"""The growth loop: what a run adds once its planned folds are trained with time to spare, one
+fold at a time (engine.cross_validate calls `grow`): the folds a cut plan left out, TTA views,
+then more seeds of the same folds. growth.py holds the rules it asks before each fold, timings.py
+the measures they read. It is machinery: `copier update` may replace it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import artifacts, growth, serving, storage, tta_views
+from .fold import train_fold
+from .gpu import device_memory, seed_everything
+from .planner import fmt_s
+
+if TYPE_CHECKING:  # runs.py builds the run
+    from .runs import Run
+
+
+def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[int]:
+    """The plan's folds are trained with time to spare: first the folds a cut plan left out (each
+    while it fits), then TTA views, then the same folds again from other seeds (growth.py's
+    rules), each fold added only when it and its prediction fit; a GROW line says each step and
+    why. A fold cut by the deadline or SIGTERM is never ensembled (growth.partial_oof_name).
+    A fold worker (`queue`) claims the folds given back and the seeds' folds as it claimed the
+    plan's (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused); no TTA views (they
+    need every fold's OOF). Returns the folds trained (the plan's, and those given back)."""
+    planner = run.planner
+    why = growth.why_not(run.args, planner, worker=queue is not None)
+    if why:
+        print(f"GROW: none ({why})")
+        return trained
+    if growth_fold_s(planner) <= 0:
+        print("GROW: none (nothing timed: every planned fold was resumed from checkpoints that record no timing)")
+        return trained
+    if not folds_back(comp, splits, trained, run, queue):  # a fold of the split does not fit: nor does a seed's
+        return trained
+    if len(queue.claims() if queue is not None else trained) < len(splits):  # a worker's: every worker's
+        return trained
+    if queue is not None:  # predict.py ensembles every fold of the split: the reserve counts them
+        planner.fold_back(len(splits) - 1)
+    else:
+        tta_views.grow(comp, splits, run)  # first: the seeds' fit checks count the views' price
+    grow_seeds(comp, splits, run, queue)
+    return trained
+
+
+def folds_back(comp, splits: list, trained: list[int], run: Run, queue=None) -> bool:
+    """The folds of the split a cut plan left out, trained before any seed grows, each while it and
+    its share of prediction fit (a loaded 2-core machine cut a table's plan 5->3 and its MLP spent
+    61% of the training time on seeds while folds 3 and 4 were never trained: the blend was fitted
+    on 720 of 1,200 rows); at the plan's epochs, or the most that fit down to the fewest the plan
+    gave a fold (Timings.shortest: epochs given back in fold 1 raised a plan of 15 to 20, and fold
+    2 at 15 was not tried; a segmentation run left 35% of its budget). A fold worker (`queue`)
+    claims each as it claimed the plan's folds (Kaggle's T4x2 grew the seeds of a plan cut 5->3,
+    and folds 3 and 4 were never trained), and first takes again, once, a fold whose worker died
+    in it (the OOM killer: the other worker grew seeds to the budget's end, and the fold was lost).
+    Adds each fold it trains to `trained`; returns whether growth may go on (not: a stop, or a fold
+    of the split that does not fit)."""
+    planner = run.planner
+    for k in range(len(splits)):
+        dead = queue.orphan(k) if queue is not None else 0  # the pid of its worker, dead since
+        if k in trained or (queue is not None and queue.claimed(k) and not dead):
+            continue  # this process's, or a living worker's
+        done = finished(comp, run, k)  # complete: an earlier run gave it back, or its worker died after it
+        least = planner.times.shortest(planner.epochs)
+        epochs, said = grown_epochs(planner, planner.epochs, least)
+        if not done and (planner.stop_reason or not epochs):
+            print(f"GROW: stop before fold {k} of the split ({planner.stop_reason or said}): no seeds either")
+            return False
+        if queue is not None and not (queue.retake(k) if dead else queue.take(k)):
+            continue  # another worker took it meanwhile
+        # the plan's folds before this one is added
+        line = growth.back_line(k, planner.folds, (epochs, planner.epochs, least), said, dead)
+        if k >= planner.folds:  # predict.py ensembles it: the reserve counts it
+            planner.fold_back(k)
+        trained.append(k)
+        if done:
+            if not dead:  # a dead worker's complete fold: claimed, so train.py does not count it lost
+                resumed(run, k, done)
+            continue
+        print(line)
+        trn_idx, val_idx = splits[k]
+        print(f"FOLD {k} ({k + 1} of {len(splits)}): {len(trn_idx)} train, {len(val_idx)} valid")
+        planner.times.begin_fold(k)
+        fold = comp.fold(k, trn_idx, val_idx)
+        with planner.grown_fold(epochs):
+            best = train_fold(comp, fold, len(trn_idx), run, False)
+            planner.end_fold(k, False, fold.val_losses)  # recorded as planned for its own epochs
+        print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
+        if planner.stop_reason:
+            return False
+    return True
+
+
+def finished(comp, run: Run, k: int) -> dict | None:
+    """Fold `k`'s checkpoint in --out-dir when it is complete and of this run's settings (resume), else None."""
+    config = artifacts.checkpoint_config(run.args, run.machine, run.batching)
+    return storage.finished_fold(Path(run.args.out_dir) / f"model_fold{k}.pth", config, artifacts.run_keys(comp))
+
+
+def resumed(run: Run, k: int, done: dict) -> None:
+    """Fold `k` is skipped, complete (`done`: its checkpoint): its recorded timing stands for this
+    process's measure (growth prices what it adds by it)."""
+    print(f"FOLD {k}: model_fold{k}.pth is complete, skipping (resume)")
+    run.planner.resumed_fold(done.get("timing"))
+
+
+def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
+    """The same folds again from other seeds, each fold added only when it and its prediction fit;
+    a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
+    planner = run.planner
+    target, more = growth.epochs_target(planner.epochs, planner.times.val_curves)
+    fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
+    ok, said = growth.start(
+        planner.training_left(), planner.training_time(), growth_fold_s(planner), planner.prediction.fold_s, fits
+    )
+    print(f"GROW: {'more seeds' if ok else 'none'}: {said}{'; ' + more if ok and more else ''}")
+    for seed_no in range(2, growth.MAX_SEEDS + 1 if ok else 2):
+        for k, (trn_idx, val_idx) in enumerate(splits):
+            if queue is not None and not folds_back(comp, splits, [], run, queue):
+                return  # a fold whose worker died since does not fit, nor does a seed's (or a stop)
+            if queue is not None and not queue.take(k, seed_no):
+                continue  # another worker has it
+            if queue is not None:  # every worker's grown folds: predict.py ensembles them all (the reserve)
+                planner.prediction.set_grown(queue.grown() - 1)
+            if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, run, target):
+                return
+    if ok and queue is None:  # a fold worker's units end where the other workers' go on
+        print(growth.capped(planner.training_left()))
+
+
+def growth_fold(planner) -> tuple[float, int]:
+    """The fold growth's rules size by, as (seconds, epochs): the slowest measured fold after the
+    first (which carries the probe and the warm-up), else the first; (0, 0) when this process
+    trained none (all resumed)."""
+    timed = list(zip(planner.times.fold_s, planner.times.fold_epochs, strict=True))
+    return max(timed[1:] or timed or [(0.0, 0)])
+
+
+def growth_fold_s(planner) -> float:
+    return growth_fold(planner)[0]
+
+
+def grown_epochs(planner, target: int, least: int | None = None) -> tuple[int, str]:
+    """The epochs of the next grown fold, and why: `target` (growth.epochs_target) when that fits
+    the training time left, fewer when only a shorter fold does, but not fewer than `least` (by
+    default the plan's epochs: a seed averaged into its fold), 0 when none does (growth.grown_epochs)."""
+    fold, left = growth_fold(planner), planner.training_left()
+    said = f"a fold takes ~{fmt_s(fold[0])}, {fmt_s(max(0.0, left))} training time left"
+    epoch_s = statistics.median(planner.times.epoch_s) if planner.times.epoch_s else 0.0
+    least = planner.epochs if least is None else least
+    return growth.grown_epochs(target, left, fold, epoch_s, planner.prediction.fold_s, least), said
+
+
+def served_room(run: Run) -> str | None:
+    """growth.served_room for this run: its device's room for serve.py's folds, its first fold's
+    checkpoint as the size of each, the plan's folds and the grown ones with the next."""
+    args, planner = run.args, run.planner
+    room = int(serving.HELD_SHARE * device_memory(run.machine.device))
+    models = planner.folds + planner.prediction.extra_models + 1
+    return growth.served_room(args.data_dir, room, checkpoint_bytes(run), models)
+
+
+def disk_room(run: Run) -> str | None:
+    """growth.disk_room for this run: the output folder's free disk, its first fold's checkpoint as
+    the size of the next."""
+    return growth.disk_room(shutil.disk_usage(run.args.out_dir).free, checkpoint_bytes(run))
+
+
+def checkpoint_bytes(run: Run) -> int:
+    """The size of a checkpoint of this run, growth's measure of the next: its first fold's (0: none yet)."""
+    first = Path(run.args.out_dir) / "model_fold0.pth"
+    return first.stat().st_size if first.is_file() else 0
+
+
+def grow_fold(comp, split: tuple, seed_no: int, run: Run, target: int) -> bool:
+    """One grown seed's fold of `target` epochs (or fewer, the last, to fit): skipped when complete
+    (resume), else trained if it fits. Returns whether growth goes on."""
+    (k, trn_idx, val_idx), args, planner = split, run.args, run.planner
+    out, config = Path(args.out_dir), artifacts.checkpoint_config(args, run.machine, run.batching)
+    name = growth.checkpoint_name(k, seed_no)
+    if storage.fold_is_done(out / name, config, artifacts.run_keys(comp)):
+        print(f"GROW: seed {seed_no} fold {k}: {name} is complete, skipping (resume)")
+        return True
+    epochs, said = grown_epochs(planner, target)
+    held = served_room(run) or disk_room(run)
+    if planner.stop_reason or not epochs or held:
+        print(f"GROW: stop before seed {seed_no} fold {k} ({planner.stop_reason or held or said})")
+        return False
+    seed, planned = growth.seed_value(args.seed, seed_no), planner.epochs
+    fold_s, left = growth_fold_s(planner), planner.training_left()
+    print(growth.fold_line(f"seed {seed_no} fold {k} (seed {seed})", (epochs, planned, target), said, fold_s, left))
+    seed_everything(seed)
+    planner.times.begin_fold(k)
+    fold = comp.fold(k, trn_idx, val_idx)
+    fold.seed_no = seed_no
+    with planner.grown_fold(epochs):
+        best = train_fold(comp, fold, len(trn_idx), run, False)
+        planner.end_fold(k, False)  # recorded as planned for its own epochs
+    if planner.stop_reason:
+        print(f"GROW: seed {seed_no} fold {k} cut ({planner.stop_reason}): not ensembled")
+        return False
+    planner.prediction.add_model()
+    print(f"GROW: seed {seed_no} fold {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
+    return True
