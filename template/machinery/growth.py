@@ -61,7 +61,8 @@ def why_not(args, planner, worker: bool = False) -> str | None:
     """Why this run does not grow at all (None: it may). Growth needs a budget, every fold of the
     plan trained (a plan the planner cut grows too: the cut keeps 20% slack, and the audio benchmark's
     cut plan ended with 20% of its training time left) and one process training every fold, or a
-    fold worker (`worker`: it grows the (seed, fold) units it claims); not DDP."""
+    process whose folds no other trains (`worker`: a fold worker, which grows the (seed, fold) units
+    it claims; a table's boosters, which train in train.py's own process); not DDP."""
     if getattr(args, "no_grow", False):
         return "--no-grow"
     if not planner.budget:
