@@ -1568,8 +1568,10 @@ def test_run_from_another_folder_writes_into_the_project(table_data, tmp_path):
     assert (out / "submission.csv").is_file() and (out / "model_fold0.pth").is_file()
     assert not list(elsewhere.iterdir())
     assert f"SUBMISSION: {out / 'submission.csv'}" in r.stdout
-    # train.py's last line names the scripts' folder too: run as written in `elsewhere`, it predicts
-    assert f"; next: python {project / 'predict.py'} --out-dir {out}\n" in r.stdout, r.stdout[-3000:]
+    # the DRY RUN line names the scripts' folder too: run as written in `elsewhere`, it predicts; the
+    # DONE line under run.py names run.py's own predict.py, already started (a second one would predict beside it)
+    assert f"; python {project / 'predict.py'} --out-dir {out} predicts with it\n" in r.stdout, r.stdout[-3000:]
+    assert "; next: run.py's predict.py (started beside train.py) hands in; its RUN: line says what\n" in r.stdout
 
 
 @pytest.mark.slow
