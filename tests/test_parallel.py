@@ -198,7 +198,14 @@ def test_ddp_dry_run_and_a_short_run_where_rank_0_alone_writes(table_project):
     assert sorted((r["fold"], r["epoch"]) for r in records) == [(k, e) for k in (0, 1) for e in (1, 2, 3)]
     assert 4 <= len(epochs_logged) <= 6 and epochs_logged.count("3") == 2
     assert len({r["run"] for r in records}) == 1
-    assert len(pd.read_csv(out / "experiments.csv")) == 1
+    # every rank trains the MLP first, then rank 0 alone the boosters (their process group is gone by
+    # then): before, no rank trained them, while the MODELS line named them all the same
+    models = re.search(r"^MODELS: (.+) \(", log, re.M).group(1).split(", ")
+    assert len(pd.read_csv(out / "experiments.csv")) == len(models)  # one row a model, rank 0's
+    mlp_done = log.index("OOF: ") if "mlp" in models else 0
+    for name in (m for m in models if m != "mlp"):
+        assert log.index(f"BOOSTER: {name} ") > mlp_done and re.search(rf"^OOF: .* \({name}\)$", log, re.M), log
+        assert len(list(out.glob(f"test_{name}_fold[01].csv"))) == 2
     oof = pd.read_csv(out / "oof.csv")
     train = pd.read_csv(data / "train.csv")
     assert sorted(oof["row_id"]) == sorted(train["row_id"])  # every rank's share gathered, padding dropped
