@@ -284,7 +284,10 @@ def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may
     assert plan.training_left() == pytest.approx(63.0)
     # the measured fold: fold 1, 9 epochs in 32.4 s; 0.9 x 63 - 1 - 32.4 = 23.3 s: 6 epochs more
     said = "a fold takes ~32s, 63s training time left"
-    assert growing.grown_epochs(plan, plan.epochs) == (0, said)  # a seed: the plan's 20, or none
+    # a seed: the plan's 20, or none; the line then prices a 20-epoch fold, not the measured 9 (`a fold
+    # takes ~32s, 63s training time left` read as a fold that fitted): 32.4 + 11 x 3.9 (the median epoch)
+    none = "a fold of 20 epochs takes ~75s (32s measured for 9), 63s training time left"
+    assert growing.grown_epochs(plan, plan.epochs) == (0, none)
     assert growing.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs)) == (15, said)
     clock.t += 12.0  # 51 s left: 9 + floor((0.9 x 51 - 1 - 32.4) / 3.6) = 12 epochs fit, fewer than 15: none
     assert growing.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs))[0] == 0

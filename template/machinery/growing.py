@@ -148,12 +148,19 @@ def growth_fold_s(planner) -> float:
 def grown_epochs(planner, target: int, least: int | None = None) -> tuple[int, str]:
     """The epochs of the next grown fold, and why: `target` (growth.epochs_target) when that fits
     the training time left, fewer when only a shorter fold does, but not fewer than `least` (by
-    default the plan's epochs: a seed averaged into its fold), 0 when none does (growth.grown_epochs)."""
+    default the plan's epochs: a seed averaged into its fold), 0 when none does (growth.grown_epochs).
+    The why names the measured fold, or, when none fits, the shortest fold allowed: `a fold takes
+    ~46s, 106s training time left` read as a fold that fitted, where the 46 s fold had early-stopped
+    at epoch 8 and one of the plan's 20 epochs needed ~113 s."""
     fold, left = growth_fold(planner), planner.training_left()
-    said = f"a fold takes ~{fmt_s(fold[0])}, {fmt_s(max(0.0, left))} training time left"
     epoch_s = statistics.median(planner.times.epoch_s) if planner.times.epoch_s else 0.0
     least = planner.epochs if least is None else least
-    return growth.grown_epochs(target, left, fold, epoch_s, planner.prediction.fold_s, least), said
+    epochs = growth.grown_epochs(target, left, fold, epoch_s, planner.prediction.fold_s, least)
+    took = f"a fold takes ~{fmt_s(fold[0])}"
+    if not epochs and epoch_s > 0 and 0 < fold[1] < least:  # the measured fold stopped early: price the shortest
+        need = fold[0] + (least - fold[1]) * epoch_s
+        took = f"a fold of {least} epochs takes ~{fmt_s(need)} ({fmt_s(fold[0])} measured for {fold[1]})"
+    return epochs, f"{took}, {fmt_s(max(0.0, left))} training time left"
 
 
 def served_room(run: Run) -> str | None:
