@@ -118,6 +118,30 @@ def test_a_grown_oof_file_counts_only_with_its_whole_checkpoint_of_this_runs_set
     assert growth.seeds_column([0], lambda k, s: (k, s) in counted) == "1"
 
 
+def test_fold_workers_judge_more_epochs_on_every_workers_folds(project_modules, tmp_path):
+    """Fold workers (Kaggle's T4x2) share their folds' val losses through the queue's folder: a
+    worker's seeds get 1.5x the plan's epochs when half of every worker's folds were still
+    improving, not half of its own (one worker grew 30-epoch seeds of a 20-epoch plan on 1 of its
+    2 folds, 1 of 5 in all, while the other grew 20-epoch ones)."""
+    workers, growth = project_modules.workers, project_modules.growth
+    queue = workers.FoldQueue(tmp_path / ".folds")
+    queue.reset(5)
+    falling = [2.25, 1.35, 0.87, 0.61, 0.44, 0.39, 0.2613, 0.1837, 0.1976, 0.1848]  # 30% after epoch 7
+    flat = [2.25, 1.35, 0.87, 0.61, 0.44, 0.30, 0.2000, 0.1950, 0.1900, 0.1920]  # 5%: converged
+    queue.add_curve(1, flat, 10)
+    queue.add_curve(0, falling, 10)  # one worker's two folds: 1 of 2 improving
+    said = "validation still improving after epoch 7 in 1 of 2 folds: 15 epochs"
+    assert queue.curves() == [(falling, 10), (flat, 10)] and growth.epochs_target(10, queue.curves()) == (15, said)
+    for k in (4, 2, 3):  # the other worker's three
+        queue.add_curve(k, flat, 10)
+    assert queue.curves() == [(falling, 10)] + [(flat, 10)] * 4  # in fold order
+    assert growth.epochs_target(10, queue.curves()) == (10, "")  # 1 of 5: the plan's epochs
+    (queue.folder / "curve3.json").write_text('{"curve": [0.5')  # cut short (a full disk): no evidence
+    assert len(queue.curves()) == 4
+    queue.reset(5)  # a new run: the last run's evidence is gone
+    assert queue.curves() == []
+
+
 def test_growth_rules_with_a_fake_clock(project_modules):
     growth, planner_module = project_modules.growth, project_modules.planner
     clock = Clock()

@@ -361,6 +361,9 @@ def test_fold_workers_grow_the_seed_units_they_claim_once_each(tmp_path, digits_
     grown = re.findall(r"^\[cpu\d\] GROW: seed (\d) fold (\d) DONE: ", log, re.M)
     assert grown and len(grown) == len(set(grown)), log[-3000:]  # each unit once
     out = project / "output"
+    # each worker's folds' val losses, for every worker's choice of the seeds' epochs
+    curves = {f.name: json.loads(f.read_text()) for f in (out / ".folds").glob("curve*.json")}
+    assert sorted(curves) == ["curve0.json", "curve1.json"] and all(c["planned"] == 2 for c in curves.values())
     for seed_no, k in grown:
         assert torch.load(out / f"model_fold{k}_seed{seed_no}.pth", weights_only=True)["complete"]
     verdict = re.search(r"^GROW: OOF logloss .*: (kept|left out)", log, re.M)

@@ -189,6 +189,8 @@ def train_folds(comp, splits, run: Run) -> list[int]:
             fold = comp.fold(k, trn_idx, dry_run_rows(val_idx, k) if args.dry_run else val_idx)
             best = train_fold(comp, fold, len(trn_idx), run, first)
             planner.end_fold(k, first, fold.val_losses)  # its val losses: growth's evidence for more epochs
+            if queue is not None:  # ...every worker's (growing.grow_seeds)
+                queue.add_curve(k, fold.val_losses, planner.times.fold_planned[-1])
             print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
             parallel.barrier()  # rank 0 has written the fold's files before any rank looks for them
         trained.append(k)

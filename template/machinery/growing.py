@@ -90,6 +90,8 @@ def folds_back(comp, splits: list, trained: list[int], run: Run, queue=None) -> 
         with planner.grown_fold(epochs):
             best = train_fold(comp, fold, len(trn_idx), run, False)
             planner.end_fold(k, False, fold.val_losses)  # recorded as planned for its own epochs
+        if queue is not None:  # every worker's evidence for more epochs (grow_seeds)
+            queue.add_curve(k, fold.val_losses, epochs)
         print(f"FOLD {k} DONE: best val loss {best:.4f}, {planner.elapsed():.0f}s elapsed")
         if planner.stop_reason:
             return False
@@ -113,7 +115,8 @@ def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
     """The same folds again from other seeds, each fold added only when it and its prediction fit;
     a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
     planner = run.planner
-    target, more = growth.epochs_target(planner.epochs, planner.times.val_curves)
+    curves = queue.curves() if queue is not None else planner.times.val_curves  # a worker's: every worker's
+    target, more = growth.epochs_target(planner.epochs, curves)
     fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
     ok, said = growth.start(
         planner.training_left(), planner.training_time(), growth_fold_s(planner), planner.prediction.fold_s, fits

@@ -7,6 +7,7 @@ machinery: `copier update` may replace it.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -38,9 +39,28 @@ class FoldQueue:
             *self.folder.glob("fold*.claim"),
             *self.folder.glob("seed*_fold*.claim"),
             *self.folder.glob("fold*.retake"),
+            *self.folder.glob("curve*.json"),
         ]:
             f.unlink()
         (self.folder / "cap").write_text(str(folds))
+
+    def add_curve(self, fold: int, curve: list[float], planned: int) -> None:
+        """Fold `fold`'s val losses and the epochs it was planned for, for every worker: growth's
+        evidence for more epochs is every fold's, not this worker's alone (one of T4x2's workers
+        trained its seeds at 1.5x the plan on 1 of its 2 folds improving, 1 of 5 in all)."""
+        text = json.dumps({"curve": [float(x) for x in curve], "planned": int(planned)})
+        storage.atomic_write(self.folder / f"curve{fold}.json", lambda tmp: Path(tmp).write_text(text))
+
+    def curves(self) -> list[tuple[list[float], int]]:
+        """Every worker's folds' (val losses, planned epochs) so far (add_curve's), in fold order."""
+        found = []
+        for f in sorted(self.folder.glob("curve*.json"), key=lambda p: int(p.stem[5:])):
+            try:
+                record = json.loads(f.read_text())
+                found.append(([float(x) for x in record["curve"]], int(record["planned"])))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # cut short (a full disk): that fold is no evidence
+        return found
 
     def take(self, fold: int, seed_no: int = 1) -> bool:
         """Claim fold `fold` of seed `seed_no` (a grown seed's fold is a unit of its own: growth)."""
