@@ -37,9 +37,7 @@ def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[i
         print("GROW: none (nothing timed: every planned fold was resumed from checkpoints that record no timing)")
         return trained
     if not folds_back(comp, splits, trained, run, queue):  # a fold of the split does not fit: nor does a seed's
-        return trained
-    if len(queue.claims() if queue is not None else trained) < len(splits):  # a worker's: every worker's
-        return trained
+        return trained  # (past it, every fold of the split is trained, or taken by a worker)
     if queue is not None:  # predict.py ensembles every fold of the split: the reserve counts them
         planner.fold_back(len(splits) - 1)
     else:

@@ -69,10 +69,12 @@ class Run:
         if folds is None or not parallel.writes() or parallel.fold_worker():
             return
         # no fold at all: predict.py alone would stop (no model); the submission is the fallback train.py wrote
-        fallback = Path(self.args.out_dir) / "submission.csv"
-        then = f"next: {runflags.predict_command(self.args)}" if folds else f"{fallback} is train.py's fallback"
-        if folds and self.args.predict_beside:
+        if not folds:
+            then = f"{Path(self.args.out_dir) / 'submission.csv'} is train.py's fallback"
+        elif self.args.predict_beside:  # run.py's predict.py is started: it predicts on these folds
             then = f"next: {BESIDE_NEXT}"
+        else:
+            then = f"next: {runflags.predict_command(self.args)}"
         print(f"DONE: {folds} folds in {self.planner.elapsed():.1f}s; {then}")
 
 

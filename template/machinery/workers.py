@@ -95,9 +95,7 @@ class FoldQueue:
             os.close(os.open(self.folder / f"fold{fold}.retake", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return False
-        tmp = self.folder / f"retake{fold}.{os.getpid()}.tmp"
-        tmp.write_text(str(os.getpid()))
-        os.replace(tmp, self.folder / f"fold{fold}.claim")
+        storage.atomic_write(self.folder / f"fold{fold}.claim", lambda tmp: Path(tmp).write_text(str(os.getpid())))
         return True
 
     def claims(self) -> dict[int, int]:
@@ -225,9 +223,9 @@ def lost_folds(result: dict, planner, complete) -> list[str]:
     a WARNING: the run has every fold, and a rerun would train nothing (it ended 1, "fold(s) none lost")."""
     forwarded, lines = planner.stop_reason in time_planner.SIGNALLED, []
     for tag, code, folds in result["failed"]:
-        missing = [k for k in folds if not complete(k)]
         if forwarded and code == -signal.SIGTERM:
             continue
+        missing = [k for k in folds if not complete(k)]  # each a checkpoint read: only a dead worker's
         if missing:
             lines.append(f"fold worker {tag} exited {code}, fold(s) {missing} lost")
         else:
