@@ -106,6 +106,27 @@ def test_fold_queue_gives_each_fold_once_and_keeps_the_smallest_cap(project_modu
     assert queue.claims() == {} and queue.cap(5) == 5
 
 
+def test_one_fold_worker_chooses_the_tta_views_and_every_workers_reserve_prices_them(project_modules, tmp_path):
+    """The first worker past the split claims the views' choice (growing.views_on_workers); the factor
+    it leaves is what every worker's reserve prices a checkpoint's prediction at, set again before each
+    grown unit without compounding. A new run forgets both."""
+    queue, other = (project_modules.workers.FoldQueue(tmp_path / ".folds") for _ in range(2))
+    queue.reset(5)
+    assert other.view_factor() == 1.0  # nothing chosen yet: the plan's views
+    assert queue.take_views() and not other.take_views()
+    queue.set_view_factor(2.0)
+    reserve = project_modules.planner.PredictionReserve(600, 10.0)
+    reserve.note_inference(2.0, 100, 1000, 2, 0.001)
+    plan_s = reserve.fold_s
+    for _ in range(3):  # before each grown unit
+        reserve.set_view_factor(other.view_factor())
+    assert reserve.fold_s == pytest.approx(2 * plan_s) and reserve.view_factor == 2.0
+    (tmp_path / ".folds" / "views.json").write_text("")  # cut short (a full disk): the plan's views' price
+    assert other.view_factor() == 1.0
+    queue.reset(5)
+    assert not (tmp_path / ".folds" / "views.json").exists() and queue.take_views()
+
+
 def test_a_fold_worker_sees_the_card_its_parent_calls_cuda_n(project_modules, monkeypatch):
     workers = project_modules.workers
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -353,7 +374,8 @@ def test_fold_workers_grow_the_seed_units_they_claim_once_each(tmp_path, digits_
     """Issue 57, item 8: with fold workers (Kaggle's T4x2) a plan that fits grows too. Each worker,
     its planned folds done, claims (seed, fold) units from the shared queue as it claimed folds,
     each while it fits: no unit is trained twice, and predict.py ensembles what they grew. Before,
-    growth was off under --parallel folds and the budget's rest went unused."""
+    growth was off under --parallel folds and the budget's rest went unused. The TTA views are chosen
+    once, by the first worker past the split, before its seeds (they were never grown on workers)."""
     project = render(tmp_path / "proj", data_dir=str(digits_dir), folds=2, epochs=2)
     flags = ["--device", "cpu", "--parallel", "folds", "--devices", "cpu,cpu", "--no-pretrained"]
     log = run_script(project, "run.py", "--budget", "75s", *flags, env=GROW_ENV).stdout
@@ -374,6 +396,22 @@ def test_fold_workers_grow_the_seed_units_they_claim_once_each(tmp_path, digits_
     assert int(made[1]) == n or f"PREDICT: deadline: {made[1]} of {n} fold(s) used" in log, log[-3000:]
     share = float(re.search(r"^RUN: .* = ([\d.]+) of the 75s budget$", log, re.M).group(1))
     assert share <= 1.0, log[-3000:]
+    # the TTA views: one worker chooses (the plan's image and mirror, up to 4), before its seeds
+    views = re.findall(r"^\[(cpu\d)\] GROW: TTA views (stay )?([\w+, ]+)(:| \(no fold's evidence fits\))", log, re.M)
+    assert len(views) == 1, log[-3000:]
+    tag, stays, names, how = views[0]
+    lines = log.splitlines()
+    chose = next(i for i, line in enumerate(lines) if line.startswith(f"[{tag}] GROW: TTA views"))
+    seeds = next(i for i, line in enumerate(lines) if re.match(rf"\[{tag}\] GROW: (more seeds|none)", line))
+    assert chose < seeds, log[-3000:]
+    if how == ":":  # chosen on the folds complete then (its own, at least), and written for predict.py
+        chosen = json.loads((out / "tta_views.json").read_text())["views"]
+        assert names == ", ".join(chosen) and bool(stays) == (len(chosen) == 2), log[-3000:]
+        factor = json.loads((out / ".folds" / "views.json").read_text())
+        assert factor == pytest.approx(len(chosen) / 2), factor  # every worker's reserve prices them
+        assert (f"PREDICT: TTA views {', '.join(chosen)} (grown" in log) == (len(chosen) > 2), log[-3000:]
+    else:
+        assert not (out / "tta_views.json").exists()
 
 
 @pytest.mark.slow

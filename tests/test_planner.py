@@ -555,12 +555,13 @@ def test_no_module_writes_the_planners_fields(project_modules):
 
 
 def test_a_measure_after_growth_chose_more_tta_views_prices_them(project_modules):
-    """Growth chose 3 TTA views where the plan had 2 (tta_views.grow: scale_views(3 / 2)); a later
+    """Growth chose 3 TTA views where the plan had 2 (tta_views.grow: set_view_factor(3 / 2)); a later
     validation pass, a grown seed's at the plan's 2 views, then prices predict.py's fold at 3 views,
     as a pass of 3 views would (the competition object's test_views is no longer rewritten for it)."""
     reserve = project_modules.planner.PredictionReserve
     grown, plan, three = reserve(600, 10.0), reserve(600, 10.0), reserve(600, 10.0)
-    grown.scale_views(3 / 2)
+    grown.set_view_factor(3 / 2)
+    grown.set_view_factor(3 / 2)  # absolute: a fold worker sets the chosen factor before each grown unit
     for measured, views in ((grown, 2), (plan, 2), (three, 3)):
         measured.note_inference(2.0, 100, 1000, views, 0.001)
     assert grown.fold_s == pytest.approx(three.fold_s) and grown.fold_s > plan.fold_s * 1.4

@@ -26,8 +26,9 @@ def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[i
     rules), each fold added only when it and its prediction fit; a GROW line says each step and
     why. A fold cut by the deadline or SIGTERM is never ensembled (growth.partial_oof_name).
     A fold worker (`queue`) claims the folds given back and the seeds' folds as it claimed the
-    plan's (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused); no TTA views (they
-    need every fold's OOF). Returns the folds trained (the plan's, and those given back)."""
+    plan's (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused); the first worker
+    past the split chooses the TTA views, on the folds complete by then (views_on_workers).
+    Returns the folds trained (the plan's, and those given back)."""
     planner = run.planner
     why = growth.why_not(run.args, planner, worker=queue is not None)
     if why:
@@ -40,10 +41,23 @@ def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[i
         return trained  # (past it, every fold of the split is trained, or taken by a worker)
     if queue is not None:  # predict.py ensembles every fold of the split: the reserve counts them
         planner.fold_back(len(splits) - 1)
+        views_on_workers(comp, splits, run, queue)
     else:
         tta_views.grow(comp, splits, run)  # first: the seeds' fit checks count the views' price
     grow_seeds(comp, splits, run, queue)
     return trained
+
+
+def views_on_workers(comp, splits: list, run: Run, queue) -> None:
+    """Fold workers' TTA views: the first worker past the split (every fold trained or taken)
+    chooses them once, on the folds complete by then (a fold another worker is still training is
+    left out of the evidence), and leaves the factor in the queue; every worker's reserve reads it
+    before each unit it grows (grow_seeds). Kaggle's T4x2 runs image projects on fold workers by
+    default: predict.py averaged the plan's views whatever the OOF rows said."""
+    if not getattr(comp, "tta_views", None) or not queue.take_views():
+        return  # no views to choose, or another worker chooses them
+    complete = [k for k in range(len(splits)) if finished(comp, run, k)]
+    queue.set_view_factor(tta_views.grow(comp, splits, run, complete))
 
 
 def folds_back(comp, splits: list, trained: list[int], run: Run, queue=None) -> bool:
@@ -114,6 +128,8 @@ def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
     a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
     planner = run.planner
     curves = queue.curves() if queue is not None else planner.times.val_curves  # a worker's: every worker's
+    if queue is not None:  # the views another worker chose: the fit checks below price them
+        planner.prediction.set_view_factor(queue.view_factor())
     target, more = growth.epochs_target(planner.epochs, curves)
     fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
     ok, said = growth.start(
@@ -126,8 +142,9 @@ def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
                 return  # a fold whose worker died since does not fit, nor does a seed's (or a stop)
             if queue is not None and not queue.take(k, seed_no):
                 continue  # another worker has it
-            if queue is not None:  # every worker's grown folds: predict.py ensembles them all (the reserve)
+            if queue is not None:  # every worker's grown folds and views: predict.py's work (the reserve)
                 planner.prediction.set_grown(queue.grown() - 1)
+                planner.prediction.set_view_factor(queue.view_factor())
             if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, run, target):
                 return
     if ok and queue is None:  # a fold worker's units end where the other workers' go on

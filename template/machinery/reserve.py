@@ -4,7 +4,7 @@ Pure Python, no torch: the planner (planner.py) ends training at the budget less
 and kagtpl's generator shows the same fractions in `kagtpl recommend`. The rule (docs/time-budget.md):
 max(15% of the budget, 8% once predict.py's time is measured, the measured prediction estimate).
 The measures come from the training loop (a validation pass: note_inference; the trees' start:
-note_startup), growth (a grown seed's checkpoint: add_model; more TTA views: scale_views) and a
+note_startup), growth (a grown seed's checkpoint: add_model; more TTA views: set_view_factor) and a
 resumed fold's saved timing (resumed). Nothing else writes its numbers. Under run.py predict.py's
 start counts its imports until predict.py, started beside train.py, says it has paid them
 (PredictStart).
@@ -74,7 +74,7 @@ class PredictionReserve:
         self.started = False  # the start counts: a measure came (note_inference, note_startup)
         self.fold_s = 0.0  # one checkpoint's share of prediction, measured (the largest measure)
         self.extra_models = 0  # grown seeds' whole folds: predict.py ensembles them too
-        self.view_factor = 1.0  # growth's TTA views over the plan's (scale_views): a test pass that much longer
+        self.view_factor = 1.0  # growth's TTA views over the plan's (set_view_factor): a test pass that much longer
         self.measured = False  # estimated from a measure: the floor is MEASURED_FRACTION
 
     def need_s(self, folds: int) -> float:
@@ -121,11 +121,13 @@ class PredictionReserve:
         """The grown seeds' checkpoints so far, as counted by a fold worker's shared queue."""
         self.extra_models = models
 
-    def scale_views(self, factor: float) -> None:
-        """Growth chose more TTA views: each checkpoint's share grows with them, and so does a later
-        measure's (a grown seed's first validation pass, taken at the plan's views)."""
-        self.fold_s *= factor
-        self.view_factor *= factor
+    def set_view_factor(self, factor: float) -> None:
+        """Growth chose `factor` times the plan's TTA views (its views / the plan's): each checkpoint's
+        share grows with them, and so does a later measure's (a grown seed's first validation pass,
+        taken at the plan's views). Absolute, not cumulative: a fold worker sets the factor another
+        worker chose (workers.FoldQueue.view_factor) before each grown unit, again and again."""
+        self.fold_s *= factor / self.view_factor
+        self.view_factor = factor
 
     def resumed(self, fold_s: float) -> None:
         """A resumed fold's saved measure of its checkpoint's share (planner.resumed_fold)."""

@@ -120,11 +120,12 @@ def fold_views(comp, k: int, split: tuple, names: list[str], run, out: Path) -> 
     return fold.y_valid, [stacked[:, v] for v in range(len(names))]
 
 
-def evidence(comp, splits: list, names: list[str], plan: int, run, out: Path) -> tuple:
-    """Every planned fold's predictions of its validation rows, a view at a time, while a fold's
-    evidence fits the training time left. Returns (folds used, OOF val loss by views averaged, seconds)."""
+def evidence(comp, splits: list, names: list[str], plan: int, run, out: Path, folds: list[int]) -> tuple:
+    """The predictions of `folds`' validation rows, a view at a time, while a fold's evidence fits
+    the training time left. Returns (folds used, OOF val loss by views averaged, seconds)."""
     planner, ys, preds, used, took = run.planner, [], [[] for _ in names], [], 0.0
-    for k, split in enumerate(splits):
+    for k in folds:
+        split = splits[k]
         rows_share = len(split[1]) / max(comp.test_rows, 1)
         if (
             evidence_s(planner, (plan, len(names)), rows_share, took, len(used))
@@ -145,16 +146,20 @@ def evidence(comp, splits: list, names: list[str], plan: int, run, out: Path) ->
     return used, {n: float(comp.val_loss(y, np.mean(stacked[:n], axis=0))) for n in range(plan, len(names) + 1)}, took
 
 
-def grow(comp, splits: list, run) -> None:
-    """The views step of `run` (runs.Run): the evidence, the choice (the best that fits), its file and its GROW line."""
+def grow(comp, splits: list, run, folds: list[int] | None = None) -> float:
+    """The views step of `run` (runs.Run): the evidence on `folds` (every fold of the split; a fold
+    worker's: those complete when it chooses), the choice (the best that fits), its file and its GROW
+    line. Returns the views chosen over the plan's (1.0: the plan's), the factor predict.py's share
+    of a checkpoint grew by."""
     names, planner, out = list(getattr(comp, "tta_views", [])), run.planner, Path(run.args.out_dir)
     plan = planned(names, comp.test_views) if names else []
     if len(names) <= len(plan):
-        return
-    used, losses, took = evidence(comp, splits, names, len(plan), run, out)
+        return 1.0
+    folds = list(range(len(splits))) if folds is None else folds
+    used, losses, took = evidence(comp, splits, names, len(plan), run, out, folds)
     if not used:
         print(f"GROW: TTA views stay {', '.join(plan)} (no fold's evidence fits)")
-        return
+        return 1.0
     best = choose(losses, len(plan))
     n = choose({m: v for m, v in losses.items() if affordable(planner, len(plan), m)}, len(plan))
     said = ", ".join(f"{v:.4f} with {m}" for m, v in losses.items())
@@ -164,6 +169,7 @@ def grow(comp, splits: list, run) -> None:
         print(f"GROW: TTA views stay {', '.join(plan)}: {where}{price}")
     else:
         before = planner.reserve()
-        planner.prediction.scale_views(n / len(plan))  # and every later measure of a fold's share
+        planner.prediction.set_view_factor(n / len(plan))  # and every later measure of a fold's share
         print(f"GROW: TTA views {', '.join(names[:n])}: {where}; reserve {fmt_s(before)} -> {fmt_s(planner.reserve())}")
     write(out, names[:n], run.args.signature, losses)
+    return n / len(plan)

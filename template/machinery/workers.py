@@ -40,6 +40,7 @@ class FoldQueue:
             *self.folder.glob("seed*_fold*.claim"),
             *self.folder.glob("fold*.retake"),
             *self.folder.glob("curve*.json"),
+            *self.folder.glob("views.*"),
         ]:
             f.unlink()
         (self.folder / "cap").write_text(str(folds))
@@ -62,9 +63,8 @@ class FoldQueue:
                 continue  # cut short (a full disk): that fold is no evidence
         return found
 
-    def take(self, fold: int, seed_no: int = 1) -> bool:
-        """Claim fold `fold` of seed `seed_no` (a grown seed's fold is a unit of its own: growth)."""
-        name = f"fold{fold}.claim" if seed_no == 1 else f"seed{seed_no}_fold{fold}.claim"
+    def _create(self, name: str) -> bool:
+        """Create `name` holding this process's pid, unless it exists (O_EXCL: exactly one process wins)."""
         try:
             fd = os.open(self.folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
@@ -72,6 +72,27 @@ class FoldQueue:
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
         return True
+
+    def take(self, fold: int, seed_no: int = 1) -> bool:
+        """Claim fold `fold` of seed `seed_no` (a grown seed's fold is a unit of its own: growth)."""
+        return self._create(f"fold{fold}.claim" if seed_no == 1 else f"seed{seed_no}_fold{fold}.claim")
+
+    def take_views(self) -> bool:
+        """Claim the choice of predict.py's TTA views: one worker makes it, once every fold of the
+        split is taken (growing.grow), on the folds complete by then."""
+        return self._create("views.claim")
+
+    def set_view_factor(self, factor: float) -> None:
+        """The views chosen over the plan's (tta_views.grow), for every worker's reserve."""
+        storage.atomic_write(self.folder / "views.json", lambda tmp: Path(tmp).write_text(json.dumps(factor)))
+
+    def view_factor(self) -> float:
+        """set_view_factor's factor, 1.0 until a worker chose (or when cut short: the plan's views' price)."""
+        try:
+            factor = float(json.loads((self.folder / "views.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            return 1.0
+        return factor if 1.0 <= factor < float("inf") else 1.0
 
     def claimed(self, fold: int) -> bool:
         """Whether a worker has taken fold `fold` of the first seed (to train, or found complete)."""
@@ -91,9 +112,7 @@ class FoldQueue:
     def retake(self, fold: int) -> bool:
         """Claim a fold whose worker died, once: exactly one living worker wins it (its retake file,
         O_EXCL), and the claim names that worker from then on (the parent counts the fold as its)."""
-        try:
-            os.close(os.open(self.folder / f"fold{fold}.retake", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
+        if not self._create(f"fold{fold}.retake"):
             return False
         storage.atomic_write(self.folder / f"fold{fold}.claim", lambda tmp: Path(tmp).write_text(str(os.getpid())))
         return True
