@@ -277,7 +277,7 @@ def test_growth_rules_with_a_fake_clock(project_modules):
     assert not [line for line in lines if line.startswith("TIME PLAN")] and plan.epochs == 10
 
 
-def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may_not(project_modules):
+def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may_not(project_modules, capsys):
     """A segmentation run under --budget 3m: the plan was cut to 2 folds x 13 epochs, given back
     15 in fold 0 and 20 in fold 1, which early-stopped at 9. Fold 2 of the split at the plan's
     20 epochs did not fit the 63 s left, and 15 was not tried: `GROW: stop before fold 2`, 35% of
@@ -312,6 +312,12 @@ def test_a_fold_given_back_may_be_as_short_as_the_plans_shortest_fold_a_seed_may
     # takes ~32s, 63s training time left` read as a fold that fitted): 32.4 + 11 x 3.9 (the median epoch)
     none = "a fold of 20 epochs takes ~75s (32s measured for 9), 63s training time left"
     assert growing.grown_epochs(plan, plan.epochs) == (0, none)
+    # ...and so does the seeds' `none` line (it said `a fold takes ~32s (+1.0s to predict)` beside 63 s left)
+    growing.grow_seeds(None, [], SimpleNamespace(planner=plan))
+    assert capsys.readouterr().out == (
+        "GROW: none: 63s of 2.5 min training time left (43%), a fold of 20 epochs takes ~75s (32s measured for 9) "
+        "(+1.0s to predict)\n"
+    )
     assert growing.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs)) == (15, said)
     clock.t += 12.0  # 51 s left: 9 + floor((0.9 x 51 - 1 - 32.4) / 3.6) = 12 epochs fit, fewer than 15: none
     assert growing.grown_epochs(plan, plan.epochs, plan.times.shortest(plan.epochs))[0] == 0

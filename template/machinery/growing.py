@@ -131,10 +131,10 @@ def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
     if queue is not None:  # the views another worker chose: the fit checks below price them
         planner.prediction.set_view_factor(queue.view_factor())
     target, more = growth.epochs_target(planner.epochs, curves)
-    fits = grown_epochs(planner, target)[0] > 0  # a shorter fold counts
-    ok, said = growth.start(
-        planner.training_left(), planner.training_time(), growth_fold_s(planner), planner.prediction.fold_s, fits
-    )
+    epochs = grown_epochs(planner, target)[0]  # a shorter fold counts
+    left, fold_s, predict_s = planner.training_left(), growth_fold_s(planner), planner.prediction.fold_s
+    took = fold_price(planner, planner.epochs, epochs)  # `none`: the shortest fold allowed, priced
+    ok, said = growth.start(left, planner.training_time(), fold_s, predict_s, epochs > 0, took)
     print(f"GROW: {'more seeds' if ok else 'none'}: {said}{'; ' + more if ok and more else ''}")
     for seed_no in range(2, growth.MAX_SEEDS + 1 if ok else 2):
         for k, (trn_idx, val_idx) in enumerate(splits):
@@ -171,14 +171,23 @@ def grown_epochs(planner, target: int, least: int | None = None) -> tuple[int, s
     ~46s, 106s training time left` read as a fold that fitted, where the 46 s fold had early-stopped
     at epoch 8 and one of the plan's 20 epochs needed ~113 s."""
     fold, left = growth_fold(planner), planner.training_left()
-    epoch_s = statistics.median(planner.times.epoch_s) if planner.times.epoch_s else 0.0
     least = planner.epochs if least is None else least
-    epochs = growth.grown_epochs(target, left, fold, epoch_s, planner.prediction.fold_s, least)
-    took = f"a fold takes ~{fmt_s(fold[0])}"
+    epochs = growth.grown_epochs(target, left, fold, epoch_median(planner), planner.prediction.fold_s, least)
+    return epochs, f"{fold_price(planner, least, epochs)}, {fmt_s(max(0.0, left))} training time left"
+
+
+def epoch_median(planner) -> float:
+    return statistics.median(planner.times.epoch_s) if planner.times.epoch_s else 0.0
+
+
+def fold_price(planner, least: int, epochs: int) -> str:
+    """What a grown fold costs, as GROW lines say it: the measured fold, or, when no fold fits
+    (`epochs` 0) and the measured one early-stopped under `least` epochs, the shortest allowed."""
+    fold, epoch_s = growth_fold(planner), epoch_median(planner)
     if not epochs and epoch_s > 0 and 0 < fold[1] < least:  # the measured fold stopped early: price the shortest
         need = fold[0] + (least - fold[1]) * epoch_s
-        took = f"a fold of {least} epochs takes ~{fmt_s(need)} ({fmt_s(fold[0])} measured for {fold[1]})"
-    return epochs, f"{took}, {fmt_s(max(0.0, left))} training time left"
+        return f"a fold of {least} epochs takes ~{fmt_s(need)} ({fmt_s(fold[0])} measured for {fold[1]})"
+    return f"a fold takes ~{fmt_s(fold[0])}"
 
 
 def served_room(run: Run) -> str | None:

@@ -82,15 +82,17 @@ def why_not(args, planner, worker: bool = False) -> str | None:
     return None
 
 
-def start(left: float, training_s: float, fold_s: float, predict_fold_s: float, fits: bool | None = None):
+def start(left: float, training_s: float, fold_s: float, predict_fold_s: float, fits=None, took: str = ""):
     """Whether to start growing, and the GROW line's reason: one more fold (with its share of
     prediction) fits the training time left; `fits` when the caller decided that (a shorter fold,
-    growing.grown_epochs). There is no least share: a 9-hour plan that leaves 10% spends 50 minutes."""
+    growing.grown_epochs), `took` its price of a fold (the shortest allowed, where the measured one
+    early-stopped: `a fold takes ~46s` beside `none` read as a fold that fitted). There is no least
+    share: a 9-hour plan that leaves 10% spends 50 minutes."""
     share = left / training_s if training_s > 0 else 0.0
     said = f"{fmt_s(max(0.0, left))} of {fmt_s(training_s)} training time left ({share:.0%})"
     if fold_s <= 0:  # every planned fold resumed from checkpoints that record no timing: nothing to price by
         return False, f"{said}, no fold timed (every planned fold resumed, none recorded its time)"
-    fold = f"a fold takes ~{fmt_s(fold_s)} (+{fmt_s(predict_fold_s)} to predict)"
+    fold = f"{took or f'a fold takes ~{fmt_s(fold_s)}'} (+{fmt_s(predict_fold_s)} to predict)"
     return fold_fits(left, fold_s, predict_fold_s) if fits is None else fits, f"{said}, {fold}"
 
 
