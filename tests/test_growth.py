@@ -142,6 +142,45 @@ def test_fold_workers_judge_more_epochs_on_every_workers_folds(project_modules, 
     assert queue.curves() == []
 
 
+def test_a_fold_worker_checks_a_fold_back_with_the_reserve_for_every_fold_before_it(project_modules, tmp_path, capsys):
+    """Two detection workers under --budget 4m: the plan cut to 1 fold (the shared cap), each worker
+    trained one (folds 0 and 1) and the other took fold 2 back. Fold 3's fit was checked against a
+    reserve for the 1 planned fold (36 s); claimed, the reserve counted 4 folds (111 s) and the
+    deadline came before its first epoch (the other worker's fold 2 was cut inside it the same way).
+    Now the reserve counts the 3 folds before fold 3 first: it does not fit, and nobody claims it."""
+    growing, workers, planner_module = project_modules.growing, project_modules.workers, project_modules.planner
+    clock = Clock()
+    plan = planner_module.TimePlanner(240, 4, 8, clock=clock, log=lambda line: None)
+    plan.agreed(1, 1)  # the shared cap: 1 fold of 1 epoch
+    plan.times.begin_fold(1)
+    plan.times.begin_epoch(11, 8)
+    clock.t += 75.0
+    plan.end_epoch(1)
+    plan.end_fold(1, True, [1.0])
+    plan.planned, plan.prediction.fold_s, plan.prediction.measured = True, 25.0, True
+    clock.t = plan.t0 + 82.0
+    queue = workers.FoldQueue(tmp_path / ".folds")
+    queue.reset(4)
+    assert queue.take(1)  # this worker's, by its pid
+    for k in (0, 2):  # the other worker's (a living process: this one's parent)
+        (queue.folder / f"fold{k}.claim").write_text(str(os.getppid()))
+    fits_one = plan.training_left() * growing.growth.FIT_FRACTION
+    assert 75.0 + 25.0 <= fits_one  # what the check saw before: a fold and its share fit a 1-fold reserve
+    run = SimpleNamespace(
+        planner=plan,
+        args=SimpleNamespace(out_dir=str(tmp_path)),
+        machine=SimpleNamespace(amp=SimpleNamespace(mode="off"), channels_last=False),
+        batching=SimpleNamespace(size=8, accum_steps=1, lr=1e-3),
+    )
+    splits = [(list(range(90)), list(range(30)))] * 4
+    assert not growing.folds_back(SimpleNamespace(resume_keys=()), splits, [1], run, queue)
+    left = 240 - 3 * 25.0 - planner_module.FINISH_S - 82.0
+    assert capsys.readouterr().out == (
+        f"GROW: stop before fold 3 of the split (a fold takes ~75s, {left:.0f}s training time left): no seeds either\n"
+    )
+    assert plan.folds == 3 and not queue.claimed(3)  # the reserve counts the folds predict.py will ensemble
+
+
 def test_growth_rules_with_a_fake_clock(project_modules):
     growth, planner_module = project_modules.growth, project_modules.planner
     clock = Clock()

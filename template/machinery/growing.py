@@ -70,6 +70,10 @@ def folds_back(comp, splits: list, trained: list[int], run: Run, queue=None) -> 
     claims each as it claimed the plan's folds (Kaggle's T4x2 grew the seeds of a plan cut 5->3,
     and folds 3 and 4 were never trained), and first takes again, once, a fold whose worker died
     in it (the OOM killer: the other worker grew seeds to the budget's end, and the fold was lost).
+    A fold's fit is checked with the reserve counting every fold before it, a worker's too: two
+    detection workers with a plan cut to 1 fold checked folds 2 and 3 against a reserve for 1, the
+    reserve then jumped to 4 folds (36 s -> 111 s), one worker stopped at once and the other's
+    fold was cut by the deadline inside its first epoch, both wasted.
     Adds each fold it trains to `trained`; returns whether growth may go on (not: a stop, or a fold
     of the split that does not fit)."""
     planner = run.planner
@@ -77,6 +81,8 @@ def folds_back(comp, splits: list, trained: list[int], run: Run, queue=None) -> 
         dead = queue.orphan(k) if queue is not None else 0  # the pid of its worker, dead since
         if k in trained or (queue is not None and queue.claimed(k) and not dead):
             continue  # this process's, or a living worker's
+        if k > planner.folds:  # every fold before k is trained or taken: predict.py ensembles them all
+            planner.fold_back(k - 1)  # so the reserve counts them before fold k's fit is checked
         done = finished(comp, run, k)  # complete: an earlier run gave it back, or its worker died after it
         least = planner.times.shortest(planner.epochs)
         epochs, said = grown_epochs(planner, planner.epochs, least)
