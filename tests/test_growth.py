@@ -392,6 +392,10 @@ def test_tta_views_rules_and_the_views_predict_py_reads(project_modules, tmp_pat
     assert views.evidence_s(plan, (2, 4), 0.5, 0.0, 0) == 2.0 * 2  # a checkpoint's share, every view
     assert views.evidence_s(plan, (2, 4), 3.0, 0.0, 0) == 2.0 * 2 * 3  # 3x the test set's rows
     assert views.evidence_s(plan, (2, 4), 3.0, 9.0, 2) == 4.5  # measured
+    # a stop (SIGTERM, the deadline) during the evidence ends it before the next fold's pass
+    plan.training_left, plan.stop_reason = (lambda: 1e6), "SIGTERM"
+    comp, run, splits = SimpleNamespace(test_rows=40), SimpleNamespace(planner=plan), [([0], [1])] * 2
+    assert views.evidence(comp, splits, ["image", "hflip", "zoom"], 2, run, tmp_path, [0, 1]) == ([], {}, 0.0)
     # what predict.py reads: this run's choice among views the competition has, else the plan's
     every, mine = train.tta_views(True), ["image", "hflip"]
     assert every[:2] == mine and train.tta_views(False) == ["image", "zoom"]

@@ -122,15 +122,15 @@ def fold_views(comp, k: int, split: tuple, names: list[str], run, out: Path) -> 
 
 def evidence(comp, splits: list, names: list[str], plan: int, run, out: Path, folds: list[int]) -> tuple:
     """The predictions of `folds`' validation rows, a view at a time, while a fold's evidence fits
-    the training time left. Returns (folds used, OOF val loss by views averaged, seconds)."""
+    the training time left and no stop came (SIGTERM, the deadline: a large validation set's pass
+    a fold is minutes on a T4, past a container's grace). Returns (folds used, OOF val loss by views
+    averaged, seconds)."""
     planner, ys, preds, used, took = run.planner, [], [[] for _ in names], [], 0.0
     for k in folds:
         split = splits[k]
         rows_share = len(split[1]) / max(comp.test_rows, 1)
-        if (
-            evidence_s(planner, (plan, len(names)), rows_share, took, len(used))
-            > FIT_FRACTION * planner.training_left()
-        ):
+        price = evidence_s(planner, (plan, len(names)), rows_share, took, len(used))
+        if planner.stop_reason or price > FIT_FRACTION * planner.training_left():
             break
         t0 = time.time()
         found = fold_views(comp, k, split, names, run, out)
@@ -158,7 +158,8 @@ def grow(comp, splits: list, run, folds: list[int] | None = None) -> float:
     folds = list(range(len(splits))) if folds is None else folds
     used, losses, took = evidence(comp, splits, names, len(plan), run, out, folds)
     if not used:
-        print(f"GROW: TTA views stay {', '.join(plan)} (no fold's evidence fits)")
+        why = planner.stop_reason or "no fold's evidence fits"
+        print(f"GROW: TTA views stay {', '.join(plan)} ({why})")
         return 1.0
     best = choose(losses, len(plan))
     n = choose({m: v for m, v in losses.items() if affordable(planner, len(plan), m)}, len(plan))
