@@ -82,7 +82,9 @@ def why_not(args, planner, worker: bool = False) -> str | None:
     return None
 
 
-def start(left: float, training_s: float, fold_s: float, predict_fold_s: float, fits=None, took: str = ""):
+def start(
+    left: float, training_s: float, fold_s: float, predict_fold_s: float, fits: bool | None = None, took: str = ""
+):
     """Whether to start growing, and the GROW line's reason: one more fold (with its share of
     prediction) fits the training time left; `fits` when the caller decided that (a shorter fold,
     growing.grown_epochs), `took` its price of a fold (the shortest allowed, where the measured one
