@@ -399,6 +399,10 @@ def test_tta_views_rules_and_the_views_predict_py_reads(project_modules, tmp_pat
     # what predict.py reads: this run's choice among views the competition has, else the plan's
     every, mine = train.tta_views(True), ["image", "hflip"]
     assert every[:2] == mine and train.tta_views(False) == ["image", "zoom"]
+    # a choice to make (and, on fold workers, to claim) only where the task names more views than the plan's
+    assert views.growable(SimpleNamespace(tta_views=every, test_views=2))
+    assert not views.growable(SimpleNamespace(tta_views=every, test_views=4))
+    assert not views.growable(SimpleNamespace(test_views=1))  # a task without views (a table's)
     assert views.read(tmp_path, "sig1", mine, every) == mine  # no file
     views.write(tmp_path, every, "sig1", {2: 0.2, 4: 0.1})
     assert views.read(tmp_path, "sig1", mine, every) == every

@@ -54,8 +54,8 @@ def views_on_workers(comp, splits: list, run: Run, queue) -> None:
     left out of the evidence), and leaves the factor in the queue; every worker's reserve reads it
     before each unit it grows (grow_seeds). Kaggle's T4x2 runs image projects on fold workers by
     default: predict.py averaged the plan's views whatever the OOF rows said."""
-    if not getattr(comp, "tta_views", None) or not queue.take_views():
-        return  # no views to choose, or another worker chooses them
+    if not tta_views.growable(comp) or not queue.take_views():
+        return  # no views to choose (nor checkpoints to read for it), or another worker chooses them
     complete = [k for k in range(len(splits)) if finished(comp, run, k)]
     queue.set_view_factor(tta_views.grow(comp, splits, run, complete))
 

@@ -146,15 +146,22 @@ def evidence(comp, splits: list, names: list[str], plan: int, run, out: Path, fo
     return used, {n: float(comp.val_loss(y, np.mean(stacked[:n], axis=0))) for n in range(plan, len(names) + 1)}, took
 
 
+def growable(comp) -> bool:
+    """Whether the competition names more views than the plan averages: only then is there a
+    choice to make (and, on fold workers, to claim)."""
+    names = list(getattr(comp, "tta_views", []))
+    return len(names) > len(planned(names, comp.test_views)) if names else False
+
+
 def grow(comp, splits: list, run, folds: list[int] | None = None) -> float:
     """The views step of `run` (runs.Run): the evidence on `folds` (every fold of the split; a fold
     worker's: those complete when it chooses), the choice (the best that fits), its file and its GROW
     line. Returns the views chosen over the plan's (1.0: the plan's), the factor predict.py's share
     of a checkpoint grew by."""
-    names, planner, out = list(getattr(comp, "tta_views", [])), run.planner, Path(run.args.out_dir)
-    plan = planned(names, comp.test_views) if names else []
-    if len(names) <= len(plan):
+    if not growable(comp):
         return 1.0
+    names, planner, out = list(comp.tta_views), run.planner, Path(run.args.out_dir)
+    plan = planned(names, comp.test_views)
     folds = list(range(len(splits))) if folds is None else folds
     used, losses, took = evidence(comp, splits, names, len(plan), run, out, folds)
     if not used:
