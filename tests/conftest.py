@@ -568,6 +568,22 @@ def stop_group(proc, seen: list[str], timeout: float = 120) -> str:
     return "".join(seen) + rest
 
 
+def seeds_judged(project: Path, log: str, metric: str) -> bool:
+    """A rerun's grown seeds judged by its GROW: OOF line (masks' and boxes' on each fold's rows with
+    its seeds ensembled, seeds_oof.py): whether they were kept; fold 0's ensembled rows are there
+    exactly then (left out, postprocess.json is chosen on the first seeds' rows again)."""
+    verdict = re.search(
+        rf"^GROW: OOF {re.escape(metric)} [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in "
+        r"\(folds \[0(, 1)?\]\): (kept|left out)",
+        log,
+        re.M,
+    )
+    out = project / "output"
+    assert verdict and (out / "model_fold0_seed2.pth").is_file(), log
+    assert (out / "oof_fold0_seeds.csv").is_file() == (verdict[2] == "kept"), log
+    return verdict[2] == "kept"
+
+
 def assert_plan_cut_to_budget(log: str, wall: float, budget: int) -> None:
     """run.py under a budget its plan is many times over (5 folds): the estimate says more than twice
     the budget, the planner cuts the folds, and run.py ends inside it (its RUN line), and at most 4 s
@@ -638,6 +654,7 @@ PROJECT_MODULES = (
     "readback",
     "loader_restarts",
     "tta_views",
+    "seeds_oof",
     "serving",
     "hand_in",
     "compiling",

@@ -17,7 +17,15 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from conftest import assert_plan_cut_to_budget, import_project, predict_streamed, run_script, start_until
+from conftest import (
+    GROW_ENV,
+    assert_plan_cut_to_budget,
+    import_project,
+    predict_streamed,
+    run_script,
+    seeds_judged,
+    start_until,
+)
 from kagtpl import detect, new, shapes
 from kagtpl.cli import app
 from kagtpl.errors import KagtplError
@@ -373,6 +381,14 @@ def test_train_and_predict_give_a_checked_submission(wheat_project, box_data, tm
     said = "WARNING: output/postprocess.json does not read back: every box is kept (score > 0, at most 100 per image)"
     assert said in pred.stdout.splitlines() and "SUBMISSION:" in pred.stdout, pred.stdout[-2000:]
     check_submission(wheat_project, box_data["wheat"], "score x y w h")
+    # a rerun under a budget grows seeds: a box OOF row does not average, so each fold's rows are predicted
+    # again by its seeds fused as predict.py fuses them (seeds_oof.py) and judge the seeds (before: unjudged)
+    grown = run_script(wheat_project, "train.py", *FAST, "--epochs", "2", "--budget", "40s", env=GROW_ENV).stdout
+    out = wheat_project / "output"
+    if seeds_judged(wheat_project, grown, "mAP@[.5:.95]"):
+        first, fused = pd.read_csv(out / "oof_fold0.csv"), pd.read_csv(out / "oof_fold0_seeds.csv")
+        boxes = [c for c in first.columns if c.startswith("d0_")]  # each image's best box: fused from every seed's
+        assert fused["id"].equals(first["id"]) and not np.allclose(fused[boxes], first[boxes]), grown
 
 
 @pytest.mark.slow

@@ -181,6 +181,31 @@ def test_a_fold_worker_checks_a_fold_back_with_the_reserve_for_every_fold_before
     assert plan.folds == 3 and not queue.claimed(3)  # the reserve counts the folds predict.py will ensemble
 
 
+def test_a_grown_seed_resumed_from_its_checkpoint_counts_in_the_reserve(project_modules, tmp_path, capsys):
+    """A rerun after a kill during growth skips a grown seed's complete fold (resume), and predict.py
+    ensembles its checkpoint: the reserve (and a mask's judging pass, seeds_oof.py) did not count it
+    (only a seed trained by this process did), so the next seed was checked against a reserve one
+    checkpoint short."""
+    import torch
+
+    growing, artifacts = project_modules.growing, project_modules.artifacts
+    plan = project_modules.planner.TimePlanner(600, 2, 3, clock=Clock(), log=lambda line: None)
+    plan.prediction.fold_s, plan.prediction.measured = 100.0, True  # the need, over the 8% floor
+    run = SimpleNamespace(
+        planner=plan,
+        args=SimpleNamespace(out_dir=str(tmp_path), signature="sig", dry_run=False, seed=42),
+        machine=SimpleNamespace(amp=SimpleNamespace(mode="off"), channels_last=False),
+        batching=SimpleNamespace(size=8, accum_steps=1, lr=1e-3),
+    )
+    config = artifacts.checkpoint_config(run.args, run.machine, run.batching)
+    ckpt = {"model": {"w": torch.zeros(1)}, "config": config, "classes": [0, 1], "complete": True}
+    torch.save(ckpt, tmp_path / "model_fold0_seed2.pth")
+    before = plan.reserve()
+    assert growing.grow_fold(SimpleNamespace(resume_keys=()), (0, [], []), 2, run, 3)
+    assert "GROW: seed 2 fold 0: model_fold0_seed2.pth is complete, skipping (resume)" in capsys.readouterr().out
+    assert plan.prediction.extra_models == 1 and plan.reserve() == before + 100.0
+
+
 def test_growth_rules_with_a_fake_clock(project_modules):
     growth, planner_module = project_modules.growth, project_modules.planner
     clock = Clock()

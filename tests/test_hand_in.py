@@ -181,6 +181,74 @@ def test_grown_seeds_that_lose_on_the_oof_rows_are_left_out_of_the_ensemble(proj
     assert hand_in.left_out(tmp_path) == set()
 
 
+def test_mask_seeds_are_judged_on_their_folds_ensembled_rows_never_on_averaged_statistics(
+    project_modules, tmp_path, capsys
+):
+    """A mask's OOF row holds statistics, which do not average: its grown seeds were kept unjudged and
+    postprocess.json was chosen on the first seeds' rows alone. Now seeds_oof.py's pass writes each
+    fold's rows with its seeds ensembled (oof_fold{k}_seeds.csv): the seeds are judged on them (the
+    seeds' own statistics files never averaged in), the thresholds are chosen on them while the seeds
+    are kept, and a fold whose pass does not fit, or a stop, keeps its seeds unjudged, said so."""
+    artifacts, seeds_oof = project_modules.artifacts, project_modules.seeds_oof
+    rng = np.random.default_rng(3)
+    y = rng.choice(3, size=600)
+    comp = SimpleNamespace(**vars(COMP), id_col="id", oof_columns=["a", "b", "c"], oof_averages=False)
+
+    def frame(true_share, name):
+        pred = np.full((600, 3), (1 - true_share) / 2)
+        pred[np.arange(600), y] = true_share
+        cols = {c: pred[:, j] for j, c in enumerate("abc")}
+        rows = pd.DataFrame({"id": np.arange(600), "fold": 0, "target": y, **cols})
+        artifacts.storage.write_csv_atomic(artifacts.signed(rows, "sig"), tmp_path / name)
+
+    files = [tmp_path / "model_fold0_seed2.pth"]
+    files[0].write_bytes(b"x")
+    frame(0.6, "oof_fold0.csv")
+    frame(0.05, "oof_fold0_seed2.csv")  # statistics of the seed alone: never averaged in
+    frame(0.7, "oof_fold0_seeds.csv")  # the fold's rows with both seeds ensembled
+    first, ensembled = artifacts.seeds_averaged(comp, tmp_path, 0, "sig", {(0, 2)})
+    assert np.allclose(ensembled["a"][y == 0], 0.7) and np.allclose(first["a"][y == 0], 0.6)
+    assert artifacts.kept_seeds(comp, tmp_path, [0], "sig", {(0, 2)}) == {(0, 2)}
+    assert re.search(r"^GROW: OOF logloss 0\.5108 with one seed -> 0\.3567 .*: kept", capsys.readouterr().out, re.M)
+    assert np.allclose(artifacts.signed_oof(tmp_path, "sig")["a"][y == 0], 0.7)  # what postprocess.json is chosen on
+    assert artifacts.seeds_averaged(comp, tmp_path, 0, "sig", set())[1] is None  # no seed counts: the first's rows
+    frame(0.4, "oof_fold0_seeds.csv")  # ensembled, they lose: left out, and the thresholds' rows are the first's
+    assert artifacts.kept_seeds(comp, tmp_path, [0], "sig", {(0, 2)}) == set()
+    assert "left out: worse in 100% of" in capsys.readouterr().out
+    assert not (tmp_path / "oof_fold0_seeds.csv").exists()
+    assert np.allclose(artifacts.signed_oof(tmp_path, "sig")["a"][y == 0], 0.6)
+    # a fold's ensembled rows cut short: the thresholds are chosen on its first seed's
+    (tmp_path / "oof_fold0_seeds.csv").write_text("id,fold,tar")
+    assert np.allclose(artifacts.signed_oof(tmp_path, "sig")["a"][y == 0], 0.6)
+    assert capsys.readouterr().out.startswith("OOF: oof_fold0_seeds.csv left out: it does not read back (cut short")
+    # the pass: an earlier run's rows removed as it starts; a stop, or a pass past the time left, is said
+    reserve = project_modules.reserve.PredictionReserve(600)
+    reserve.fold_s = 2.0
+    planner = project_modules.planner.TimePlanner(600, 2, 3, prediction=reserve)
+    before = planner.training_time()
+    reserve.judge_grown(5.0)  # growth holds the pass from training: each grown checkpoint and its fold's first
+    for _ in range(3):  # seeds grown on folds 0, 1, 0: 3 + 2 checkpoints, each 5x a checkpoint's share of 2s
+        reserve.add_model()
+    assert reserve.seconds(2) == 90 and before - planner.training_time() == (3 + 2) * 5 * 2.0
+    reserve.extra_models = 0
+    planner = SimpleNamespace(
+        stop_reason="SIGTERM", training_left=lambda: 100.0, prediction=reserve, budget=60, folds=2
+    )
+    run = SimpleNamespace(args=SimpleNamespace(out_dir=str(tmp_path)), planner=planner)
+    masks = SimpleNamespace(predict_ensemble=lambda models, batch: None, test_rows=60, test_views=2)
+    splits = [(np.arange(300), np.arange(300, 600)), (np.arange(300), np.arange(300, 600))]
+    seeds_oof.write(masks, splits, run, {(0, 2), (1, 2), (1, 3)})
+    assert capsys.readouterr().out == "GROW: grown seeds of folds [0, 1] kept unjudged (SIGTERM)\n"
+    assert not (tmp_path / "oof_fold0_seeds.csv").exists()
+    planner.stop_reason = None  # fold 0's two checkpoints, 5x the test rows in one view of 2: ~10s, of 10s left
+    planner.training_left = lambda: 10.0  # 95% of it: 9.5s
+    seeds_oof.write(masks, splits, run, {(0, 2), (1, 2), (1, 3)})
+    said = "GROW: grown seeds of folds [0, 1] kept unjudged (~10s for fold 0, 9.5s left for the passes)\n"
+    assert capsys.readouterr().out == said
+    seeds_oof.write(comp, splits, run, {(0, 2)})  # a competition whose seeds average: no pass, no line
+    assert capsys.readouterr().out == ""
+
+
 def test_no_validated_checkpoint_names_the_fallback_its_run_wrote(project_modules, tmp_path):
     """predict.py with no validated checkpoint keeps train.py's fallback; its line said "the training
     prior" for masks and boxes too. serve_defaults.json's kind names what the fallback holds."""

@@ -51,6 +51,7 @@ MACHINERY = {
     "reserve.py",
     "room.py",
     "runflags.py",
+    "seeds_oof.py",
     "steps.py",
     "storage.py",
     "serving.py",

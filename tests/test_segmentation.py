@@ -19,12 +19,14 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import (
+    GROW_ENV,
     JUDGED_ENV,
     assert_plan_cut_to_budget,
     dry_run_into_output,
     import_project,
     predict_streamed,
     run_script,
+    seeds_judged,
     start_until,
 )
 from kagtpl import detect, new, shapes
@@ -395,6 +397,27 @@ def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_
     # a hidden test set neither the disk nor the memory holds: decoded batch by batch, the same submission
     r, streamed = predict_streamed(png_project, png_project / "output", shapes_data["png"], tmp_path)
     assert "2 fold(s) ensembled" in r.stdout and streamed == (png_project / "output" / "submission.csv").read_bytes()
+    # a rerun under a budget grows seeds: a mask's OOF row is statistics, which do not average, so each
+    # fold's rows are predicted again by its seeds ensembled (seeds_oof.py); they judge the seeds, and
+    # postprocess.json is chosen on them while the seeds are kept (before: kept unjudged, chosen on one seed)
+    grown = run_script(png_project, "train.py", *FAST, "--budget", "40s", env=GROW_ENV).stdout
+    out = png_project / "output"
+    if seeds_judged(png_project, grown, "Dice"):
+        first, rows = pd.read_csv(out / "oof_fold0.csv"), pd.read_csv(out / "oof_fold0_seeds.csv")
+        seeds = [first] + [pd.read_csv(p) for p in sorted(out.glob("oof_fold0_seed[0-9].csv"))]
+        stats = [c for c in rows.columns if ":" in c]  # rle:inter@0.10 ...
+        assert rows["id"].equals(first["id"]) and len(seeds) > 1
+        assert not np.allclose(rows[stats], np.mean([s[stats].to_numpy() for s in seeds], axis=0))
+        both = pd.concat(
+            [
+                pd.read_csv(next(p for p in (out / f"oof_fold{k}_seeds.csv", out / f"oof_fold{k}.csv") if p.is_file()))
+                for k in (0, 1)
+            ],
+            ignore_index=True,
+        )
+        chosen = m.masks.choose_postprocess(both["target"].to_numpy(), both[stats].to_numpy(), ["rle"], SIZE**2, "dice")
+        saved = json.loads((out / "postprocess.json").read_text())
+        assert (saved["classes"], saved["tuned"]) == (chosen["classes"], chosen["tuned"]), (saved, chosen)
 
 
 def mostly_empty(dest, empty: int = 30, with_mask: int = 6):

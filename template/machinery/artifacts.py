@@ -188,11 +188,16 @@ def write_oof(comp, fold, y: np.ndarray, pred: np.ndarray, path: Path, args) -> 
 
 
 def signed_oof(out: Path, signature: str) -> pd.DataFrame | None:
-    """Every first seed's oof_fold{k}.csv in `out` of this run signature, as one frame (None when
-    there is none): what a task's postprocess.json is chosen on (masks' and boxes' OOF files hold
-    statistics and boxes, which grown seeds cannot be averaged into)."""
-    paths = sorted(p for p in Path(out).glob("oof_fold*.csv") if re.fullmatch(r"oof_fold\d+\.csv", p.name))
-    frames = [f for f in (read_signed(p, signature) for p in paths) if f is not None]
+    """Every fold's OOF rows in `out` of this run signature, as one frame (None when there is none):
+    what a task's postprocess.json is chosen on. A fold's rows are its seeds ensembled where a kept
+    growth wrote them (oof_fold{k}_seeds.csv, seeds_oof.py: masks' statistics cannot be averaged),
+    else its first seed's oof_fold{k}.csv."""
+    out, frames = Path(out), []
+    for k in sorted(int(m[1]) for p in out.glob("oof_fold*.csv") if (m := re.fullmatch(r"oof_fold(\d+)\.csv", p.name))):
+        seeds = out / growth.seeds_oof_name(k)
+        frame = read_signed(seeds, signature) if seeds.is_file() else None  # cut short: the first seed's
+        frames.append(frame if frame is not None else read_signed(out / growth.oof_name(k), signature))
+    frames = [f for f in frames if f is not None]
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
@@ -218,10 +223,15 @@ def seeds_averaged(
 ) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """Fold k's OOF frame (the first seed's), and the same rows with their predictions averaged over
     every grown seed's whole fold (growth.py), as predict.py averages the checkpoints; None when no
-    seed was grown or the competition's OOF cannot be averaged (`oof_averages = False`: boxes, masks).
+    seed was grown. Where the competition's OOF cannot be averaged (`oof_averages = False`: boxes,
+    masks), the fold's rows ensembled by a validation pass (seeds_oof.py), None without them.
     `counted` (grown_seeds): the (fold, seed) pairs whose OOF file counts; None: every file there."""
     first = read_signed(out / growth.oof_name(k), signature)
-    seeds = range(2, growth.MAX_SEEDS + 1) if getattr(comp, "oof_averages", True) else []
+    if not getattr(comp, "oof_averages", True):
+        path, grown = out / growth.seeds_oof_name(k), counted is None or any(f == k for f, _ in counted)
+        ensembled = read_signed(path, signature) if grown and first is not None and path.is_file() else None
+        return first, ensembled if ensembled is not None and same_rows(comp, first, ensembled) else None
+    seeds = range(2, growth.MAX_SEEDS + 1)
     paths = [out / growth.oof_name(k, s) for s in seeds if (k, s) in counted or counted is None]
     grown = [read_signed(p, signature) for p in paths if p.exists()]
     return first, None if first is None else average_seeds(comp, first, [f for f in grown if f is not None])
@@ -251,14 +261,17 @@ def grown_seeds(comp, out: Path, folds: list[int], config: dict) -> set[tuple[in
 def average_seeds(comp, first: pd.DataFrame, grown: list[pd.DataFrame]) -> pd.DataFrame | None:
     """`first`'s rows with their predictions averaged over the `grown` seeds' frames of the same
     rows (a table's boosters' too: boosters.seeds_oof); None when none holds them."""
-    ids = first[comp.id_col].astype(str).to_numpy()
-    grown = [f for f in grown if np.array_equal(f[comp.id_col].astype(str).to_numpy(), ids)]
+    grown = [f for f in grown if same_rows(comp, first, f)]
     if not grown:
         return None
     averaged = first.copy()
     cols = comp.oof_columns
     averaged[cols] = np.mean([f[cols].to_numpy(float) for f in (first, *grown)], axis=0)
     return averaged
+
+
+def same_rows(comp, a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    return np.array_equal(a[comp.id_col].astype(str).to_numpy(), b[comp.id_col].astype(str).to_numpy())
 
 
 def oof_scores(comp, out: Path, folds: list[int], signature: str, counted: set | None = None, judge=False) -> tuple:
@@ -285,7 +298,11 @@ def kept_seeds(comp, out: Path, folds: list[int], signature: str, counted: set) 
     them, or none when averaged in they lose to the first seeds on the same rows."""
     pairs = [seeds_averaged(comp, out, k, signature, counted) for k in folds]
     files = [out / growth.checkpoint_name(k, s) for k, s in sorted(counted)]
-    return counted if grown_gain_line(comp, pairs, out, files) else set()
+    if grown_gain_line(comp, pairs, out, files):
+        return counted
+    for k in folds:  # the folds' rows are the first seeds' again (postprocess.json is chosen on them)
+        (out / growth.seeds_oof_name(k)).unlink(missing_ok=True)
+    return set()
 
 
 def grown_gain_line(comp, pairs: list, out: Path, files: list[Path], model: str | None = None) -> bool:

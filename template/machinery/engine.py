@@ -33,6 +33,9 @@ The competition is a plain object (train.py's `Competition`) with:
                                              MLP, beside its boosters' lines)
     oof_averages: bool                       optional, True: grown seeds' OOF predictions average
                                              into oof.csv (False: boxes, mask statistics)
+    predict_ensemble(models, batch) -> Tensor  optional, where oof_averages is False: predict() by a
+                                             fold's seeds ensembled as predict.py ensembles them; their
+                                             OOF rows judge grown seeds (seeds_oof.py: masks)
     fallback_oof(y, pred) -> array           optional: train.py's fallback as OOF rows like `pred`, which
                                              the folds must beat (hand_in.py; default: the training
                                              prior); `fallback_name` says what it holds (the empty masks)
@@ -51,7 +54,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import artifacts, experiments, growth, logs, parallel, tta_views, workers
+from . import artifacts, experiments, growth, logs, parallel, seeds_oof, tta_views, workers
 from .artifacts import copy_oof, fallback_submission, fixed_folds, read_targets, target_columns
 from .errors import RunError
 from .fold import Fold, dry_run_rows, train_fold, watchers_started, watchers_stopped, watching
@@ -157,7 +160,7 @@ def cross_validate(comp, splits, run: Run) -> dict:
             print(logs.stopped_line(planner.stop_reason))
         parallel.finish_ddp()
         return {}
-    scores = finish(comp, run, trained, row)
+    scores = finish(comp, run, trained, row, splits)
     watchers_stopped(planner.stop_reason)
     parallel.finish_ddp()
     if lost:
@@ -215,7 +218,10 @@ def train_on_workers(comp, run: Run, run_id: str) -> tuple[list[int], list[str]]
         print(f"PARALLEL: {'; '.join(lost)}: the workers start again once for it (complete folds skipped, no growth)")
         result = workers.run_fold_workers(devices, result["cap"], run_id, out, start, planner, again=True)
         claimed, lost = claimed | set(result["claims"]), workers.lost_folds(result, planner, complete)
-    return sorted({k for k in range(result["cap"]) if complete(k)} | claimed), lost
+    found = {k: finished(comp, run, k) for k in range(result["cap"])}
+    for done in filter(None, found.values()):  # the workers' measures stand for this process's: its
+        planner.resumed_fold(done.get("timing"))  # reserve, and the price of seeds_oof's pass
+    return sorted({k for k, done in found.items() if done is not None} | claimed), lost
 
 
 def experiment_row(comp, run: Run, run_id: str) -> dict:
@@ -235,11 +241,13 @@ def experiment_row(comp, run: Run, run_id: str) -> dict:
     }
 
 
-def finish(comp, run: Run, trained: list[int], row: dict) -> dict:
-    """After the folds: oof.csv and the OOF line, the report picture, the experiments row."""
+def finish(comp, run: Run, trained: list[int], row: dict, splits: list) -> dict:
+    """After the folds: the grown seeds judged, oof.csv and the OOF line, the report picture, the
+    experiments row."""
     args, machine, batching, planner, jlog = run.args, run.machine, run.batching, run.planner, run.jlog
     out, config = Path(args.out_dir), artifacts.checkpoint_config(args, machine, batching)
     counted = artifacts.grown_seeds(comp, out, trained, config)  # each grown seed's checkpoint read once
+    seeds_oof.write(comp, splits, run, counted)  # masks: each fold's seeds ensembled on its rows, to judge them
     counted = artifacts.kept_seeds(comp, out, trained, args.signature, counted)  # none, when they lose
     judge = args.hand_in == "judged" and not args.dry_run  # a dry run checks the path
     scores, fold_scores, rows = artifacts.oof_scores(comp, out, trained, args.signature, counted, judge)

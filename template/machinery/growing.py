@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import artifacts, growth, serving, storage, tta_views
+from . import artifacts, growth, seeds_oof, serving, storage, tta_views
 from .fold import train_fold
 from .gpu import device_memory, seed_everything
 from .planner import fmt_s
@@ -133,6 +133,8 @@ def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
     """The same folds again from other seeds, each fold added only when it and its prediction fit;
     a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
     planner = run.planner
+    if seeds_oof.judged(comp):  # masks: each grown seed's judging pass at train.py's end, held from training
+        planner.prediction.judge_grown(seeds_oof.rows_share(comp, splits))
     curves = queue.curves() if queue is not None else planner.times.val_curves  # a worker's: every worker's
     if queue is not None:  # the views another worker chose: the fit checks below price them
         planner.prediction.set_view_factor(queue.view_factor())
@@ -225,6 +227,7 @@ def grow_fold(comp, split: tuple, seed_no: int, run: Run, target: int) -> bool:
     name = growth.checkpoint_name(k, seed_no)
     if storage.fold_is_done(out / name, config, artifacts.run_keys(comp)):
         print(f"GROW: seed {seed_no} fold {k}: {name} is complete, skipping (resume)")
+        planner.prediction.add_model()  # predict.py ensembles it all the same: the reserve counts it
         return True
     epochs, said = grown_epochs(planner, target)
     held = served_room(run) or disk_room(run)

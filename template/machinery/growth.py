@@ -44,6 +44,11 @@ def oof_name(k: int, seed_no: int = 1) -> str:
     return f"oof_fold{k}{seed_tail(seed_no)}.csv"
 
 
+def seeds_oof_name(k: int) -> str:
+    """oof_fold{k}_seeds.csv: fold k's rows predicted by its seeds ensembled (seeds_oof.py: masks)."""
+    return f"oof_fold{k}_seeds.csv"
+
+
 def seeds_column(folds: list[int], counts) -> str:
     """The experiments table's seeds: '1', or '2 (+3 folds)' when 3 grown folds of seeds up to 2
     count (`counts(k, s)`: fold k of seed s is whole, and of this run's settings)."""

@@ -147,9 +147,10 @@ class TimePlanner:
         return self.prediction.seconds(self.folds)
 
     def training_time(self, folds: int | None = None) -> float:
-        """The budget's time for training, from the run's start: the budget less the finish and
-        predict.py's reserve for `folds` (default: the plan's as they stand)."""
-        return self.budget - self.prediction.seconds(self.folds if folds is None else folds) - FINISH_S
+        """The budget's time for training, from the run's start: the budget less the finish (with
+        the grown seeds' judging pass) and predict.py's reserve for `folds` (default: the plan's)."""
+        folds = self.folds if folds is None else folds
+        return self.budget - self.prediction.seconds(folds) - FINISH_S - self.prediction.judging_s(folds)
 
     def training_left(self, folds: int | None = None) -> float:
         """training_time less the time spent. A cut prices each candidate plan with its own reserve:

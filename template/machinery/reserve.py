@@ -4,8 +4,9 @@ Pure Python, no torch: the planner (planner.py) ends training at the budget less
 and kagtpl's generator shows the same fractions in `kagtpl recommend`. The rule (docs/time-budget.md):
 max(15% of the budget, 8% once predict.py's time is measured, the measured prediction estimate).
 The measures come from the training loop (a validation pass: note_inference; the trees' start:
-note_startup), growth (a grown seed's checkpoint: add_model; more TTA views: set_view_factor) and a
-resumed fold's saved timing (resumed). Nothing else writes its numbers. Under run.py predict.py's
+note_startup), growth (a grown seed's checkpoint: add_model; more TTA views: set_view_factor; the
+grown seeds' judging pass at train.py's end: judge_grown) and a resumed fold's saved timing (resumed).
+Nothing else writes its numbers. Under run.py predict.py's
 start counts its imports until predict.py, started beside train.py, says it has paid them
 (PredictStart).
 It is machinery: `copier update` may replace it, so keep your own code elsewhere.
@@ -76,6 +77,7 @@ class PredictionReserve:
         self.extra_models = 0  # grown seeds' whole folds: predict.py ensembles them too
         self.view_factor = 1.0  # growth's TTA views over the plan's (set_view_factor): a test pass that much longer
         self.measured = False  # estimated from a measure: the floor is MEASURED_FRACTION
+        self.judged_share = 0.0  # a grown seed's judging pass, in checkpoints' shares (judge_grown)
 
     def need_s(self, folds: int) -> float:
         """predict.py's measured need when it ensembles `folds` planned folds and the grown seeds."""
@@ -112,6 +114,16 @@ class PredictionReserve:
         """Models that measure no validation pass (the trees): the reserve still covers predict.py's
         start (what train.py paid before planning), with the usual margin, and its end."""
         self.base_s, self.started, self.measured = max(self.base_s, self.END_S), True, True
+
+    def judge_grown(self, rows_share: float) -> None:
+        """Grown seeds are judged at train.py's end by a pass over their folds' validation rows
+        (seeds_oof.py: masks), each checkpoint's costing `rows_share` of its share here."""
+        self.judged_share = rows_share
+
+    def judging_s(self, folds: int) -> float:
+        """That pass, held from training: each grown checkpoint, and the first seed of each fold
+        with one (at most `folds` of them)."""
+        return (self.extra_models + min(folds, self.extra_models)) * self.fold_s * self.judged_share
 
     def add_model(self) -> None:
         """A grown seed's fold is whole: predict.py ensembles one more."""
