@@ -249,6 +249,72 @@ def test_mask_seeds_are_judged_on_their_folds_ensembled_rows_never_on_averaged_s
     assert capsys.readouterr().out == ""
 
 
+def test_a_stop_inside_the_seeds_pass_ends_it_at_the_next_batch(project_modules, tmp_path, capsys):
+    """The seeds' pass (seeds_oof.py) predicts a fold's validation rows with every checkpoint of the
+    fold: a large validation set's is minutes on a T4. A SIGTERM that came during it waited for
+    the fold's end, past a container's grace; now the pass ends at the next batch, the fold's seeds
+    are said unjudged, and no rows are written for it. Without a stop the rows are the checkpoints'
+    predictions averaged. The TTA views' evidence (tta_views.fold_views), a pass a fold, the same."""
+    import contextlib
+
+    import torch
+
+    seeds_oof, fold_module = project_modules.seeds_oof, project_modules.fold
+    planner = SimpleNamespace(
+        stop_reason=None, budget=None, folds=1, prediction=project_modules.reserve.PredictionReserve(0)
+    )
+    x = torch.arange(16, dtype=torch.float32).reshape(8, 2)
+
+    class Tiny:  # a competition of 8 rows, a linear model a checkpoint, batches of 2 rows
+        id_col, oof_columns, test_rows, test_views, batches = "id", ["pred"], 8, 1, 0
+
+        def fold(self, k, trn, val):
+            return fold_module.Fold(k, None, x[val], np.zeros(len(val)), np.asarray(val))
+
+        def loader(self, rows, batch, train):
+            return [(rows[i : i + batch],) for i in range(0, len(rows), batch)]
+
+        def build_model(self, fold):
+            return torch.nn.Linear(2, 1)
+
+        def predict_ensemble(self, models, batch):
+            self.batches += 1
+            if self.batches == stop_at:
+                planner.stop_reason = "SIGTERM"  # the signal handler's flag, as it comes mid-pass
+            return torch.stack([m(batch[0]) for m in models]).mean(0)
+
+        def predict_view(self, model, batch, view):
+            return self.predict_ensemble([model], batch)
+
+    for seed_no, w in ((1, 1.0), (2, 3.0)):
+        state = {"weight": torch.full((1, 2), w), "bias": torch.zeros(1)}
+        torch.save(
+            {"model": state, "config": {"signature": "sig"}, "classes": [], "complete": True},
+            tmp_path / f"model_fold0{'_seed2' * (seed_no > 1)}.pth",
+        )
+    run = SimpleNamespace(
+        planner=planner,
+        args=SimpleNamespace(out_dir=str(tmp_path), signature="sig"),
+        machine=SimpleNamespace(
+            device=torch.device("cpu"), channels_last=False, amp=SimpleNamespace(autocast=contextlib.nullcontext)
+        ),
+        batching=SimpleNamespace(eval_rows=2),
+    )
+    splits = [(np.arange(0), np.arange(8))]
+    stop_at, comp = 2, Tiny()
+    seeds_oof.write(comp, splits, run, {(0, 2)})
+    assert comp.batches == 2  # of 4: the stop ended the pass at the next batch
+    assert capsys.readouterr().out == "GROW: grown seeds of folds [0] kept unjudged (SIGTERM)\n"
+    assert not (tmp_path / "oof_fold0_seeds.csv").exists()
+    planner.stop_reason, stop_at, comp = None, 0, Tiny()
+    seeds_oof.write(comp, splits, run, {(0, 2)})
+    rows = pd.read_csv(tmp_path / "oof_fold0_seeds.csv")
+    assert comp.batches == 4 and np.allclose(rows["pred"], x.sum(1).numpy() * 2.0)  # weights 1 and 3 averaged
+    stop_at, comp = 3, Tiny()  # two views a batch: the stop in the second batch's second view
+    assert project_modules.tta_views.fold_views(comp, 0, splits[0], ["image", "hflip"], run, tmp_path) is None
+    assert comp.batches == 4  # of 8
+
+
 def test_no_validated_checkpoint_names_the_fallback_its_run_wrote(project_modules, tmp_path):
     """predict.py with no validated checkpoint keeps train.py's fallback; its line said "the training
     prior" for masks and boxes too. serve_defaults.json's kind names what the fallback holds."""

@@ -51,7 +51,9 @@ def by_fold(counted: set) -> dict[int, list[int]]:
 
 def fold_rows(comp, k: int, split: tuple, seeds: list[int], run, out: Path) -> tuple | None:
     """Fold k's validation rows predicted by its first seed's checkpoint and `seeds`' ensembled
-    (comp.predict_ensemble): (the fold, the rows); None when a checkpoint does not read back."""
+    (comp.predict_ensemble): (the fold, the rows); None when a checkpoint does not read back, or
+    a stop came during the pass (it ends at the next batch: a large validation set's pass with five
+    checkpoints is minutes on a T4, past a container's grace)."""
     machine = run.machine  # run: runs.Run
     fold, models = comp.fold(k, *split), torch.nn.ModuleList()
     for seed_no in (1, *seeds):
@@ -64,10 +66,11 @@ def fold_rows(comp, k: int, split: tuple, seeds: list[int], run, out: Path) -> t
             model = model.to(memory_format=torch.channels_last)
         models.append(model)
     batches = loader(comp, fold.valid, run.batching.eval_rows, False, None)
-    rows = predict(lambda ms, batch: comp.predict_ensemble(list(ms), batch), models, batches, machine)
+    going = lambda _rows: not run.planner.stop_reason  # noqa: E731
+    rows = predict(lambda ms, batch: comp.predict_ensemble(list(ms), batch), models, batches, machine, None, going)
     del models
     free_gpu_memory()  # the next fold's checkpoints, then predict.py, have the card
-    return fold, rows
+    return None if rows is None else (fold, rows)
 
 
 def write(comp, splits: list, run, counted: set) -> None:
@@ -83,14 +86,16 @@ def write(comp, splits: list, run, counted: set) -> None:
     spare = held + growth.FIT_FRACTION * max(0.0, planner.training_left()) if planner.budget else math.inf
     for k, seeds in folds.items():
         each = took / passes if passes else planner.prediction.fold_s * rows_share(comp, splits)  # a checkpoint's
-        price = each * (1 + len(seeds))
-        if planner.stop_reason or took + price > spare:
-            why = planner.stop_reason or f"~{fmt_s(price)} for fold {k}, {fmt_s(spare - took)} left for the passes"
+        price, found = each * (1 + len(seeds)), None
+        why = planner.stop_reason or (f"~{fmt_s(price)} for fold {k}, {fmt_s(spare - took)} left for the passes")
+        if not planner.stop_reason and took + price <= spare:
+            t0 = time.time()
+            found = fold_rows(comp, k, splits[k], seeds, run, out)
+            took, passes = took + time.time() - t0, passes + 1 + len(seeds)
+            why = planner.stop_reason  # a stop inside the pass: this fold's seeds are unjudged too
+        if why:
             print(f"GROW: grown seeds of folds {[f for f in folds if f not in done]} kept unjudged ({why})")
             return
-        t0 = time.time()
-        found = fold_rows(comp, k, splits[k], seeds, run, out)
-        took, passes = took + time.time() - t0, passes + 1 + len(seeds)
         if found is not None:
             fold, rows = found
             artifacts.write_oof(comp, fold, fold.y_valid, rows, out / growth.seeds_oof_name(k), run.args)

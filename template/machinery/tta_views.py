@@ -99,7 +99,8 @@ def evidence_s(planner, views: tuple[int, int], rows_share: float, took: float, 
 
 def fold_views(comp, k: int, split: tuple, names: list[str], run, out: Path) -> tuple | None:
     """Fold k's best checkpoint's predictions of its validation rows, one array per view, and
-    their targets; None when the checkpoint cannot be read."""
+    their targets; None when the checkpoint cannot be read, or a stop came during the pass (it
+    ends at the next batch)."""
     machine, batching = run.machine, run.batching  # run: runs.Run
     ckpt = storage.load_checkpoint(out / f"model_fold{k}.pth")
     if ckpt is None:
@@ -114,10 +115,10 @@ def fold_views(comp, k: int, split: tuple, names: list[str], run, out: Path) -> 
     def every_view(model, batch) -> torch.Tensor:  # (rows, views, columns): one loader pass, not one a view
         return torch.stack([comp.predict_view(model, batch, view) for view in names], 1)
 
-    stacked = predict(every_view, model, batches, machine)
+    stacked = predict(every_view, model, batches, machine, None, lambda _rows: not run.planner.stop_reason)
     del model
     free_gpu_memory()  # one fold's model on the card at a time, then the grown seeds' training
-    return fold.y_valid, [stacked[:, v] for v in range(len(names))]
+    return None if stacked is None else (fold.y_valid, [stacked[:, v] for v in range(len(names))])
 
 
 def evidence(comp, splits: list, names: list[str], plan: int, run, out: Path, folds: list[int]) -> tuple:
