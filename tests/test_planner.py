@@ -170,11 +170,26 @@ def test_deadline_guard_and_sigterm(project_modules):
         if clock.t - 1000 + 10 + planner.reserve() + project_modules.planner.FINISH_S > 100:
             break
     # elapsed + next epoch + reserve (15) + finish (5) > 100: the next epoch must not start
-    assert not planner.can_start_epoch() and planner.stop_reason == "deadline"
+    assert not planner.can_start_epoch() and planner.stop_reason == "deadline" and epoch == 8
     assert lines[-1].startswith("DEADLINE: ") and "prediction runs next" in lines[-1]
     finish = project_modules.planner.FINISH_S
     assert clock.t - 1000 + planner.reserve() + finish <= 100  # the reserve is still there for predict
     assert "+ finish 5.0s > budget 100s" in lines[-1]
+    # a mask's grown seeds are judged by a pass at train.py's end (seeds_oof.py): growth holds it, so
+    # the deadline comes that much earlier, and the line's finish says so (its sum still passes the budget)
+    held, hclock, hlines = make(plan, budget=100, folds=1, epochs=30)
+    held.prediction.fold_s, held.prediction.extra_models = 2.0, 1  # one grown seed: its pass and its first seed's
+    held.prediction.judge_grown(3.0)
+    assert held.training_time() == planner.training_time() - 2 * 2.0 * 3.0
+    held.times.begin_fold(0)
+    for epoch in range(1, 30):
+        if not held.can_start_epoch():
+            break
+        held.times.begin_epoch(2, 1)
+        hclock.t += 10
+        held.end_epoch(epoch)
+    assert held.stop_reason == "deadline" and epoch - 1 == 6, epoch  # 6 epochs trained: the unheld run trained 8
+    assert "+ finish 17s > budget 100s" in hlines[-1], hlines[-1]
 
     mid, mclock, _ = make(plan, budget=100, folds=1, epochs=30)
     mid.times.begin_fold(0)

@@ -276,7 +276,7 @@ def test_template_has_no_tasks_migrations_or_extensions():
 # ----------------------------------------------------------------------------- the engine by concern (issue 23)
 
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 450, 60  # issue 58: "no machinery file over 450", no function over ~60
-# issue 58: "the largest class ~150 lines". TimePlanner is 148 (307 when the issue was filed); the next is 92
+# issue 58: "the largest class ~150 lines". TimePlanner is 149 (307 when the issue was filed); the next is 92
 MAX_CLASS_LINES = 150
 
 

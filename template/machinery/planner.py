@@ -149,8 +149,7 @@ class TimePlanner:
     def training_time(self, folds: int | None = None) -> float:
         """The budget's time for training, from the run's start: the budget less the finish (with
         the grown seeds' judging pass) and predict.py's reserve for `folds` (default: the plan's)."""
-        folds = self.folds if folds is None else folds
-        return self.budget - self.prediction.seconds(folds) - FINISH_S - self.prediction.judging_s(folds)
+        return self.budget - self.prediction.reserved_s(self.folds if folds is None else folds) - FINISH_S
 
     def training_left(self, folds: int | None = None) -> float:
         """training_time less the time spent. A cut prices each candidate plan with its own reserve:
@@ -230,7 +229,8 @@ class TimePlanner:
         last = self.times.last_epoch_s
         if self.budget and last is not None and epoch_would_overrun(last, self.training_left()):
             self.request_stop("deadline")
-            self.log(deadline_line(self.elapsed(), last, self.reserve(), FINISH_S, self.budget))
+            finish = FINISH_S + self.prediction.judging_s(self.folds)  # the grown seeds' judging pass too
+            self.log(deadline_line(self.elapsed(), last, self.reserve(), finish, self.budget))
             return False
         return True
 

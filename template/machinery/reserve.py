@@ -120,6 +120,10 @@ class PredictionReserve:
         (seeds_oof.py: masks), each checkpoint's costing `rows_share` of its share here."""
         self.judged_share = rows_share
 
+    def reserved_s(self, folds: int) -> float:
+        """What training leaves before train.py's finish: this reserve and the judging pass."""
+        return self.seconds(folds) + self.judging_s(folds)
+
     def judging_s(self, folds: int) -> float:
         """That pass, held from training: each grown checkpoint, and the first seed of each fold
         with one (at most `folds` of them)."""
