@@ -182,7 +182,7 @@ def test_grown_seeds_that_lose_on_the_oof_rows_are_left_out_of_the_ensemble(proj
 
 
 def test_mask_seeds_are_judged_on_their_folds_ensembled_rows_never_on_averaged_statistics(
-    project_modules, tmp_path, capsys
+    project_modules, tmp_path, capsys, monkeypatch
 ):
     """A mask's OOF row holds statistics, which do not average: its grown seeds were kept unjudged and
     postprocess.json was chosen on the first seeds' rows alone. Now seeds_oof.py's pass writes each
@@ -247,6 +247,15 @@ def test_mask_seeds_are_judged_on_their_folds_ensembled_rows_never_on_averaged_s
     assert capsys.readouterr().out == said
     seeds_oof.write(comp, splits, run, {(0, 2)})  # a competition whose seeds average: no pass, no line
     assert capsys.readouterr().out == ""
+    # under DDP (an earlier run's seeds: DDP grows none) the other ranks would wait at the end past their
+    # collectives' timeout while rank 0 made the passes: said, not made
+    planner.training_left = lambda: 1e6
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seeds_oof.write(masks, splits, run, {(0, 2), (1, 2)})
+    assert (
+        capsys.readouterr().out
+        == "GROW: grown seeds of folds [0, 1] kept unjudged (DDP: the other ranks wait for rank 0)\n"
+    )
 
 
 def test_a_stop_inside_the_seeds_pass_ends_it_at_the_next_batch(project_modules, tmp_path, capsys):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import artifacts, growth, storage
+from . import artifacts, growth, parallel, storage
 from .gpu import free_gpu_memory
 from .planner import fmt_s
 from .steps import loader, predict
@@ -82,6 +82,11 @@ def write(comp, splits: list, run, counted: set) -> None:
     if not judged(comp):
         return
     folds, done, took, passes = by_fold(counted), [], 0.0, 0
+    # DDP grows no seeds, but an earlier run's count: the other ranks would wait for rank 0's passes in
+    # a collective whose timeout (PyTorch's 10 minutes) a pass over every fold's seeds may pass
+    if folds and parallel.world_size() > 1:
+        print(f"GROW: grown seeds of folds {list(folds)} kept unjudged (DDP: the other ranks wait for rank 0)")
+        return
     held = planner.prediction.judging_s(planner.folds)  # what growth held from training for the passes
     spare = held + growth.FIT_FRACTION * max(0.0, planner.training_left()) if planner.budget else math.inf
     for k, seeds in folds.items():
