@@ -57,13 +57,11 @@ def fold_rows(comp, k: int, split: tuple, seeds: list[int], run, out: Path) -> t
     machine = run.machine  # run: runs.Run
     fold, models = comp.fold(k, *split), torch.nn.ModuleList()
     for seed_no in (1, *seeds):
-        ckpt = storage.load_checkpoint(out / growth.checkpoint_name(k, seed_no))
-        if ckpt is None:
+        model = storage.load_fold_model(
+            out / growth.checkpoint_name(k, seed_no), lambda: comp.build_model(fold), machine
+        )
+        if model is None:
             return None
-        model = comp.build_model(fold).to(machine.device)
-        storage.load_model_state(model, ckpt["model"])
-        if machine.channels_last:  # as the fold trained and predict.py runs it
-            model = model.to(memory_format=torch.channels_last)
         models.append(model)
     batches = loader(comp, fold.valid, run.batching.eval_rows, False, None)
     going = lambda _rows: not run.planner.stop_reason  # noqa: E731
@@ -92,13 +90,13 @@ def write(comp, splits: list, run, counted: set) -> None:
     for k, seeds in folds.items():
         each = took / passes if passes else planner.prediction.fold_s * rows_share(comp, splits)  # a checkpoint's
         price, found = each * (1 + len(seeds)), None
-        why = planner.stop_reason or (f"~{fmt_s(price)} for fold {k}, {fmt_s(spare - took)} left for the passes")
-        if not planner.stop_reason and took + price <= spare:
+        fits = not planner.stop_reason and took + price <= spare
+        if fits:
             t0 = time.time()
             found = fold_rows(comp, k, splits[k], seeds, run, out)
             took, passes = took + time.time() - t0, passes + 1 + len(seeds)
-            why = planner.stop_reason  # a stop inside the pass: this fold's seeds are unjudged too
-        if why:
+        if planner.stop_reason or not fits:  # a stop inside the pass: this fold's seeds are unjudged too
+            why = planner.stop_reason or f"~{fmt_s(price)} for fold {k}, {fmt_s(spare - took)} left for the passes"
             print(f"GROW: grown seeds of folds {[f for f in folds if f not in done]} kept unjudged ({why})")
             return
         if found is not None:

@@ -238,6 +238,20 @@ def load_model_state(model, state: dict) -> None:
     getattr(model, "load_checkpoint_state", model.load_state_dict)(state)
 
 
+def load_fold_model(path: Path, build, machine):
+    """build() with checkpoint `path`'s weights, on the machine's device in the layout the fold
+    trained in and predict.py runs it (channels_last): a saved fold predicting its validation rows
+    again (tta_views.py, seeds_oof.py). None when the file does not read back (load_checkpoint)."""
+    import torch
+
+    ckpt = load_checkpoint(path)
+    if ckpt is None:
+        return None
+    model = build().to(machine.device)
+    load_model_state(model, ckpt["model"])
+    return model.to(memory_format=torch.channels_last) if machine.channels_last else model
+
+
 def mark_complete(path: Path, **meta) -> bool:
     """Flag a fold's best checkpoint as complete (a rerun then skips the fold), with `meta` (the
     fold's timing, which a rerun's growth prices by)."""

@@ -102,14 +102,10 @@ def fold_views(comp, k: int, split: tuple, names: list[str], run, out: Path) -> 
     their targets; None when the checkpoint cannot be read, or a stop came during the pass (it
     ends at the next batch)."""
     machine, batching = run.machine, run.batching  # run: runs.Run
-    ckpt = storage.load_checkpoint(out / f"model_fold{k}.pth")
-    if ckpt is None:
-        return None
     fold = comp.fold(k, *split)
-    model = comp.build_model(fold).to(machine.device)
-    storage.load_model_state(model, ckpt["model"])
-    if machine.channels_last:  # as the fold trained and predict.py runs it
-        model = model.to(memory_format=torch.channels_last)
+    model = storage.load_fold_model(out / f"model_fold{k}.pth", lambda: comp.build_model(fold), machine)
+    if model is None:
+        return None
     batches = loader(comp, fold.valid, batching.eval_rows, False, None)
 
     def every_view(model, batch) -> torch.Tensor:  # (rows, views, columns): one loader pass, not one a view
