@@ -226,6 +226,51 @@ def test_tree_seeds_grow_first_for_the_boosters_the_blend_weighs(tmp_path, capsy
     assert "GROW" not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # renders a table's project, reads its data and fits 4 real LightGBM folds (~5 s)
+def test_a_grown_tree_fold_is_priced_at_least_at_the_slowest_fit_before_it(tmp_path, capsys):
+    """A grown booster fold was priced from the first seed's fits alone, times the trees' factor:
+    the digits table's CatBoost seed-3 fold, priced so, ran past the deadline with 44 s of the
+    budget left (seed 2 had taken 13% more a tree than seed 1), a fold never ensembled. Each fold
+    of a seed is now priced at least at the slowest fit of that seed before it, and the next seed
+    from this run's grown folds scaled by the learning rates where that is more (seed_price)."""
+    project, _ = project_for(tmp_path, "binary")
+    m = import_project(project, ("train", "engine", "boosters", "growth", "tree_seeds", "artifacts", "planner"))
+    out = tmp_path / "out"
+    out.mkdir()
+    args = m.train.get_args(["--device", "cpu", "--out-dir", str(out), "--models", "lgbm", "--budget", "10m"])
+    args.signature = m.artifacts.run_signature(args)
+    comp = m.train.Competition(args, torch_cpu())
+    ids = comp.train[args.id_col]
+    splits, folds_file = m.engine.fixed_folds(out, ids, comp.y, args.folds, args.seed, True)
+    planner = m.planner.make_planner(args.budget, time.time(), args.folds, args.epochs)
+    params = m.train.booster_params(args)
+    sig = m.growth.booster_signature(m.boosters.signature("lgbm", params, folds_file, comp, args), 2)
+    fitting = (m.growth.booster_params(params, 2), "cpu", 1, m.boosters.stopper(planner))
+    # the first seed's price as a quiet machine measured it: far under what a fold takes here
+    going, fitted, *slowest = m.tree_seeds.grow_folds(
+        "lgbm", 2, comp, splits, args, planner, (fitting, sig, (1e-3, 1e-6))
+    )
+    log = capsys.readouterr().out
+    assert going and fitted == 3, log
+    prices = [
+        float(p) for p in re.findall(r"^GROW: lgbm seed 2 fold \d \(seed \d+, lr [\d.]+\): ~([\d.]+)s of ", log, re.M)
+    ]
+    took = [float(t) for t in re.findall(r"^FOLD \d lgbm \(seed 2\): \d+ trees, auc=[\d.]+, ([\d.]+)s$", log, re.M)]
+    assert len(prices) == len(took) == 3 and prices[0] == 0.0, log
+    for k in (1, 2):  # each fold priced at least at the slowest fit before it (both printed to 0.1 s)
+        assert prices[k] > 0.0 and prices[k] >= max(took[:k]) - 0.1, log
+    assert slowest[0] >= max(took) - 0.1, (slowest, log)  # for the next seed's price
+    assert m.tree_seeds.seed_price(10.0, None, 2) == 20.0  # seed 2: half the learning rate, twice the trees
+    assert m.tree_seeds.seed_price(10.0, (2, 15.0), 3) == 40.0  # seed 2 took less than its price: the rule
+    assert m.tree_seeds.seed_price(10.0, (2, 25.0), 3) == 50.0  # seed 2 took more: its fit, at seed 3's rate
+
+
+def torch_cpu():
+    import torch
+
+    return torch.device("cpu")
+
+
 def test_hill_climbing_never_scores_below_its_best_member(tmp_path):
     project = render(tmp_path / "p", task="tabular", gpu="cpu", problem="multiclass", metric="logloss")
     blend = import_project(project, ("blend",)).blend
