@@ -8,6 +8,7 @@ import fcntl
 import importlib
 import importlib.metadata
 import json
+import math
 import os
 import random
 import re
@@ -582,6 +583,20 @@ def seeds_judged(project: Path, log: str, metric: str) -> bool:
     assert verdict and (out / "model_fold0_seed2.pth").is_file(), log
     assert (out / "oof_fold0_seeds.csv").is_file() == (verdict[2] == "kept"), log
     return verdict[2] == "kept"
+
+
+def seed_budget(project: Path, floor: int) -> str:
+    """--budget for a rerun that must grow a seed's fold and judge it (seeds_judged): `floor` seconds,
+    or 3.5 x (the slowest planned fold + its share of prediction, as the fold checkpoints timed them)
+    on a machine slow enough to need more. Detection's rerun grew and judged one fold in 30 s with
+    growth starting at 16 s of training time left, a fold 4.1 s + 3.8 s to predict (2026-12-07, a
+    host 1.8x its usual time): a host twice as slow again would grow none and fail on the verdict."""
+    import torch
+
+    folds = (project / "output").glob("model_fold?.pth")  # the plan's, not the grown seeds'
+    timings = [torch.load(p, weights_only=True).get("timing") or {} for p in folds]
+    slowest = max((float(t.get("fold_s", 0)) + float(t.get("predict_fold_s", 0)) for t in timings), default=0.0)
+    return f"{max(floor, math.ceil(3.5 * slowest))}s"
 
 
 def assert_plan_cut_to_budget(log: str, wall: float, budget: int) -> None:

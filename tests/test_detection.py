@@ -23,6 +23,7 @@ from conftest import (
     import_project,
     predict_streamed,
     run_script,
+    seed_budget,
     seeds_judged,
     start_until,
 )
@@ -383,7 +384,8 @@ def test_train_and_predict_give_a_checked_submission(wheat_project, box_data, tm
     check_submission(wheat_project, box_data["wheat"], "score x y w h")
     # a rerun under a budget grows seeds: a box OOF row does not average, so each fold's rows are predicted
     # again by its seeds fused as predict.py fuses them (seeds_oof.py) and judge the seeds (before: unjudged)
-    grown = run_script(wheat_project, "train.py", *FAST, "--epochs", "2", "--budget", "30s", env=GROW_ENV).stdout
+    budget = seed_budget(wheat_project, 30)
+    grown = run_script(wheat_project, "train.py", *FAST, "--epochs", "2", "--budget", budget, env=GROW_ENV).stdout
     out = wheat_project / "output"
     if seeds_judged(wheat_project, grown, "mAP@[.5:.95]"):
         first, fused = pd.read_csv(out / "oof_fold0.csv"), pd.read_csv(out / "oof_fold0_seeds.csv")

@@ -26,6 +26,7 @@ from conftest import (
     import_project,
     predict_streamed,
     run_script,
+    seed_budget,
     seeds_judged,
     start_until,
 )
@@ -400,7 +401,7 @@ def test_binary_png_masks_train_on_tiles_and_predict_with_the_oof_threshold(png_
     # a rerun under a budget grows seeds: a mask's OOF row is statistics, which do not average, so each
     # fold's rows are predicted again by its seeds ensembled (seeds_oof.py); they judge the seeds, and
     # postprocess.json is chosen on them while the seeds are kept (before: kept unjudged, chosen on one seed)
-    grown = run_script(png_project, "train.py", *FAST, "--budget", "40s", env=GROW_ENV).stdout
+    grown = run_script(png_project, "train.py", *FAST, "--budget", seed_budget(png_project, 40), env=GROW_ENV).stdout
     out = png_project / "output"
     if seeds_judged(png_project, grown, "Dice"):
         first, rows = pd.read_csv(out / "oof_fold0.csv"), pd.read_csv(out / "oof_fold0_seeds.csv")
