@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import import_project, render, run_kaggle_notebook, run_script
+from conftest import GROW_ENV, import_project, render, run_kaggle_notebook, run_script
 from kagtpl import table
 
 ANSWERS = {
@@ -263,6 +263,30 @@ def test_a_grown_tree_fold_is_priced_at_least_at_the_slowest_fit_before_it(tmp_p
     assert m.tree_seeds.seed_price(10.0, None, 2) == 20.0  # seed 2: half the learning rate, twice the trees
     assert m.tree_seeds.seed_price(10.0, (2, 15.0), 3) == 40.0  # seed 2 took less than its price: the rule
     assert m.tree_seeds.seed_price(10.0, (2, 25.0), 3) == 50.0  # seed 2 took more: its fit, at seed 3's rate
+
+
+@pytest.mark.slow  # two train.py runs of a table's two boosters (~15 s)
+def test_a_booster_whose_fold_does_not_fit_leaves_the_time_to_the_others(tmp_path):
+    """Growth stopped at the first booster fold that did not fit: the digits table's CatBoost seed-2
+    fold 1 (~41 s) left 26 s of a 4-minute budget unused, where LightGBM's and XGBoost's folds (a few
+    seconds) would have fitted. That booster's seeds end there; the others go on while theirs fit.
+    XGBoost's first seeds here are recorded as taking an hour a fold (its tree files' fit_s), as a
+    large table's CatBoost would: priced past any time left, whatever the order the blend gives."""
+    project, _ = project_for(tmp_path, "binary")
+    run_script(project, "train.py", "--models", "lgbm,xgb", "--no-grow")
+    for spec in (project / "output").glob("tree_xgb_fold?.json"):
+        meta = json.loads(spec.read_text())
+        spec.write_text(json.dumps({**meta, "fit_s": 3600.0}))
+    log = run_script(project, "train.py", "--models", "lgbm,xgb", "--budget", "60s", env=GROW_ENV).stdout
+    ended = re.search(r"^GROW: stop before xgb seed 2 fold 0 \(a fold takes ~[\d.]+ min, .*\)$", log, re.M)
+    assert ended, log[-3000:]
+    lines = log.splitlines()
+    at = lines.index(ended[0])
+    assert lines[at + 1] == "GROW: xgb's seeds end there; lgbm go on while theirs fit", log[-3000:]
+    grown = re.findall(r"^FOLD (\d) lgbm \(seed (\d)\): \d+ trees", log, re.M)
+    after = re.findall(r"^FOLD (\d) lgbm \(seed (\d)\): \d+ trees", "\n".join(lines[at:]), re.M)
+    assert after and ("0", "3") in grown, log[-3000:]  # before: growth ended at XGBoost's fold
+    assert not re.search(r"^FOLD \d xgb \(seed", log, re.M) and "every fold has its 5 seeds" not in log
 
 
 def torch_cpu():
