@@ -282,7 +282,7 @@ def test_a_booster_whose_fold_does_not_fit_leaves_the_time_to_the_others(tmp_pat
     assert ended, log[-3000:]
     lines = log.splitlines()
     at = lines.index(ended[0])
-    assert lines[at + 1] == "GROW: xgb's seeds end there; lgbm go on while theirs fit", log[-3000:]
+    assert lines[at + 1] == "GROW: xgb's seeds end there; lgbm's go on while they fit", log[-3000:]
     grown = re.findall(r"^FOLD (\d) lgbm \(seed (\d)\): \d+ trees", log, re.M)
     after = re.findall(r"^FOLD (\d) lgbm \(seed (\d)\): \d+ trees", "\n".join(lines[at:]), re.M)
     assert after and ("0", "3") in grown, log[-3000:]  # before: growth ended at XGBoost's fold
