@@ -233,13 +233,15 @@ def test_a_grown_tree_fold_is_priced_at_least_at_the_slowest_fit_before_it(tmp_p
     budget left (seed 2 had taken 13% more a tree than seed 1), a fold never ensembled. Each fold
     of a seed is now priced at least at the slowest fit of that seed before it, and the next seed
     from this run's grown folds scaled by the learning rates where that is more (seed_price)."""
+    import torch
+
     project, _ = project_for(tmp_path, "binary")
     m = import_project(project, ("train", "engine", "boosters", "growth", "tree_seeds", "artifacts", "planner"))
     out = tmp_path / "out"
     out.mkdir()
     args = m.train.get_args(["--device", "cpu", "--out-dir", str(out), "--models", "lgbm", "--budget", "10m"])
     args.signature = m.artifacts.run_signature(args)
-    comp = m.train.Competition(args, torch_cpu())
+    comp = m.train.Competition(args, torch.device("cpu"))
     ids = comp.train[args.id_col]
     splits, folds_file = m.engine.fixed_folds(out, ids, comp.y, args.folds, args.seed, True)
     planner = m.planner.make_planner(args.budget, time.time(), args.folds, args.epochs)
@@ -287,12 +289,6 @@ def test_a_booster_whose_fold_does_not_fit_leaves_the_time_to_the_others(tmp_pat
     after = re.findall(r"^FOLD (\d) lgbm \(seed (\d)\): \d+ trees", "\n".join(lines[at:]), re.M)
     assert after and ("0", "3") in grown, log[-3000:]  # before: growth ended at XGBoost's fold
     assert not re.search(r"^FOLD \d xgb \(seed", log, re.M) and "every fold has its 5 seeds" not in log
-
-
-def torch_cpu():
-    import torch
-
-    return torch.device("cpu")
 
 
 def test_hill_climbing_never_scores_below_its_best_member(tmp_path):
