@@ -418,6 +418,40 @@ def test_a_row_per_box_submission_and_a_killed_run_resumed(tmp_path, box_data):
     assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in log and "FOLD 1 DONE" in log
 
 
+@pytest.mark.slow  # the module's project's Competition built in-process (its caches), one detector (~5 s)
+def test_validation_rows_are_the_boxes_predict_py_hands_in_from_one_fold(wheat_project, tmp_path):
+    """predict.py fuses each image's boxes with its mirror's by WBF (--tta, when training flipped),
+    and postprocess.json's score threshold is chosen on the OOF rows: they were one view's, unfused,
+    whose threshold (0.45) was too high for the views fused (0.35 on their rows). On 120 shapes
+    images with 30 held out, predict.py's default submission scored Global Wheat's metric 0.2242
+    where the threshold chosen on the fused rows gave 0.2573. Validation's rows are now what
+    predict.py hands in from one fold: its views, fused as it fuses them (its fold weight cancels)."""
+    import torch
+
+    m = import_project(wheat_project, ("train", "predict", "boxes", "engine", "artifacts", "hardware", "submission"))
+    machine = m.engine.make_machine(torch.device("cpu"), "off", m.hardware.loader_settings(0, False), False)
+    for hflip in (True, False):
+        flag = f"--{'' if hflip else 'no-'}hflip"
+        args = m.train.get_args(["--device", "cpu", "--out-dir", str(tmp_path / f"out{hflip}"), flag])
+        args.signature = m.artifacts.run_signature(args)
+        comp = m.train.Competition(args, machine)
+        fold = comp.fold(0, np.arange(4, TRAIN), np.arange(4))
+        torch.manual_seed(0)
+        model = comp.build_model(fold).eval()
+        model.score_thresh = 0.0  # untrained, every score is ~0.01: FCOS's 0.05 would keep no box at all
+        batch = next(iter(comp.loader(fold.valid, 4, False)))
+        with torch.no_grad():
+            rows = comp.predict(model, batch).numpy()
+            views = m.predict.predict_views(m.submission.FoldClock(0, views=2), vars(args), model, batch).numpy()
+        weight = m.predict.fold_weight({"val_loss": 0.6}, True)
+        handed_in = [m.boxes.pack(*found, size=1) for found in m.train.fuse([views], [weight], m.boxes.WBF_IOU)]
+        assert np.allclose(rows, np.stack(handed_in), atol=1e-5), hflip
+        one_view = np.stack([m.boxes.pack(*m.boxes.unpack(row), size=1) for row in views[:, 0]])  # the rows before
+        assert np.allclose(rows, one_view, atol=1e-5) != hflip  # without the mirror, the fusion is one view's boxes
+        assert (views[:, 1] >= 0).any() == hflip  # the mirror's boxes only when training flipped
+        assert comp.valid_views == comp.test_views == (2 if hflip else 1)
+
+
 def test_images_without_an_extension_are_named_by_their_whole_file_name(m, box_data, tmp_path):
     """--image-ext '' with a row per box (the test images are every file of --test-dir): each test
     id was the empty string (name[:-0]), so every image was predicted from a blank one and the
