@@ -36,6 +36,9 @@ The competition is a plain object (train.py's `Competition`) with:
     predict_ensemble(models, batch) -> Tensor  optional, where oof_averages is False: predict() by a
                                              fold's seeds ensembled as predict.py ensembles them; their
                                              OOF rows judge grown seeds (seeds_oof.py: masks)
+    valid_views: int                         optional, 1: the views of test_views validation predicts
+                                             (masks, boxes: predict.py's each, its default TTA), for
+                                             the price of seeds_oof.py's pass
     fallback_oof(y, pred) -> array           optional: train.py's fallback as OOF rows like `pred`, which
                                              the folds must beat (hand_in.py; default: the training
                                              prior); `fallback_name` says what it holds (the empty masks)

@@ -40,8 +40,8 @@ def judged(comp) -> bool:
 def rows_share(comp, splits: list) -> float:
     """A checkpoint's pass over a fold's validation rows in predict.py's share of a checkpoint: the
     largest fold's rows over the test rows (never under one: the model's build), in the views
-    validation predicts (`valid_views`: segmentation's each of predict.py's; one elsewhere) of
-    predict.py's test_views."""
+    validation predicts (`valid_views`: segmentation's and detection's each of predict.py's; one
+    elsewhere) of predict.py's test_views."""
     rows = max(1.0, max(len(val) for _, val in splits) / max(comp.test_rows, 1))
     return rows * getattr(comp, "valid_views", 1) / max(1, comp.test_views)
 
