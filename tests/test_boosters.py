@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import GROW_ENV, import_project, render, run_kaggle_notebook, run_script
+from conftest import GROW_ENV, import_project, render, run_kaggle_notebook, run_script, start_until, stop_group
 from kagtpl import table
 
 ANSWERS = {
@@ -225,6 +225,31 @@ def test_tree_seeds_grow_first_for_the_boosters_the_blend_weighs(tmp_path, capsy
     assert m.tree_seeds.by_blend_weight(["lgbm", "xgb", "cat"], comp, args) == (["lgbm", "xgb", "cat"], [])
     assert "GROW" not in capsys.readouterr().out
 
+    # where one process trains every model, the MLP's seeds come where the blend weighs it
+    # (seed_order): they used to grow before every booster's, whatever its weight
+    def order(mlp_noise):
+        member("mlp", mlp_noise)
+        groups = m.tree_seeds.seed_order(["lgbm", "xgb", "cat"], comp, args)
+        return groups, m.blend.standing(comp, args)[2], capsys.readouterr().out
+
+    member("xgb", 3.0)
+    groups, weights, said = order(3.0)  # as bad as XGBoost: weighs 0, its seeds after every booster's
+    assert "mlp" not in weights and groups[-2:] == [["xgb"], ["mlp"]], (groups, weights)
+    assert said.startswith("GROW: seeds in the blend's order (as it stands: ") and said.endswith(
+        f"; xgb, mlp 0): {', '.join(groups[0])}, then xgb, then mlp\n"
+    ), said
+    groups, weights, said = order(0.3)  # far better than any booster: the heaviest, its seeds first
+    assert groups[0] == ["mlp"] and weights["mlp"] == max(weights.values()), (groups, weights)
+    groups, weights, said = order(1.1)  # a little worse than two boosters: after theirs, before XGBoost's
+    assert 0 < weights["mlp"] < min(weights["lgbm"], weights["cat"]) and groups[1:] == [["mlp"], ["xgb"]], weights
+    # the rule on weights as the blend gives them: between two boosters, the MLP's seeds between theirs
+    between = m.tree_seeds.groups_by_weight(["lgbm", "xgb", "cat"], {"cat": 0.5, "mlp": 0.3, "lgbm": 0.2})
+    assert between == [["cat"], ["mlp"], ["lgbm"], ["xgb"]]
+    assert m.tree_seeds.groups_by_weight(["lgbm", "cat"], {"cat": 0.5, "mlp": 0.5}) == [["mlp"], ["cat"], ["lgbm"]]
+    (out / "oof_xgb.csv").unlink()  # the plain mean: the MLP first, as before, then the boosters in turn
+    assert m.tree_seeds.seed_order(["lgbm", "xgb", "cat"], comp, args) == [["mlp"], ["lgbm", "xgb", "cat"]]
+    assert "(as it stands: a plain mean): mlp, then lgbm, xgb, cat\n" in capsys.readouterr().out
+
 
 @pytest.mark.slow  # renders a table's project, reads its data and fits 4 real LightGBM folds (~5 s)
 def test_a_grown_tree_fold_is_priced_at_least_at_the_slowest_fit_before_it(tmp_path, capsys):
@@ -289,6 +314,45 @@ def test_a_booster_whose_fold_does_not_fit_leaves_the_time_to_the_others(tmp_pat
     after = re.findall(r"^FOLD (\d) lgbm \(seed (\d)\): \d+ trees", "\n".join(lines[at:]), re.M)
     assert after and ("0", "3") in grown, log[-3000:]  # before: growth ended at XGBoost's fold
     assert not re.search(r"^FOLD \d xgb \(seed", log, re.M) and "every fold has its 5 seeds" not in log
+
+
+@pytest.mark.slow  # two train.py runs of LightGBM and a small MLP, growth on (~25 s)
+def test_the_mlps_seeds_wait_for_the_boosters_the_blend_weighs_more(tmp_path):
+    """A table's MLP grew its seeds before any booster's, whatever the blend weighed it: a 4-minute
+    run of a 9,000-row table spent 75 s on 25 MLP folds the blend weighed 0, and CatBoost's seed 3
+    then missed a fold. Where train.py's one process trains every model, the MLP's seeds now come
+    where the blend as it stands places the MLP (after LightGBM's here: a one-unit MLP of one epoch,
+    OOF AUC 0.56 beside LightGBM's 0.98, weighs less), and its OOF, the oof_mlp.csv the blend reads
+    and its experiments row are then written again with them averaged in. A container stop while the
+    boosters' seeds grow ends the run there: the MLP's seeds do not start, and its first OOF is the
+    blend's."""
+    project, _ = project_for(tmp_path, "binary")
+    out, flags = project / "output", ["--models", "lgbm,mlp", "--hidden", "1", "--epochs", "1", "--budget", "60s"]
+    proc, seen = start_until(project, ["train.py", *flags], "GROW: lgbm seed 2 fold 0 (", GROW_ENV)
+    log = stop_group(proc, seen)
+    cut = r"^GROW: (lgbm seed \d fold \d cut \(SIGTERM\): not ensembled|stop before lgbm seed \d fold \d \(SIGTERM\))$"
+    assert proc.returncode == 0 and re.search(cut, log, re.M) and log.splitlines()[-1].startswith("DONE: "), log
+    assert "GROW: more seeds" not in log and "GROW: seed 2" not in log, log[-3000:]
+    assert (out / "oof_mlp.csv").read_bytes() == (out / "oof.csv").read_bytes() and (out / "oof_lgbm.csv").is_file()
+    log = run_script(project, "train.py", *flags, env=GROW_ENV).stdout  # resumed, to every seed
+    lines = log.splitlines()
+    said = r"GROW: seeds in the blend's order \(as it stands: lgbm [\d.]+(, mlp [\d.]+|; mlp 0)\): lgbm, then mlp"
+    order = next((i for i, line in enumerate(lines) if re.fullmatch(said, line)), None)
+    assert order is not None, log[-4000:]
+    trees = [i for i, line in enumerate(lines) if re.match(r"FOLD \d lgbm \(seed [2-5]\)", line)]
+    mlp = [i for i, line in enumerate(lines) if re.match(r"GROW: seed [2-5] fold \d DONE", line)]
+    assert trees and mlp and order < trees[0] and trees[-1] < mlp[0], log[-4000:]
+    assert "FOLD 0: lgbm is complete, skipping (resume)" in log, log[-4000:]
+    assert "FOLD 0: model_fold0.pth is complete, skipping (resume)" in log, log[-4000:]
+    oof = [i for i, line in enumerate(lines) if line.startswith("OOF: ") and line.endswith("(mlp)")]
+    assert len(oof) == 2 and oof[0] < order and mlp[-1] < oof[1], log[-4000:]  # its seeds averaged in after them
+    gain = r"GROW: OOF auc [\d.]+ with one seed -> [\d.]+ with the grown seeds averaged in"
+    assert re.match(gain, lines[oof[1] - 1]) and lines[-1].startswith("DONE: 3 folds"), log[-4000:]
+    assert (out / "oof_mlp.csv").read_bytes() == (out / "oof.csv").read_bytes()  # the blend reads the seeds'
+    rows = pd.read_csv(out / "experiments.csv", dtype=str).to_dict("records")
+    row = [r for r in rows if r["model"] == "mlp"][1:]  # the resumed run's (the stopped run's is first)
+    seeds = [int(re.match(r"GROW: seed (\d)", lines[i]).group(1)) for i in mlp]  # each grown fold's, counted
+    assert len(row) == 1 and row[0]["stop"] == "done" and row[0]["seeds"] == f"{max(seeds)} (+{len(seeds)} folds)", row
 
 
 def test_hill_climbing_never_scores_below_its_best_member(tmp_path):

@@ -62,7 +62,7 @@ from .artifacts import copy_oof, fallback_submission, fixed_folds, read_targets,
 from .errors import RunError
 from .fold import Fold, dry_run_rows, train_fold, watchers_started, watchers_stopped, watching
 from .gpu import describe_gpu
-from .growing import finished, grow, resumed
+from .growing import finished, grow, grow_seeds, resumed
 from .machine import (
     Batching,
     Machine,
@@ -114,6 +114,7 @@ __all__ = [
     "inference_machine",
     "make_machine",
     "make_planner",
+    "more_seeds",
     "parse_args",
     "parser",
     "predict",
@@ -128,7 +129,7 @@ __all__ = [
 # ----------------------------------------------------------------------------- cross-validation
 
 
-def cross_validate(comp, splits, run: Run) -> dict:
+def cross_validate(comp, splits, run: Run, seeds: bool = True) -> dict:
     """Train every fold the plan allows, then score the OOF predictions. Returns the OOF scores.
 
     `splits` is an iterable of (train indices, validation indices), e.g. StratifiedKFold's.
@@ -137,6 +138,9 @@ def cross_validate(comp, splits, run: Run) -> dict:
     machine, the batching and the time planner; the JSON log is opened here, as `run.jlog`.
     With --parallel folds this process starts one worker per device (parallel.py), which train
     the folds; it then scores them and writes the report, as a sequential run does.
+    `seeds` False (one process training every fold): growth adds the folds a cut plan left out and
+    the TTA views, and leaves the seeds to `more_seeds` (a table's MLP, after the boosters the
+    blend weighs more: tree_seeds.py).
     """
     args, planner = run.args, run.planner
     out, splits = Path(args.out_dir), list(splits)  # growth.py's seeds go over the same splits again
@@ -157,17 +161,38 @@ def cross_validate(comp, splits, run: Run) -> dict:
             trained = train_folds(comp, splits, run)
             queue = workers.FoldQueue(out / ".folds") if worker else None  # a fold worker grows claimed units
             if worker or parallel.writes():
-                trained = grow(comp, splits, trained, run, queue)
+                trained = grow(comp, splits, trained, run, queue, seeds)
     if worker or not parallel.writes():  # the parent train.py (or rank 0) scores and reports
         if worker and planner.stop_reason:
             print(logs.stopped_line(planner.stop_reason))
         parallel.finish_ddp()
         return {}
+    run.trained = trained  # more_seeds grows and scores the same folds
     scores = finish(comp, run, trained, row, splits)
     watchers_stopped(planner.stop_reason)
     parallel.finish_ddp()
     if lost:
         raise RunError("; ".join(lost) + ": rerun the command to train the lost fold(s) (finished ones are skipped)")
+    return scores
+
+
+def more_seeds(comp, splits, run: Run) -> dict:
+    """The seeds `cross_validate(..., seeds=False)` left (`run.seeds_left`: its growth reached them),
+    grown by growth.py's rules on the training time left now, then the finish again: the grown seeds
+    judged, oof.csv and its OOF line, the report and the experiments row. Returns the OOF scores, {}
+    when no seed's fold fitted (the first finish stands). A table's MLP: its seeds grew before the
+    boosters' whatever the blend weighed it, and a 4-minute run of a 9,000-row table spent 75 s on
+    25 MLP folds the blend then weighed 0 (tree_seeds.seed_order places them now)."""
+    if not run.seeds_left or run.planner.stop_reason:  # a stop: train.py ends on what it has
+        return {}
+    run.seeds_left, planner = False, run.planner
+    row = experiment_row(comp, run, run.jlog.run)
+    with experiments.recording(Path(run.args.out_dir) / "experiments.csv", row, planner.elapsed):
+        grew = grow_seeds(comp, splits, run)
+    if not grew:
+        return {}
+    scores = finish(comp, run, run.trained, row, splits)
+    watchers_stopped(planner.stop_reason)
     return scores
 
 

@@ -20,11 +20,13 @@ if TYPE_CHECKING:  # runs.py builds the run
     from .runs import Run
 
 
-def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[int]:
+def grow(comp, splits: list, trained: list[int], run: Run, queue=None, seeds: bool = True) -> list[int]:
     """The plan's folds are trained with time to spare: first the folds a cut plan left out (each
     while it fits), then TTA views, then the same folds again from other seeds (growth.py's
     rules), each fold added only when it and its prediction fit; a GROW line says each step and
     why. A fold cut by the deadline or SIGTERM is never ensembled (growth.partial_oof_name).
+    `seeds` False leaves the seeds for later (`run.seeds_left`; engine.more_seeds grows them): a
+    table's MLP, whose seeds wait for the boosters the blend weighs more (tree_seeds.seed_order).
     A fold worker (`queue`) claims the folds given back and the seeds' folds as it claimed the
     plan's (Kaggle's T4x2 had grown nothing, and most of 9 hours went unused); the first worker
     past the split chooses the TTA views, on the folds complete by then (views_on_workers).
@@ -44,7 +46,10 @@ def grow(comp, splits: list, trained: list[int], run: Run, queue=None) -> list[i
         views_on_workers(comp, splits, run, queue)
     else:
         tta_views.grow(comp, splits, run)  # first: the seeds' fit checks count the views' price
-    grow_seeds(comp, splits, run, queue)
+    if seeds:
+        grow_seeds(comp, splits, run, queue)
+    else:
+        run.seeds_left = True
     return trained
 
 
@@ -129,9 +134,10 @@ def resumed(run: Run, k: int, done: dict) -> None:
     run.planner.resumed_fold(done.get("timing"))
 
 
-def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
+def grow_seeds(comp, splits: list, run: Run, queue=None) -> bool:
     """The same folds again from other seeds, each fold added only when it and its prediction fit;
-    a fold worker (`queue`) takes the (seed, fold) units no other worker has."""
+    a fold worker (`queue`) takes the (seed, fold) units no other worker has. Returns whether it
+    started (a seed's fold fitted the time left when it began)."""
     planner = run.planner
     if seeds_oof.judged(comp):  # masks: each grown seed's judging pass at train.py's end, held from training
         planner.prediction.judge_grown(seeds_oof.rows_share(comp, splits))
@@ -147,16 +153,17 @@ def grow_seeds(comp, splits: list, run: Run, queue=None) -> None:
     for seed_no in range(2, growth.MAX_SEEDS + 1 if ok else 2):
         for k, (trn_idx, val_idx) in enumerate(splits):
             if queue is not None and not folds_back(comp, splits, [], run, queue):
-                return  # a fold whose worker died since does not fit, nor does a seed's (or a stop)
+                return ok  # a fold whose worker died since does not fit, nor does a seed's (or a stop)
             if queue is not None and not queue.take(k, seed_no):
                 continue  # another worker has it
             if queue is not None:  # every worker's grown folds and views: predict.py's work (the reserve)
                 planner.prediction.set_grown(queue.grown() - 1)
                 planner.prediction.set_view_factor(queue.view_factor())
             if not grow_fold(comp, (k, trn_idx, val_idx), seed_no, run, target):
-                return
+                return ok
     if ok and queue is None:  # a fold worker's units end where the other workers' go on
         print(growth.capped(planner.training_left()))
+    return ok
 
 
 def growth_fold(planner) -> tuple[float, int]:

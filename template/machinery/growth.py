@@ -95,7 +95,7 @@ def start(
     growing.grown_epochs), `took` its price of a fold (the shortest allowed, where the measured one
     early-stopped: `a fold takes ~46s` beside `none` read as a fold that fitted). There is no least
     share: a 9-hour plan that leaves 10% spends 50 minutes."""
-    share = left / training_s if training_s > 0 else 0.0
+    share = max(0.0, left) / training_s if training_s > 0 else 0.0  # past the deadline: 0%, not -0%
     said = f"{fmt_s(max(0.0, left))} of {fmt_s(training_s)} training time left ({share:.0%})"
     if fold_s <= 0:  # every planned fold resumed from checkpoints that record no timing: nothing to price by
         return False, f"{said}, no fold timed (every planned fold resumed, none recorded its time)"

@@ -35,6 +35,8 @@ class Run:
     planner: TimePlanner
     jlog: object = None  # logs.JsonLog, opened as cross_validate starts (rank 0 alone writes its file)
     folds_done: int | None = None  # the folds this run has, once engine.finish scored them (None in a fold worker)
+    trained: list | None = None  # those folds, by number (engine.more_seeds grows and scores them again)
+    seeds_left: bool = False  # growth reached the seeds and left them for later (engine.more_seeds)
 
     def fit_steps(self, rows: int) -> None:
         """Small data: the batch shrinks so an epoch of a fold's training rows keeps enough optimizer
@@ -51,13 +53,18 @@ class Run:
             comp.build_model(None)
         return self.folds(comp, splits, done)
 
-    def folds(self, comp, splits, done: bool = True):
+    def folds(self, comp, splits, done: bool = True, seeds: bool = True):
         """engine.cross_validate of this run, the batch as it is; then the DONE line, unless train.py
-        has more to write after the folds (done=False: it ends with run.done())."""
-        scores = engine.cross_validate(comp, splits, self)
+        has more to write after the folds (done=False: it ends with run.done()). `seeds` False: the
+        seeds wait for `more_seeds` (a table's MLP, placed among the boosters' by the blend)."""
+        scores = engine.cross_validate(comp, splits, self, seeds)
         if done:
             self.done()
         return scores
+
+    def more_seeds(self, comp, splits) -> dict:
+        """engine.more_seeds of this run: the seeds `folds(..., seeds=False)` left, then their OOF."""
+        return engine.more_seeds(comp, splits, self)
 
     def done(self, folds: int | None = None) -> None:
         """train.py's last line, once nothing is left to write: DONE, the folds this run has, and
