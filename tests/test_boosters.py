@@ -227,20 +227,22 @@ def test_tree_seeds_grow_first_for_the_boosters_the_blend_weighs(tmp_path, capsy
 
     # where one process trains every model, the MLP's seeds come where the blend weighs it
     # (seed_order): they used to grow before every booster's, whatever its weight
-    def order(mlp_noise):
+    def order(mlp_noise):  # the blend's weights once (a hill climb), and the groups they give
         member("mlp", mlp_noise)
-        groups = m.tree_seeds.seed_order(["lgbm", "xgb", "cat"], comp, args)
-        return groups, m.blend.standing(comp, args)[2], capsys.readouterr().out
+        weights = m.blend.standing(comp, args)[2]
+        return m.tree_seeds.groups_by_weight(["lgbm", "xgb", "cat"], weights), weights
 
     member("xgb", 3.0)
-    groups, weights, said = order(3.0)  # as bad as XGBoost: weighs 0, its seeds after every booster's
-    assert "mlp" not in weights and groups[-2:] == [["xgb"], ["mlp"]], (groups, weights)
+    member("mlp", 3.0)  # as bad as XGBoost: weighs 0, its seeds after every booster's
+    groups = m.tree_seeds.seed_order(["lgbm", "xgb", "cat"], comp, args)
+    said = capsys.readouterr().out
     assert said.startswith("GROW: seeds in the blend's order (as it stands: ") and said.endswith(
         f"; xgb, mlp 0): {', '.join(groups[0])}, then xgb, then mlp\n"
     ), said
-    groups, weights, said = order(0.3)  # far better than any booster: the heaviest, its seeds first
+    assert sorted(groups[0]) == ["cat", "lgbm"] and groups[1:] == [["xgb"], ["mlp"]], said
+    groups, weights = order(0.3)  # far better than any booster: the heaviest, its seeds first
     assert groups[0] == ["mlp"] and weights["mlp"] == max(weights.values()), (groups, weights)
-    groups, weights, said = order(1.1)  # a little worse than two boosters: after theirs, before XGBoost's
+    groups, weights = order(1.1)  # a little worse than two boosters: after theirs, before XGBoost's
     assert 0 < weights["mlp"] < min(weights["lgbm"], weights["cat"]) and groups[1:] == [["mlp"], ["xgb"]], weights
     # the rule on weights as the blend gives them: between two boosters, the MLP's seeds between theirs
     between = m.tree_seeds.groups_by_weight(["lgbm", "xgb", "cat"], {"cat": 0.5, "mlp": 0.3, "lgbm": 0.2})
