@@ -321,7 +321,7 @@ def test_a_booster_whose_fold_does_not_fit_leaves_the_time_to_the_others(tmp_pat
 @pytest.mark.slow  # two train.py runs of LightGBM and a small MLP, growth on (~25 s)
 def test_the_mlps_seeds_wait_for_the_boosters_the_blend_weighs_more(tmp_path):
     """A table's MLP grew its seeds before any booster's, whatever the blend weighed it: a 4-minute
-    run of a 9,000-row table spent 75 s on 25 MLP folds the blend weighed 0, and CatBoost's seed 3
+    run of a 9,000-row table spent ~70 s on 20 MLP folds the blend weighed 0, and CatBoost's seed 3
     then missed a fold. Where train.py's one process trains every model, the MLP's seeds now come
     where the blend as it stands places the MLP (after LightGBM's here: a one-unit MLP of one epoch,
     OOF AUC 0.56 beside LightGBM's 0.98, weighs less), and its OOF, the oof_mlp.csv the blend reads

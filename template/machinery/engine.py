@@ -181,8 +181,8 @@ def more_seeds(comp, splits, run: Run) -> dict:
     grown by growth.py's rules on the training time left now, then the finish again: the grown seeds
     judged, oof.csv and its OOF line, the report and the experiments row. Returns the OOF scores, {}
     when no seed's fold fitted (the first finish stands). A table's MLP: its seeds grew before the
-    boosters' whatever the blend weighed it, and a 4-minute run of a 9,000-row table spent 75 s on
-    25 MLP folds the blend then weighed 0 (tree_seeds.seed_order places them now)."""
+    boosters' whatever the blend weighed it, and a 4-minute run of a 9,000-row table spent ~70 s on
+    20 MLP folds the blend then weighed 0 (tree_seeds.seed_order places them now)."""
     if not run.seeds_left or run.planner.stop_reason:  # a stop: train.py ends on what it has
         return {}
     run.seeds_left, planner = False, run.planner
