@@ -167,7 +167,6 @@ def cross_validate(comp, splits, run: Run, seeds: bool = True) -> dict:
             print(logs.stopped_line(planner.stop_reason))
         parallel.finish_ddp()
         return {}
-    run.trained = trained  # more_seeds grows and scores the same folds
     scores = finish(comp, run, trained, row, splits)
     watchers_stopped(planner.stop_reason)
     parallel.finish_ddp()
@@ -300,5 +299,5 @@ def finish(comp, run: Run, trained: list[int], row: dict, splits: list) -> dict:
     )
     if planner.stop_reason:
         print(logs.stopped_line(planner.stop_reason))
-    run.folds_done = len(trained)  # runs.Run.done's DONE line, once train.py has nothing left to write
+    run.trained = trained  # runs.Run.done's DONE line, once train.py has nothing left to write; more_seeds's folds
     return scores

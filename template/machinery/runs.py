@@ -34,9 +34,13 @@ class Run:
     batching: Batching
     planner: TimePlanner
     jlog: object = None  # logs.JsonLog, opened as cross_validate starts (rank 0 alone writes its file)
-    folds_done: int | None = None  # the folds this run has, once engine.finish scored them (None in a fold worker)
-    trained: list | None = None  # those folds, by number (engine.more_seeds grows and scores them again)
+    trained: list | None = None  # the folds this run has, once engine.finish scored them (None in a fold worker)
     seeds_left: bool = False  # growth reached the seeds and left them for later (engine.more_seeds)
+
+    @property
+    def folds_done(self) -> int | None:
+        """How many folds this run has (the DONE line's), once engine.finish scored them."""
+        return None if self.trained is None else len(self.trained)
 
     def fit_steps(self, rows: int) -> None:
         """Small data: the batch shrinks so an epoch of a fold's training rows keeps enough optimizer
